@@ -1,0 +1,186 @@
+"""The Plan: the one serialisable, deterministic output of the planner.
+
+A plan is what `dora plan --out` writes as plan.json and what lowering and `dora apply` consume. It is
+versioned (``format_version``; a major change is a new integer), carries the hashes of everything it was
+computed from (spec, catalogs, calibration), and serialises deterministically: sorted keys, no timestamps, no
+absolute paths, floats rounded to a fixed number of significant digits so that the same inputs give a
+byte-identical file on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+FORMAT_VERSION = 1
+"""Bump on any change that an older dora could not read correctly."""
+
+Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
+
+
+def _round(x: Any) -> Any:
+    """Round floats to 6 significant digits (deterministic text across platforms); recurse into containers."""
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_round(v) for v in x]
+    return x
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutPlan:
+    accelerators: int
+    """Accelerators running rollout engines (all of them when colocated)."""
+    tp: int
+    """Tensor-parallel size of one engine replica."""
+    ep: int
+    """Expert-parallel size of one engine replica (1 for dense; = tp x attention-dp for MoE)."""
+    replicas: int
+    """Engine replicas (rollout groups): accelerators / accelerators_per_replica."""
+    accelerators_per_replica: int
+    max_num_seqs: int
+    """Concurrent sequences per replica (continuous-batching slots)."""
+    max_model_len: int
+    """Prompt cap + response cap, tokens."""
+    versions_per_engine: int
+    """Policy versions one replica holds at once (1 on GPUs)."""
+    gpu_memory_utilization: float
+    kv_capacity_tokens: int
+    """KV-cache capacity of one replica, tokens."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainPlan:
+    accelerators: int
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+    cp: int
+    num_microbatches: int
+    micro_batch_tokens: int
+    recompute: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryReport:
+    side: Literal["rollout", "train"]
+    need_bytes: float
+    have_bytes: float
+    detail: dict[str, float]
+    """Named components of need_bytes (weights, kv, extra_versions, optimizer, activations, ...)."""
+
+    @property
+    def headroom_fraction(self) -> float:
+        return 1.0 - self.need_bytes / self.have_bytes if self.have_bytes else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Predictions:
+    step_time_s: float
+    """Steady-state mean wall time per training step."""
+    generated_tokens_per_s: float
+    trained_tokens_per_s: float
+    """Response tokens trained per second (the fair cross-mode throughput)."""
+    samples_per_s: float
+    bubble_fraction: float
+    """Fraction of accelerator time idle on the critical path (rollout slots empty or trainer waiting)."""
+    rollout_occupancy: float
+    """Mean fraction of rollout slots busy."""
+    rollout_share: float
+    """Fraction of a step's critical path spent generating (sync: generation time / step time)."""
+    trainer_utilization: float
+    weight_sync_s: float
+    mean_staleness: float
+    max_live_versions: int
+    total_time_s: float
+    """Predicted time for all spec steps."""
+    accelerator_hours: float
+    cost_usd: float | None
+    speedup_vs_sync: float
+    """Trained tokens/s of this plan over the best synchronous plan's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One considered (placement, mode, k) point and why it won or lost."""
+
+    label: str
+    """Short human description, e.g. 'disagg R96(tp4x24) T32(tp4 pp1 dp8) streaming k=3'."""
+    mode: Mode
+    max_version_lag: int
+    colocated: bool
+    rollout_accelerators: int
+    train_accelerators: int
+    stage: Literal["screen", "simulated"]
+    trained_tokens_per_s: float | None
+    status: Literal["chosen", "rejected"]
+    reason: str
+    """For rejected candidates: 'does not fit: needs X GiB, has Y GiB', 'slower by N%', 'violates staleness', ..."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    format_version: int
+    dora_version: str
+    spec_name: str
+    spec_file: str
+    """The spec path as given (relative), for humans; the hash is what binds the plan to the spec."""
+    spec_hash: str
+    catalog_fingerprint: str
+    calibration_fingerprint: str
+    calibration_source: str
+    seed: int
+    objective: str
+    mode: Mode
+    max_version_lag: int
+    allow_version_mixing: bool
+    colocated: bool
+    rollout: RolloutPlan
+    train: TrainPlan
+    memory: tuple[MemoryReport, ...]
+    predictions: Predictions
+    considered: tuple[Candidate, ...]
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _round(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """Inverse of ``to_dict``; raises ValueError naming the first missing or unknown field."""
+        return _build(cls, data, "plan")
+
+
+_NESTED = {"rollout": RolloutPlan, "train": TrainPlan, "predictions": Predictions}
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    missing = sorted(names - set(data))
+    if unknown:
+        raise ValueError(f"{where}: unknown field '{unknown[0]}'")
+    if missing:
+        raise ValueError(f"{where}: missing field '{missing[0]}'")
+    kw: dict[str, Any] = {}
+    for name in names:
+        value = data[name]
+        if cls is Plan and name in _NESTED:
+            value = _build(_NESTED[name], value, f"{where}.{name}")
+        elif cls is Plan and name == "memory":
+            value = tuple(_build(MemoryReport, m, f"{where}.memory[{i}]") for i, m in enumerate(value))
+        elif cls is Plan and name == "considered":
+            value = tuple(_build(Candidate, c, f"{where}.considered[{i}]") for i, c in enumerate(value))
+        elif cls is Plan and name == "warnings":
+            value = tuple(value)
+        kw[name] = value
+    return cls(**kw)

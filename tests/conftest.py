@@ -1,0 +1,30 @@
+"""Shared pytest options: `--update-golden` rewrites golden files instead of comparing against them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite golden files under tests/golden/ from the current output")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+def assert_golden(path: Path, actual: str, update: bool) -> None:
+    """Compare ``actual`` with the golden file at ``path`` (or rewrite it with --update-golden)."""
+    if update:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(actual, encoding="utf-8")
+        return
+    assert path.exists(), f"golden file {path} missing: run pytest --update-golden"
+    expected = path.read_text(encoding="utf-8")
+    assert actual == expected, f"{path} differs from the output; if the change is intended, run pytest --update-golden"
