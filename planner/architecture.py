@@ -1,0 +1,455 @@
+"""Model catalog: transformer architectures, with every size the cost model needs derived from the shape.
+
+Parameter counts, active parameters, matmul FLOPs per token and KV-cache bytes per token are computed from the
+layer shapes below, never typed in; `tests/unit/test_architecture.py` checks them against published totals.
+
+Notation (used throughout `planner`):
+    L      layers (decoder blocks); A = attention sub-layers per block (1, or 2 in LongCat-Flash)
+    h      hidden size;  a = query heads;  n_kv = KV heads;  d = head dim;  V = vocabulary size
+    f      dense FFN intermediate size;  f_e = expert intermediate size
+    E      routed experts;  Z = zero-compute (identity) experts;  k = experts per token (top-k over E + Z)
+    S      shared experts (each of size f_e, always active)
+    b      bytes per element
+
+All FFNs are gated (SwiGLU): 3*h*f weights.  Norm weights are counted (h per RMSNorm).  Multi-token-prediction
+modules (DeepSeek-V3 `num_nextn_predict_layers`) are not counted: RL training and rollout do not use them, and
+published totals (671B) exclude them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1})
+
+__all__ = [
+    "DTYPE_BYTES",
+    "MLA",
+    "MODEL_PRESETS",
+    "HFConfigError",
+    "ModelArch",
+    "arch_from_hf_config",
+    "catalog_fingerprint",
+    "get_preset",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLA:
+    """Multi-head latent attention shape (DeepSeek-V2/V3).  The KV cache stores the compressed latent
+    (kv_lora_rank) plus the shared RoPE key (qk_rope_head_dim) per token and layer."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelArch:
+    """A decoder-only transformer, dense or MoE, GQA or MLA.  See module docstring for notation."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    """Dense FFN intermediate size f (dense layers, leading dense layers of MoE models, LongCat's dense FFNs)."""
+    vocab_size: int
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    """Per-head RMSNorm on q and k (Qwen3): 2*d weights per attention sub-layer."""
+    num_experts: int = 0
+    """Routed experts E; 0 means dense."""
+    experts_top_k: int = 0
+    num_shared_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    first_dense_layers: int = 0
+    """Leading layers with a dense FFN instead of MoE (DeepSeek first_k_dense_replace)."""
+    mla: MLA | None = None
+    num_zero_experts: int = 0
+    """Z identity experts in the routing pool (LongCat-Flash): chosen slots that cost no compute."""
+    attention_per_layer: int = 1
+    """A: attention sub-layers per block (LongCat-Flash: 2)."""
+    dense_ffns_per_moe_layer: int = 0
+    """Dense FFNs running beside the MoE in each MoE block (LongCat-Flash shortcut-connected MoE: 2)."""
+
+    def __post_init__(self) -> None:
+        positive = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                    "vocab_size", "attention_per_layer")
+        for field in positive:
+            if getattr(self, field) < 1:
+                raise ValueError(f"{self.name}: {field} must be >= 1")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(f"{self.name}: num_attention_heads ({self.num_attention_heads}) must be a multiple "
+                             f"of num_kv_heads ({self.num_kv_heads})")
+        if self.num_experts:
+            if not 1 <= self.experts_top_k <= self.num_experts + self.num_zero_experts:
+                raise ValueError(f"{self.name}: experts_top_k={self.experts_top_k} must lie in "
+                                 f"[1, num_experts + num_zero_experts]")
+            if self.moe_ffn_hidden_size < 1:
+                raise ValueError(f"{self.name}: an MoE model needs moe_ffn_hidden_size >= 1")
+            if not 0 <= self.first_dense_layers <= self.num_layers:
+                raise ValueError(f"{self.name}: first_dense_layers must lie in [0, num_layers]")
+        elif self.ffn_hidden_size < 1:
+            raise ValueError(f"{self.name}: a dense model needs ffn_hidden_size >= 1")
+
+    # ----- shape helpers ------------------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_ffn_layers(self) -> int:
+        """Layers whose (only) FFN is dense."""
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def num_attention_layers(self) -> int:
+        """L * A: attention sub-layers in the whole model (each one has its own KV cache)."""
+        return self.num_layers * self.attention_per_layer
+
+    @property
+    def num_dense_ffns(self) -> int:
+        """Dense FFN instances in the model: one per dense layer plus the side FFNs of MoE blocks."""
+        return self.num_dense_ffn_layers + self.num_moe_layers * self.dense_ffns_per_moe_layer
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.mla.v_head_dim if self.mla else self.head_dim
+
+    @property
+    def expected_routed_experts_per_token(self) -> float:
+        """k_real = k * E / (E + Z): routed experts a token actually computes, averaged under uniform routing
+        over the E + Z slots (equals k when there are no zero-compute experts)."""
+        if not self.is_moe:
+            return 0.0
+        return self.experts_top_k * self.num_experts / (self.num_experts + self.num_zero_experts)
+
+    # ----- parameter counts ---------------------------------------------------------------------------------
+    @property
+    def attention_params(self) -> int:
+        """Weights of one attention sub-layer (projections, biases, q/k norms; not the pre-norm).
+
+        GQA: h*a*d (q) + 2*h*n_kv*d (k, v) + a*d*h (o) [+ a*d + 2*n_kv*d bias] [+ 2*d qk-norm].
+        MLA: [h*r_q + r_q + r_q*a*(d_nope+d_rope)] or h*a*(d_nope+d_rope) for q; h*(r_kv+d_rope) + r_kv for the
+        compressed kv; r_kv*a*(d_nope+d_v) to expand it; a*d_v*h for o.
+        """
+        h, a = self.hidden_size, self.num_attention_heads
+        if self.mla is None:
+            d, kv = self.head_dim, self.num_kv_heads
+            total = h * a * d + 2 * h * kv * d + a * d * h
+            if self.qkv_bias:
+                total += a * d + 2 * kv * d
+            if self.qk_norm:
+                total += 2 * d
+            return total
+        m = self.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk
+        else:
+            q = h * a * qk
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank + m.kv_lora_rank * a * (
+            m.qk_nope_head_dim + m.v_head_dim)
+        return q + kv + a * m.v_head_dim * h
+
+    @property
+    def dense_ffn_params(self) -> int:
+        """3*h*f (gate, up, down)."""
+        return 3 * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """One routed or shared expert: 3*h*f_e."""
+        return 3 * self.hidden_size * self.moe_ffn_hidden_size
+
+    @property
+    def router_params(self) -> int:
+        """Router of one MoE layer: h*(E + Z)."""
+        return self.hidden_size * (self.num_experts + self.num_zero_experts)
+
+    @property
+    def norm_params(self) -> int:
+        """RMSNorm weights: two per attention sub-layer (pre-attention, pre-FFN) plus the final norm."""
+        return 2 * self.hidden_size * self.num_attention_layers + self.hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus LM head: V*h, twice unless tied."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
+
+    @property
+    def routed_expert_params_total(self) -> int:
+        """E * 3*h*f_e * (MoE layers): the part of the model that expert parallelism shards."""
+        return self.num_moe_layers * self.num_experts * self.expert_params
+
+    @property
+    def total_params(self) -> int:
+        """N: every weight of the model (see module docstring for what is excluded)."""
+        per_moe_layer = self.router_params + self.num_shared_experts * self.expert_params
+        return (self.num_attention_layers * self.attention_params
+                + self.num_dense_ffns * self.dense_ffn_params
+                + self.num_moe_layers * per_moe_layer
+                + self.routed_expert_params_total
+                + self.norm_params + self.embedding_params)
+
+    @property
+    def non_expert_params(self) -> int:
+        """N minus routed experts: the part replicated across expert-parallel ranks."""
+        return self.total_params - self.routed_expert_params_total
+
+    def active_params_with(self, routed_experts_per_token: float) -> float:
+        """Parameters one token touches when it computes `routed_experts_per_token` routed experts per MoE layer
+        (embedding and LM head included, as in published "active" counts)."""
+        return self.non_expert_params + self.num_moe_layers * routed_experts_per_token * self.expert_params
+
+    @property
+    def active_params(self) -> float:
+        """N_act = N - routed experts + L_moe * k_real * 3*h*f_e, with k_real the expected routed experts per
+        token (`expected_routed_experts_per_token`)."""
+        return self.active_params_with(self.expected_routed_experts_per_token)
+
+    @property
+    def matmul_params_per_token(self) -> float:
+        """N_c: weights a token multiplies with = N_act minus the input embedding (a table lookup, no FLOPs),
+        keeping the LM head.  Forward FLOPs of the weight matmuls are 2*N_c per token."""
+        lookup = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        return self.active_params - lookup
+
+    # ----- attention and KV cache ---------------------------------------------------------------------------
+    def attention_flops_per_query_key(self, *, absorbed_mla: bool = False) -> int:
+        """Forward FLOPs for one (query, key) pair summed over all attention sub-layers.
+
+        Per sub-layer: 2*a*d_qk (scores) + 2*a*d_v (weighted sum of values).
+        With `absorbed_mla` (MLA decode with the up-projections folded into q and o, as vLLM and SGLang do),
+        scores and values both live in the latent space: 2*a*(r_kv + d_rope) + 2*a*r_kv.
+        """
+        a = self.num_attention_heads
+        if absorbed_mla and self.mla is not None:
+            per = 2 * a * (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim) + 2 * a * self.mla.kv_lora_rank
+        else:
+            per = 2 * a * (self.qk_head_dim + self.v_head_dim)
+        return self.num_attention_layers * per
+
+    @property
+    def kv_elements_per_token_per_layer(self) -> int:
+        """Cached elements per token per attention sub-layer: GQA 2*n_kv*d (K and V); MLA r_kv + d_rope."""
+        if self.mla is not None:
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype_bytes: float) -> float:
+        """KV-cache bytes per token for the whole model: L * A * kv_elements * b."""
+        return self.num_attention_layers * self.kv_elements_per_token_per_layer * dtype_bytes
+
+    def kv_bytes_per_token_per_device(self, dtype_bytes: float, *, tp: int) -> float:
+        """KV bytes one of `tp` tensor-parallel devices stores per token.
+
+        GQA shards KV heads: ceil(n_kv / tp) heads per device (replicated when tp > n_kv).
+        MLA's latent cache has no head axis: every TP rank keeps the full latent (vLLM behaviour).
+        """
+        if self.mla is not None:
+            return self.kv_bytes_per_token(dtype_bytes)
+        heads_per_device = -(-self.num_kv_heads // tp)
+        return self.num_attention_layers * 2 * heads_per_device * self.head_dim * dtype_bytes
+
+    @property
+    def num_weight_tensors(self) -> int:
+        """Named weight tensors in a Hugging Face checkpoint (what a weight reload iterates over).
+
+        Per attention sub-layer: 4 projections (+3 biases, +2 qk-norms) or MLA's 5 matrices + 2 norms; 2 norms.
+        Per dense FFN or expert: 3.  Per MoE layer: 1 router.  Plus embeddings and the final norm.
+        """
+        if self.mla is None:
+            attn = 4 + (3 if self.qkv_bias else 0) + (2 if self.qk_norm else 0)
+        else:
+            attn = 7 if self.mla.q_lora_rank else 5
+        per_attention = attn + 2
+        experts = self.num_experts + self.num_shared_experts
+        return (self.num_attention_layers * per_attention + 3 * self.num_dense_ffns
+                + self.num_moe_layers * (1 + 3 * experts)
+                + (1 if self.tie_embeddings else 2) + 1)
+
+
+def _mla_deepseek() -> MLA:
+    return MLA(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+
+
+# Shapes from each model's published config.json (Hugging Face model cards) or, for LongCat-Flash, the
+# transformers LongcatFlashConfig defaults that reproduce meituan-longcat/LongCat-Flash-Chat.
+_PRESETS: dict[str, ModelArch] = {
+    "qwen2.5-7b": ModelArch(  # huggingface.co/Qwen/Qwen2.5-7B config.json
+        name="qwen2.5-7b", num_layers=28, hidden_size=3584, num_attention_heads=28, num_kv_heads=4,
+        head_dim=128, ffn_hidden_size=18944, vocab_size=152064, qkv_bias=True),
+    "qwen2.5-32b": ModelArch(  # huggingface.co/Qwen/Qwen2.5-32B config.json
+        name="qwen2.5-32b", num_layers=64, hidden_size=5120, num_attention_heads=40, num_kv_heads=8,
+        head_dim=128, ffn_hidden_size=27648, vocab_size=152064, qkv_bias=True),
+    "qwen3-8b": ModelArch(  # huggingface.co/Qwen/Qwen3-8B config.json
+        name="qwen3-8b", num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+        head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True),
+    "qwen3-32b": ModelArch(  # huggingface.co/Qwen/Qwen3-32B config.json
+        name="qwen3-32b", num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
+        head_dim=128, ffn_hidden_size=25600, vocab_size=151936, qk_norm=True),
+    "qwen3-30b-a3b": ModelArch(  # huggingface.co/Qwen/Qwen3-30B-A3B config.json
+        name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_kv_heads=4,
+        head_dim=128, ffn_hidden_size=6144, vocab_size=151936, qk_norm=True,
+        num_experts=128, experts_top_k=8, moe_ffn_hidden_size=768),
+    "qwen3-235b-a22b": ModelArch(  # huggingface.co/Qwen/Qwen3-235B-A22B config.json
+        name="qwen3-235b-a22b", num_layers=94, hidden_size=4096, num_attention_heads=64, num_kv_heads=4,
+        head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True,
+        num_experts=128, experts_top_k=8, moe_ffn_hidden_size=1536),
+    "deepseek-v3": ModelArch(  # huggingface.co/deepseek-ai/DeepSeek-V3 config.json (MTP module not counted)
+        name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
+        head_dim=192, ffn_hidden_size=18432, vocab_size=129280,
+        num_experts=256, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
+        first_dense_layers=3, mla=_mla_deepseek()),
+    "kimi-k2": ModelArch(  # huggingface.co/moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture)
+        name="kimi-k2", num_layers=61, hidden_size=7168, num_attention_heads=64, num_kv_heads=64,
+        head_dim=192, ffn_hidden_size=18432, vocab_size=163840,
+        num_experts=384, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
+        first_dense_layers=1, mla=_mla_deepseek()),
+    "longcat-flash": ModelArch(  # transformers LongcatFlashConfig defaults; arXiv 2509.01322
+        name="longcat-flash", num_layers=28, hidden_size=6144, num_attention_heads=64, num_kv_heads=64,
+        head_dim=192, ffn_hidden_size=12288, vocab_size=131072,
+        num_experts=512, num_zero_experts=256, experts_top_k=12, moe_ffn_hidden_size=2048,
+        attention_per_layer=2, dense_ffns_per_moe_layer=2, mla=_mla_deepseek()),
+    "tiny-local": ModelArch(  # the CPU model the local runtime trains (dora/runtime)
+        name="tiny-local", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4, head_dim=16,
+        ffn_hidden_size=256, vocab_size=64, tie_embeddings=True),
+}
+
+MODEL_PRESETS: Mapping[str, ModelArch] = MappingProxyType(_PRESETS)
+
+
+def get_preset(name: str) -> ModelArch:
+    """Preset by key; unknown names raise KeyError listing the valid ones."""
+    try:
+        return MODEL_PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown model preset {name!r}; valid names: {', '.join(sorted(MODEL_PRESETS))}") from None
+
+
+def catalog_fingerprint() -> str:
+    """First 16 hex digits of sha256 over the sorted JSON of every preset."""
+    blob = json.dumps({k: dataclasses.asdict(v) for k, v in MODEL_PRESETS.items()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ----- Hugging Face config.json --------------------------------------------------------------------------------
+class HFConfigError(ValueError):
+    """A config.json field is missing or unusable; `key` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"config.json key {key!r}: {message}")
+        self.key = key
+
+
+_DENSE_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+_MOE_TYPES = {"qwen3_moe", "qwen2_moe", "mixtral"}
+_MLA_TYPES = {"deepseek_v3", "deepseek_v2", "kimi_k2"}
+
+
+def _int(config: Mapping[str, Any], key: str, *, default: int | None = None, minimum: int = 1) -> int:
+    value = config.get(key, default)
+    if value is None:
+        raise HFConfigError(key, "is required but missing")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HFConfigError(key, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise HFConfigError(key, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise HFConfigError(key, f"must be true or false, got {value!r}")
+    return value
+
+
+def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
+    """Build a ModelArch from a parsed Hugging Face config.json (pure: takes the dict, reads no file).
+
+    Understands the field names of Llama/Mistral, Qwen2, Qwen3, Qwen3-MoE/Qwen2-MoE/Mixtral and DeepSeek-V2/V3
+    (`model_type`).  Raises HFConfigError (a ValueError with `.key`) for a missing or invalid field, or for a
+    layout the cost model cannot represent (e.g. interleaved dense/MoE layers).
+    """
+    model_type = config.get("model_type")
+    if model_type not in _DENSE_TYPES | _MOE_TYPES | _MLA_TYPES:
+        known = ", ".join(sorted(_DENSE_TYPES | _MOE_TYPES | _MLA_TYPES))
+        raise HFConfigError("model_type", f"unsupported value {model_type!r}; supported: {known}")
+    hidden = _int(config, "hidden_size")
+    heads = _int(config, "num_attention_heads")
+    kw: dict[str, Any] = {
+        "name": name,
+        "num_layers": _int(config, "num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": _int(config, "num_key_value_heads", default=heads),
+        "vocab_size": _int(config, "vocab_size"),
+        "tie_embeddings": _bool(config, "tie_word_embeddings", False),
+    }
+    if model_type in _MLA_TYPES:
+        kw["mla"] = MLA(
+            q_lora_rank=config.get("q_lora_rank") and _int(config, "q_lora_rank"),
+            kv_lora_rank=_int(config, "kv_lora_rank"),
+            qk_nope_head_dim=_int(config, "qk_nope_head_dim"),
+            qk_rope_head_dim=_int(config, "qk_rope_head_dim"),
+            v_head_dim=_int(config, "v_head_dim"),
+        )
+        kw["head_dim"] = kw["mla"].qk_nope_head_dim + kw["mla"].qk_rope_head_dim
+    else:
+        if hidden % heads and "head_dim" not in config:
+            raise HFConfigError("head_dim", f"missing, and hidden_size {hidden} is not divisible by {heads} heads")
+        kw["head_dim"] = _int(config, "head_dim", default=hidden // heads)
+        # Qwen2 always has q/k/v biases (the config has no flag); Llama-family configs say attention_bias.
+        kw["qkv_bias"] = True if model_type in {"qwen2", "qwen2_moe"} else _bool(config, "attention_bias", False)
+        kw["qk_norm"] = model_type in {"qwen3", "qwen3_moe"}
+
+    is_moe = model_type in _MOE_TYPES or (model_type in _MLA_TYPES and config.get("n_routed_experts"))
+    kw["ffn_hidden_size"] = _int(config, "intermediate_size", default=0 if is_moe else None,
+                                 minimum=0 if is_moe else 1)
+    if is_moe:
+        experts_key = "n_routed_experts" if model_type in _MLA_TYPES else (
+            "num_local_experts" if model_type == "mixtral" else "num_experts")
+        kw["num_experts"] = _int(config, experts_key)
+        kw["experts_top_k"] = _int(config, "num_experts_per_tok")
+        kw["moe_ffn_hidden_size"] = (kw["ffn_hidden_size"] if model_type == "mixtral"
+                                     else _int(config, "moe_intermediate_size"))
+        if model_type in _MLA_TYPES:
+            kw["num_shared_experts"] = _int(config, "n_shared_experts", default=0, minimum=0)
+            kw["first_dense_layers"] = _int(config, "first_k_dense_replace", default=0, minimum=0)
+            if _int(config, "moe_layer_freq", default=1) != 1:
+                raise HFConfigError("moe_layer_freq", "only 1 (every layer after the dense prefix) is supported")
+        elif model_type == "qwen2_moe":
+            raise HFConfigError("shared_expert_intermediate_size",
+                                "Qwen2-MoE's separately sized shared expert is not supported")
+        else:
+            if _int(config, "decoder_sparse_step", default=1) != 1:
+                raise HFConfigError("decoder_sparse_step", "only 1 (every layer is MoE) is supported")
+            if config.get("mlp_only_layers"):
+                raise HFConfigError("mlp_only_layers", "interleaved dense layers are not supported")
+    try:
+        return ModelArch(**kw)
+    except ValueError as exc:
+        raise HFConfigError("num_key_value_heads" if "num_kv_heads" in str(exc) else "model_type",
+                            str(exc)) from exc

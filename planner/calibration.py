@@ -1,0 +1,202 @@
+"""Efficiency factors of the cost model, gathered in one frozen, serialisable object.
+
+Every analytical estimate in `planner` is an idealised count (bytes moved, FLOPs executed, bytes sent over a
+link) divided by a peak rate from the hardware catalog.  Real kernels, collectives and engines reach only part of
+those peaks, and pay fixed per-step costs.  Those fractions and fixed costs live here, and nowhere else, so that a
+measured run can replace all of them at once (`dora calibrate` writes a `Calibration` whose `source` says what was
+measured) and the plan file can record which values produced it (`fingerprint()`).
+
+Notation used in the docstrings of the cost modules:
+    eta_mem      achieved / peak HBM bandwidth for memory-bound kernels (decode GEMV, KV reads)
+    eta_dec      achieved / peak FLOP/s for decode-phase matmuls
+    eta_pre      achieved / peak FLOP/s for prefill-phase matmuls
+    eta_train    achieved / peak FLOP/s for the compute part of a training step (dense or MoE prior)
+    eta_up       achieved / peak scale-up (NVLink-class) link bandwidth in collectives
+    eta_out      achieved / peak scale-out (NIC) bandwidth in collectives
+
+The defaults are priors, not measurements of this project; each says where it comes from.  When an accelerator is
+the local `cpu` entry, `resolved_for("cpu")` swaps in the CPU-specific constants (see the `cpu_*` fields).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+_GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """All efficiency factors and fixed overheads of the cost model (see module docstring for notation)."""
+
+    source: str = "catalog defaults"
+    """Where the values come from: "catalog defaults", or "measured: <what, where, when>"."""
+
+    hbm_bandwidth_efficiency: float = 0.80
+    """eta_mem.  Prior: memory-bound copy/GEMV kernels on H100-class parts sustain roughly 70-90% of the data-sheet
+    HBM bandwidth (NVIDIA's nvbandwidth and STREAM-style device copies); 0.8 is the round middle."""
+
+    decode_compute_efficiency: float = 0.50
+    """eta_dec.  Prior: decode matmuls are skinny (batch rows x weight), far from the large-GEMM peak."""
+
+    prefill_compute_efficiency: float = 0.60
+    """eta_pre.  Prior: prefill runs large GEMMs plus flash attention; cuBLAS BF16 GEMMs reach ~60-75% of the
+    H100 dense peak at LLM shapes, and attention/normalisation kernels pull the mean down."""
+
+    train_mfu_dense: float = 0.50
+    """eta_train for dense models: efficiency of the *compute part* of a step, before pipeline bubble and exposed
+    communication, which the train model adds explicitly.  Megatron-LM's README reports up to 47% end-to-end MFU on
+    H100 (github.com/NVIDIA/Megatron-LM); Llama 3 reports 38-43% BF16 MFU on 8K-16K H100 (arXiv 2407.21783).
+    The compute-only prior sits a little above those end-to-end figures."""
+
+    train_mfu_moe: float = 0.30
+    """eta_train for MoE models (compute part only).  Megatron-MoE-ModelZoo (NVIDIA, best_practice/Qwen3) reports
+    Qwen3-235B-A22B BF16 at 167-276 TFLOP/s per H100, i.e. 17-28% end-to-end MFU; grouped expert GEMMs are smaller
+    and less efficient than dense GEMMs."""
+
+    scale_up_efficiency: float = 0.80
+    """eta_up.  Prior: NCCL all-reduce bus bandwidth inside an NVLink/NVSwitch node is typically ~75-85% of the
+    per-direction link rate (nccl-tests on DGX-class nodes)."""
+
+    scale_out_efficiency: float = 0.80
+    """eta_out.  Prior: NCCL over 400 Gb/s InfiniBand/RoCE typically reaches ~80-90% of line rate at large
+    message sizes (nccl-tests); 0.8 leaves room for imperfect rail alignment."""
+
+    collective_latency_s: float = 20e-6
+    """Fixed latency per collective call (s).  Prior: NCCL small-message latency is on the order of 10-30 us
+    inside a node."""
+
+    decode_step_overhead_s: float = 0.002
+    """Fixed cost per engine step (s): scheduling, sampling, input preparation, CUDA-graph launch.  Prior for
+    vLLM V1 with CUDA graphs on a GPU host."""
+
+    train_step_overhead_s: float = 0.05
+    """Fixed cost per training step (s): data loading, loss bookkeeping, synchronisation.  Prior."""
+
+    moe_imbalance_factor: float = 1.2
+    """Load on the busiest expert-parallel rank divided by the mean load (>= 1).  Prior: DeepSeek's EPLB exists
+    because routed load is uneven (github.com/deepseek-ai/EPLB); 1.2 is a moderate imbalance after balancing."""
+
+    dp_comm_overlap_fraction: float = 0.8
+    """Fraction of data-parallel gradient reduce-scatter / parameter all-gather hidden behind backward/forward
+    compute (Megatron --overlap-grad-reduce / --overlap-param-gather).  Prior."""
+
+    tp_comm_overlap_fraction: float = 0.0
+    """Fraction of tensor-parallel collectives hidden behind compute.  0 = Megatron default (no
+    --tp-comm-overlap)."""
+
+    ep_comm_overlap_fraction: float = 0.3
+    """Fraction of expert-parallel all-to-all hidden behind compute (Megatron MoE a2a overlap is partial).
+    Prior."""
+
+    rollout_reserved_bytes_per_device: float = 2.0 * _GIB
+    """Non-KV, non-weight memory per rollout device (bytes): activation peak, CUDA graphs, NCCL buffers.  Prior:
+    vLLM start-up logs for 8B-class models on H100 report about 1-2 GiB of activation + non-torch memory."""
+
+    train_reserved_bytes_per_device: float = 4.0 * _GIB
+    """Memory per training device that the model cannot use (bytes): CUDA context, NCCL buffers, allocator
+    fragmentation.  Prior."""
+
+    weight_sync_bucket_overhead_s: float = 0.002
+    """Fixed cost per weight-sync bucket (s): collective launch, synchronisation, (de)serialisation of the
+    bucket's metadata.  Prior."""
+
+    weight_reload_per_tensor_s: float = 1e-4
+    """Per-tensor cost of loading received weights into the rollout engine (s): vLLM's load_weights runs a
+    Python loop over named tensors.  Prior."""
+
+    weight_reload_fixed_s: float = 0.5
+    """Fixed cost per weight update on the rollout side (s): pausing the engine, resetting the prefix cache,
+    resuming.  Prior."""
+
+    cpu_compute_efficiency: float = 0.15
+    """On the local `cpu` entry, replaces every compute efficiency: tiny PyTorch matmuls on one core reach only
+    a small fraction of the FMA peak.  Rough default; `dora calibrate` measures it."""
+
+    cpu_memory_efficiency: float = 0.5
+    """On `cpu`, replaces eta_mem.  Rough default; `dora calibrate` measures it."""
+
+    cpu_step_overhead_s: float = 0.004
+    """On `cpu`, replaces decode_step_overhead_s: Python and operator-dispatch cost of one engine step for the
+    tiny model.  Rough default; `dora calibrate` measures it."""
+
+    cpu_train_step_overhead_s: float = 0.02
+    """On `cpu`, replaces train_step_overhead_s.  Rough default; `dora calibrate` measures it."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            name = field.name
+            if name == "source":
+                if not isinstance(self.source, str) or not self.source:
+                    raise ValueError("Calibration.source must be a non-empty string")
+                continue
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"Calibration.{name} must be a number, got {value!r}")
+            if name.endswith("efficiency") or name.startswith("train_mfu"):
+                if not 0.0 < value <= 1.0:
+                    raise ValueError(f"Calibration.{name} = {value} must lie in (0, 1]")
+            elif name.endswith("overlap_fraction"):
+                if not 0.0 <= value <= 1.0:
+                    raise ValueError(f"Calibration.{name} = {value} must lie in [0, 1]")
+            elif name == "moe_imbalance_factor":
+                if value < 1.0:
+                    raise ValueError(f"Calibration.moe_imbalance_factor = {value} must be >= 1")
+            elif value < 0.0:
+                raise ValueError(f"Calibration.{name} = {value} must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict of every field."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        """Inverse of `to_dict`.  Missing keys take defaults; an unknown key raises ValueError naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ValueError(f"unknown calibration key {key!r}; valid keys: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def with_overrides(self, **overrides: Any) -> Calibration:
+        """Copy with some fields replaced; an unknown name raises ValueError naming it."""
+        merged = self.to_dict()
+        for key in overrides:
+            if key not in merged:
+                raise ValueError(f"unknown calibration key {key!r}")
+        merged.update(overrides)
+        return Calibration(**merged)
+
+    def fingerprint(self) -> str:
+        """First 16 hex digits of sha256 over the sorted JSON of `to_dict()`: stable across runs and machines."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def resolved_for(self, accelerator_name: str) -> Calibration:
+        """The calibration the formulas should use on `accelerator_name`.
+
+        On "cpu" the generic GPU-oriented factors are replaced by the `cpu_*` constants, so the cost formulas
+        stay identical for every accelerator; elsewhere this returns `self`.
+        """
+        if accelerator_name != "cpu":
+            return self
+        return dataclasses.replace(
+            self,
+            hbm_bandwidth_efficiency=self.cpu_memory_efficiency,
+            decode_compute_efficiency=self.cpu_compute_efficiency,
+            prefill_compute_efficiency=self.cpu_compute_efficiency,
+            train_mfu_dense=self.cpu_compute_efficiency,
+            train_mfu_moe=self.cpu_compute_efficiency,
+            decode_step_overhead_s=self.cpu_step_overhead_s,
+            train_step_overhead_s=self.cpu_train_step_overhead_s,
+            # The local runtime holds one copy of the tiny model; there is no sizeable reserve to keep.
+            rollout_reserved_bytes_per_device=min(self.rollout_reserved_bytes_per_device, 0.25 * _GIB),
+            train_reserved_bytes_per_device=min(self.train_reserved_bytes_per_device, 0.25 * _GIB),
+        )
+
+
+DEFAULT_CALIBRATION = Calibration()

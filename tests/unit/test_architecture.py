@@ -1,0 +1,170 @@
+"""Model catalog: derived sizes against published totals and hand computations; HF config parsing."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.architecture import (
+    DTYPE_BYTES,
+    MLA,
+    MODEL_PRESETS,
+    HFConfigError,
+    ModelArch,
+    arch_from_hf_config,
+    catalog_fingerprint,
+    get_preset,
+)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+CONTRACT_KEYS = {"qwen2.5-7b", "qwen2.5-32b", "qwen3-8b", "qwen3-32b", "qwen3-235b-a22b", "deepseek-v3",
+                 "longcat-flash", "tiny-local"}
+
+
+def _config(name: str) -> dict:
+    return json.loads((CONFIGS / f"{name}.json").read_text())
+
+
+def test_contract_presets_exist():
+    assert CONTRACT_KEYS <= set(MODEL_PRESETS)
+    assert DTYPE_BYTES == {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+
+# Published totals: model cards (Qwen2.5: 7.61B / 32.5B; Qwen3: 8.2B / 32.8B / 30.5B-A3.3B / 235B-A22B),
+# DeepSeek-V3 report (671B / 37B), Kimi K2 card (1T / 32B).
+@pytest.mark.parametrize(
+    ("name", "total_b", "active_b", "rel"),
+    [
+        ("qwen2.5-7b", 7.61, 7.61, 0.01),
+        ("qwen2.5-32b", 32.5, 32.5, 0.01),
+        ("qwen3-8b", 8.2, 8.2, 0.01),
+        ("qwen3-32b", 32.8, 32.8, 0.01),
+        ("qwen3-30b-a3b", 30.5, 3.3, 0.02),
+        ("qwen3-235b-a22b", 235.0, 22.0, 0.02),
+        ("deepseek-v3", 671.0, 37.0, 0.02),
+        ("kimi-k2", 1040.0, 32.0, 0.03),
+    ],
+)
+def test_derived_params_match_published(name, total_b, active_b, rel):
+    arch = get_preset(name)
+    assert arch.total_params / 1e9 == pytest.approx(total_b, rel=rel)
+    assert arch.active_params / 1e9 == pytest.approx(active_b, rel=rel)
+
+
+def test_longcat_flash_dynamic_activation_range():
+    # arXiv 2509.01322: 560B total, 18.6B-31.3B active (27B average).  The paper's activation count appears to
+    # include a single V*h embedding matrix (our count includes input and output, +0.8B), hence 4-5%.
+    arch = get_preset("longcat-flash")
+    assert arch.total_params / 1e9 == pytest.approx(560, rel=0.01)
+    assert arch.active_params_with(0) / 1e9 == pytest.approx(18.6, rel=0.05)
+    assert arch.active_params_with(arch.experts_top_k) / 1e9 == pytest.approx(31.3, rel=0.03)
+    assert arch.active_params / 1e9 == pytest.approx(27.0, rel=0.04)
+    assert arch.expected_routed_experts_per_token == pytest.approx(8.0)  # 12 * 512 / 768
+
+
+@pytest.mark.parametrize(
+    ("name", "kv_bytes"),
+    [
+        ("qwen2.5-7b", 57_344),      # 28 * 2 * 4 * 128 * 2
+        ("qwen3-8b", 147_456),       # 36 * 2 * 8 * 128 * 2
+        ("qwen3-32b", 262_144),      # 64 * 2 * 8 * 128 * 2
+        ("qwen3-235b-a22b", 192_512),  # 94 * 2 * 4 * 128 * 2
+        ("deepseek-v3", 70_272),     # 61 * (512 + 64) * 2
+        ("longcat-flash", 64_512),   # 28 * 2 * (512 + 64) * 2
+    ],
+)
+def test_kv_bytes_per_token_hand_computed(name, kv_bytes):
+    assert get_preset(name).kv_bytes_per_token(2) == kv_bytes
+
+
+def test_kv_per_device_shards_gqa_heads_and_replicates_mla():
+    qwen = get_preset("qwen3-235b-a22b")  # 4 KV heads
+    assert qwen.kv_bytes_per_token_per_device(2, tp=2) == 192_512 / 2
+    # tp=8 > 4 KV heads: each device still holds one head.
+    assert qwen.kv_bytes_per_token_per_device(2, tp=8) == 192_512 / 4
+    ds = get_preset("deepseek-v3")
+    assert ds.kv_bytes_per_token_per_device(2, tp=8) == ds.kv_bytes_per_token(2)
+
+
+def test_tiny_local_hand_count():
+    tiny = get_preset("tiny-local")
+    attn = 4 * 64 * 64            # q, k, v, o each 64 x 64
+    ffn = 3 * 64 * 256
+    norms = 2 * 64 * 2 + 64       # two per layer plus final
+    embed = 64 * 64               # tied
+    assert tiny.total_params == 2 * (attn + ffn) + norms + embed == 135_488
+    assert tiny.kv_bytes_per_token(4) == 2 * 2 * 4 * 16 * 4
+    assert tiny.matmul_params_per_token == tiny.total_params  # tied: LM head is the only use of the table
+
+
+def test_attention_flops_per_query_key():
+    q8 = get_preset("qwen3-8b")
+    assert q8.attention_flops_per_query_key() == 36 * 2 * 32 * (128 + 128)
+    ds = get_preset("deepseek-v3")
+    assert ds.attention_flops_per_query_key() == 61 * 2 * 128 * (192 + 128)
+    assert ds.attention_flops_per_query_key(absorbed_mla=True) == 61 * (2 * 128 * 576 + 2 * 128 * 512)
+
+
+def test_matmul_params_exclude_only_input_embedding():
+    q8 = get_preset("qwen3-8b")
+    assert q8.matmul_params_per_token == q8.total_params - 151936 * 4096
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-235b-a22b", "deepseek-v3", "qwen2.5-7b"])
+def test_hf_config_gives_the_preset(name):
+    assert arch_from_hf_config(_config(name), name=name) == get_preset(name)
+
+
+def test_hf_llama_config_matches_published_8b():
+    arch = arch_from_hf_config(_config("llama-3.1-8b"), name="llama-3.1-8b")
+    assert arch.head_dim == 128 and not arch.qkv_bias and not arch.is_moe
+    assert arch.total_params / 1e9 == pytest.approx(8.03, rel=0.01)  # Meta model card: 8.03B
+    assert arch.kv_bytes_per_token(2) == 32 * 2 * 8 * 128 * 2
+
+
+def test_hf_config_errors_name_the_key():
+    cfg = _config("qwen3-8b")
+    del cfg["num_hidden_layers"]
+    with pytest.raises(HFConfigError, match="num_hidden_layers") as info:
+        arch_from_hf_config(cfg, name="x")
+    assert info.value.key == "num_hidden_layers"
+    assert isinstance(info.value, ValueError)
+
+    bad = _config("qwen3-8b") | {"hidden_size": "4096"}
+    with pytest.raises(HFConfigError, match="must be an integer") as info:
+        arch_from_hf_config(bad, name="x")
+    assert info.value.key == "hidden_size"
+
+    with pytest.raises(HFConfigError, match="unsupported value 'gpt2'") as info:
+        arch_from_hf_config({"model_type": "gpt2"}, name="x")
+    assert info.value.key == "model_type"
+
+    moe = _config("qwen3-235b-a22b") | {"mlp_only_layers": [0, 1]}
+    with pytest.raises(HFConfigError) as info:
+        arch_from_hf_config(moe, name="x")
+    assert info.value.key == "mlp_only_layers"
+
+    uneven = _config("qwen3-8b") | {"num_key_value_heads": 5}
+    with pytest.raises(HFConfigError, match="multiple of num_kv_heads"):
+        arch_from_hf_config(uneven, name="x")
+
+
+def test_invalid_arch_is_rejected():
+    with pytest.raises(ValueError, match="experts_top_k"):
+        ModelArch(name="x", num_layers=1, hidden_size=8, num_attention_heads=2, num_kv_heads=2, head_dim=4,
+                  ffn_hidden_size=0, vocab_size=8, num_experts=4, experts_top_k=5, moe_ffn_hidden_size=4)
+    with pytest.raises(KeyError, match="valid names"):
+        get_preset("gpt-5")
+
+
+def test_mla_without_q_lora():
+    # DeepSeek-V2-Lite style: q projected directly.  q = h*a*(nope+rope); kv_a = h*(r+rope) + r; kv_b; o.
+    mla = MLA(q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4)
+    arch = ModelArch(name="x", num_layers=1, hidden_size=16, num_attention_heads=2, num_kv_heads=2, head_dim=6,
+                     ffn_hidden_size=32, vocab_size=10, mla=mla)
+    assert arch.attention_params == 16 * 2 * 6 + (16 * 10 + 8) + 8 * 2 * 8 + 2 * 4 * 16
+
+
+def test_catalog_fingerprint_stable():
+    assert catalog_fingerprint() == catalog_fingerprint()
+    assert len(catalog_fingerprint()) == 16
