@@ -1,0 +1,132 @@
+"""The `dora` command line: argument parsing and exit codes; each subcommand delegates to its stage.
+
+Exit codes: 0 success; 2 invalid input (spec diagnostics, or `plan --detailed-exitcode` with changes);
+1 any other failure. Bad input never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from dora import __version__
+
+EXAMPLES = """\
+examples:
+  dora validate specs/*.yaml            check specs; every problem with its YAML path and line
+  dora schema > dora-spec.schema.json   JSON Schema of the spec language, for editors
+"""
+
+EXIT_OK, EXIT_ERROR, EXIT_INVALID = 0, 1, 2
+
+
+def _err_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _out_console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from dora.spec import SpecError, load_spec
+
+    status = EXIT_OK
+    results = []
+    for file in args.specs:
+        try:
+            resolved = load_spec(file)
+        except SpecError as exc:
+            status = EXIT_INVALID
+            results.append({"file": file, "valid": False, "problems": [d.to_json() for d in exc.diagnostics]})
+            if not args.json:
+                _print_spec_error(exc)
+            continue
+        results.append({"file": file, "valid": True, "spec_hash": resolved.spec_hash})
+        if not args.json:
+            arch = resolved.arch
+            _out_console().print(f"[green]ok[/green] {file}: {resolved.spec.name} — {arch.name}, "
+                                 f"{resolved.spec.total_accelerators} x {resolved.spec.cluster.accelerator}")
+    if args.json:
+        print(json.dumps(results, indent=2, sort_keys=True))
+    return status
+
+
+def _print_spec_error(exc) -> None:
+    from dora.spec.diagnostics import format_path
+
+    con = _err_console()
+    n = len(exc.diagnostics)
+    con.print(f"[bold red]error[/bold red]: {exc.file}: {n} problem{'s' if n != 1 else ''}", markup=True)
+    for d in exc.diagnostics:
+        where = format_path(d.path) if d.path else "<document>"
+        line = f" (line {d.line})" if d.line is not None else ""
+        con.print(f"  [bold]{_escape(where)}[/bold]{line}: {_escape(d.message)}")
+        if d.hint:
+            con.print(f"      [dim]to fix:[/dim] {_escape(d.hint)}")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from dora.spec.schema import spec_json_schema
+
+    print(json.dumps(spec_json_schema(), indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dora",
+        description="Plan and run asynchronous RL post-training (multi-version streaming rollout) from a YAML spec.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"dora {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check spec files and report every problem")
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("--json", action="store_true", help="machine-readable results")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the spec language")
+    p.set_defaults(func=cmd_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_ERROR
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        _err_console().print("interrupted")
+        return 130
+    except BrokenPipeError:
+        return EXIT_ERROR
+    except Exception as exc:  # a bug in dora, not bad input: short message, traceback only on request
+        if os.environ.get("DORA_DEBUG"):
+            raise
+        _err_console().print(f"[bold red]internal error[/bold red]: {type(exc).__name__}: {_escape(str(exc))}\n"
+                             "  this is a bug in dora; rerun with DORA_DEBUG=1 for the traceback and report it")
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

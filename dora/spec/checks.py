@@ -1,0 +1,192 @@
+"""Cross-field rules of a spec, each reported at its own YAML path with the arithmetic and a fix.
+
+``check_spec`` needs only the validated ``Spec``; ``check_placement`` also needs the resolved architecture
+(heads, layers, experts) because divisibility depends on it.
+"""
+
+from __future__ import annotations
+
+from dora.spec.diagnostics import Diagnostic
+from dora.spec.models import LengthSpec, Spec, StalenessSpec
+from planner.architecture import ModelArch
+
+
+def _d(path: tuple[str | int, ...], message: str, hint: str) -> Diagnostic:
+    return Diagnostic(path=path, message=message, hint=hint)
+
+
+def check_lengths(length: LengthSpec, where: tuple[str, ...]) -> list[Diagnostic]:
+    out = []
+    lognormal = length.median_tokens is not None or length.p99_tokens is not None
+    if lognormal and length.histogram_file is not None:
+        out.append(_d((*where, "histogram_file"), "give either median_tokens/p99_tokens or histogram_file, not both",
+                      "remove histogram_file to use the lognormal, or remove median_tokens and p99_tokens"))
+    elif not lognormal and length.histogram_file is None:
+        out.append(_d(where, "no distribution given",
+                      "add median_tokens and p99_tokens (lognormal), or histogram_file"))
+    elif lognormal:
+        if length.median_tokens is None or length.p99_tokens is None:
+            missing = "median_tokens" if length.median_tokens is None else "p99_tokens"
+            out.append(_d((*where, missing), "a lognormal length needs both median_tokens and p99_tokens",
+                          f"add `{missing}:`"))
+        else:
+            med, p99 = length.median_tokens, length.p99_tokens
+            if p99 < med:
+                out.append(_d((*where, "p99_tokens"), f"p99_tokens ({p99}) < median_tokens ({med})",
+                              "the 99th percentile cannot be below the median; raise p99_tokens"))
+            if length.max_tokens < med:
+                out.append(_d((*where, "max_tokens"), f"max_tokens ({length.max_tokens}) < median_tokens ({med})",
+                              "raise max_tokens (the generation cap) above the median length"))
+            if length.min_tokens > med:
+                out.append(_d((*where, "min_tokens"), f"min_tokens ({length.min_tokens}) > median_tokens ({med})",
+                              "lower min_tokens"))
+    if length.min_tokens > length.max_tokens:
+        out.append(_d((*where, "min_tokens"), f"min_tokens ({length.min_tokens}) > max_tokens ({length.max_tokens})",
+                      "lower min_tokens or raise max_tokens"))
+    return out
+
+
+def check_spec(spec: Spec) -> list[Diagnostic]:
+    """Rules that need the whole spec but not the resolved architecture."""
+    out: list[Diagnostic] = []
+    m = spec.model
+    sources = [k for k in ("preset", "hf_config", "architecture") if getattr(m, k) is not None]
+    if len(sources) != 1:
+        msg = "no model given" if not sources else f"give exactly one model source, got {' and '.join(sources)}"
+        out.append(_d(("model",), msg, "set one of model.preset, model.hf_config or model.architecture"))
+    out += check_lengths(spec.workload.prompt_length, ("workload", "prompt_length"))
+    out += check_lengths(spec.workload.response_length, ("workload", "response_length"))
+
+    out += check_spec_staleness(spec.staleness)
+    out += _runtime_checks(spec)
+    return out
+
+
+def check_spec_staleness(st: StalenessSpec) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    k = st.max_version_lag
+    if st.mode == "partial-rollout" and not st.allow_version_mixing:
+        out.append(_d(("staleness", "mode"), "partial-rollout resumes trajectories on new weights, which mixes "
+                      "policy versions inside a trajectory",
+                      "set staleness.allow_version_mixing: true, or choose mode streaming (no mixing)"))
+    if st.mode in ("one-step-off", "bounded-async", "partial-rollout", "streaming") and k == 0:
+        out.append(_d(("staleness", "max_version_lag"), f"mode {st.mode} needs a staleness budget k >= 1, got k = 0",
+                      "k = 0 is synchronous on-policy training: set mode: sync, or max_version_lag >= 1"))
+    if st.mode == "one-step-off" and k > 1:
+        out.append(_d(("staleness", "max_version_lag"), f"one-step-off uses exactly one step of staleness, got k = {k}",
+                      "set max_version_lag: 1, or choose bounded-async / streaming to use a larger budget"))
+    return out
+
+
+def _runtime_checks(spec: Spec) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+
+    rt = spec.runtime
+    cpu = spec.cluster.accelerator == "cpu"
+    if rt.backend == "ray-cluster" and not rt.address:
+        out.append(_d(("runtime", "address"), "backend ray-cluster needs the cluster's address",
+                      "set runtime.address: http://<head>:8265 (the Ray dashboard)"))
+    for field, gpu_name in (("rollout_engine", "vllm"), ("trainer", "megatron")):
+        engine = getattr(rt, field)
+        if cpu and engine == gpu_name:
+            out.append(_d(("runtime", field), f"{gpu_name} needs a GPU but cluster.accelerator is cpu",
+                          f"set runtime.{field}: torch for the embedded CPU runtime"))
+        if not cpu and engine == "torch":
+            out.append(_d(("runtime", field), f"the torch {field.replace('_', ' ')} runs on the cpu accelerator only, "
+                          f"but cluster.accelerator is {spec.cluster.accelerator}",
+                          f"set runtime.{field}: {gpu_name}"))
+    torch_runtime = rt.rollout_engine == "torch" and rt.trainer == "torch"
+    if torch_runtime and spec.workload.task is None:
+        out.append(_d(("workload", "task"), "the embedded torch runtime needs a task to train on",
+                      "add `task: {name: count}` under workload"))
+    if spec.workload.task is not None and not torch_runtime:
+        out.append(_d(("workload", "task"), "workload.task is only used by the embedded torch runtime",
+                      "remove workload.task (GPU runs read prompts from their own dataset)"))
+    if torch_runtime and spec.algorithm.name != "grpo":
+        out.append(_d(("algorithm", "name"), f"the embedded torch runtime trains grpo only, got {spec.algorithm.name}",
+                      "set algorithm.name: grpo"))
+    if spec.objective == "cost" and spec.cluster.price_per_accelerator_hour_usd is None:
+        out.append(_d(("objective",), "objective cost needs a price",
+                      "set cluster.price_per_accelerator_hour_usd, or objective: throughput"))
+    return out
+
+
+def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
+    """Pinned placement against the cluster size and the model's heads, layers and experts."""
+    out: list[Diagnostic] = []
+    if spec.placement == "auto":
+        return out
+    total = spec.total_accelerators
+    p = spec.placement
+    r, t = p.rollout, p.train
+    moe = arch.num_experts > 0
+    R, T = ("placement", "rollout"), ("placement", "train")
+
+    def divides(path, what: str, size: int, of_what: str, of: int, hint: str) -> None:
+        if of % size:
+            out.append(_d(path, f"{what} ({size}) does not divide {of_what} ({of}): {of} % {size} = {of % size}", hint))
+
+    if r.tp is not None:
+        divides((*R, "tp"), "rollout tp", r.tp, "num_attention_heads", arch.num_attention_heads,
+                "choose a tp that divides the model's attention heads")
+    if r.ep is not None:
+        if not moe:
+            out.append(_d((*R, "ep"), "expert parallelism needs an MoE model; this model is dense",
+                          "remove placement.rollout.ep"))
+        else:
+            divides((*R, "ep"), "rollout ep", r.ep, "num_experts", arch.num_experts, "choose an ep dividing the experts")
+            if r.tp is not None and r.ep > 1 and r.ep % r.tp:
+                out.append(_d((*R, "ep"), f"rollout ep ({r.ep}) must be a multiple of tp ({r.tp}): an engine replica "
+                              f"spans ep = tp x attention-dp accelerators, and {r.ep} % {r.tp} = {r.ep % r.tp}",
+                              "set ep to tp times the attention data-parallel size"))
+    replica = max(r.tp or 1, r.ep or 1)
+    if r.accelerators is not None:
+        if r.accelerators > total:
+            out.append(_d((*R, "accelerators"), f"rollout accelerators ({r.accelerators}) exceed the cluster "
+                          f"({spec.cluster.nodes} nodes x {spec.cluster.accelerators_per_node} = {total})",
+                          f"use at most {total}"))
+        divides((*R, "accelerators"), "engine replica size", replica, "rollout accelerators", r.accelerators,
+                "make rollout accelerators a multiple of the replica size (tp, or ep for MoE)")
+
+    if t.tp is not None:
+        divides((*T, "tp"), "train tp", t.tp, "num_attention_heads", arch.num_attention_heads,
+                "choose a tp that divides the attention heads")
+        if arch.mla is None:
+            divides((*T, "tp"), "train tp", t.tp, "num_kv_heads", arch.num_kv_heads,
+                    "Megatron shards KV groups over tp: choose a tp that divides num_kv_heads")
+    if t.pp is not None:
+        divides((*T, "pp"), "train pp", t.pp, "num_layers", arch.num_layers,
+                "choose a pp that divides the number of layers")
+    if t.ep is not None:
+        if not moe:
+            out.append(_d((*T, "ep"), "expert parallelism needs an MoE model; this model is dense",
+                          "remove placement.train.ep"))
+        else:
+            divides((*T, "ep"), "train ep", t.ep, "num_experts", arch.num_experts, "choose an ep dividing the experts")
+    dims = {"tp": t.tp, "pp": t.pp, "dp": t.dp, "cp": t.cp}
+    if t.accelerators is not None and all(v is not None for v in dims.values()):
+        prod = t.tp * t.pp * t.dp * t.cp  # type: ignore[operator]
+        if prod != t.accelerators:
+            out.append(_d((*T, "accelerators"), f"tp({t.tp}) * pp({t.pp}) * dp({t.dp}) * cp({t.cp}) = {prod} "
+                          f"!= train accelerators ({t.accelerators})",
+                          "make the product of the parallel sizes equal the train accelerators"))
+        if t.ep is not None and (t.tp * t.dp * t.cp) % t.ep:  # type: ignore[operator]
+            out.append(_d((*T, "ep"), f"train ep ({t.ep}) must divide tp*dp*cp = {t.tp * t.dp * t.cp}",  # type: ignore[operator]
+                          "expert-parallel ranks are carved out of the tp x dp x cp ranks; lower ep"))
+    if t.accelerators is not None and t.accelerators > total:
+        out.append(_d((*T, "accelerators"), f"train accelerators ({t.accelerators}) exceed the cluster ({total})",
+                      f"use at most {total}"))
+    if p.colocated is True:
+        for path, n in (((*R, "accelerators"), r.accelerators), ((*T, "accelerators"), t.accelerators)):
+            if n is not None and n != total:
+                out.append(_d(path, f"colocated placement time-shares all {total} accelerators, got {n}",
+                              f"remove it or set it to {total}"))
+    elif r.accelerators is not None and t.accelerators is not None and r.accelerators + t.accelerators > total:
+        out.append(_d((*R, "accelerators"), f"rollout ({r.accelerators}) + train ({t.accelerators}) = "
+                      f"{r.accelerators + t.accelerators} > cluster ({total})",
+                      "shrink one side, or set placement.colocated: true to time-share"))
+    if r.versions_per_engine is not None and r.versions_per_engine > spec.staleness.max_version_lag + 1:
+        out.append(_d((*R, "versions_per_engine"), f"an engine can hold at most k+1 = "
+                      f"{spec.staleness.max_version_lag + 1} live versions, got {r.versions_per_engine}",
+                      "lower versions_per_engine or raise staleness.max_version_lag"))
+    return out

@@ -1,0 +1,109 @@
+"""Turning pydantic validation errors into located diagnostics with did-you-mean and a fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from dora.spec.diagnostics import Diagnostic, Path, did_you_mean
+from dora.spec.models import UNION_TAGS, PinnedPlacement, Spec
+from dora.spec.yamlio import YamlDoc
+
+
+def _model_at(path: Path) -> type[BaseModel] | None:
+    """The pydantic model class that validates the mapping at ``path`` (for listing valid keys)."""
+    model: type[BaseModel] | None = Spec
+    for part in path:
+        if model is None or not isinstance(part, str):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        if model is Spec and part == "placement":
+            model = PinnedPlacement
+            continue
+        model = _first_model(field.annotation)
+    return model
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _clean(loc: tuple[Any, ...]) -> Path:
+    return tuple(p for p in loc if not (isinstance(p, str) and p in UNION_TAGS and p != loc[0]))
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    seen: set[tuple[Path, str]] = set()
+    for err in exc.errors(include_url=False):
+        path = _clean(tuple(err["loc"]))
+        kind = err["type"]
+        value = err.get("input")
+        ctx = err.get("ctx") or {}
+        if kind == "extra_forbidden":
+            key = str(path[-1])
+            parent = _model_at(path[:-1])
+            valid = sorted(parent.model_fields) if parent else []
+            msg = f"unknown key '{key}'" + did_you_mean(key, valid)
+            hint = f"valid keys here: {', '.join(valid)}" if valid else "remove the key"
+        elif kind == "missing":
+            msg = "required field is missing"
+            parent = _model_at(path[:-1])
+            field = parent.model_fields.get(str(path[-1])) if parent else None
+            doc_text = (field.description or "").split("\n")[0] if field else ""
+            hint = f"add `{path[-1]}:`" + (f" — {doc_text}" if doc_text else "")
+        elif kind == "literal_error":
+            expected = str(ctx.get("expected", ""))
+            options = [o.strip().strip("'") for o in expected.replace(" or ", ", ").split(",")]
+            msg = f"{_describe(value)} is not allowed" + (did_you_mean(str(value), options) if isinstance(value, str) else "")
+            hint = f"use one of: {', '.join(o for o in options if o)}"
+        elif kind in ("greater_than", "greater_than_equal", "less_than_equal", "less_than"):
+            bound = next(iter(ctx.values()), "?")
+            rel = {"greater_than": ">", "greater_than_equal": ">=", "less_than_equal": "<=", "less_than": "<"}[kind]
+            msg = f"must be {rel} {bound}, got {_describe(value)}"
+            hint = f"set a value {rel} {bound}"
+        elif kind in ("int_type", "int_parsing", "int_from_float"):
+            msg = f"expected an integer, got {_describe(value)}"
+            hint = "write a whole number without quotes, e.g. 8"
+        elif kind in ("float_type", "float_parsing"):
+            msg = f"expected a number, got {_describe(value)}"
+            hint = "write a number without quotes, e.g. 0.5"
+        elif kind in ("bool_type", "bool_parsing"):
+            msg = f"expected true or false, got {_describe(value)}"
+            hint = "write true or false without quotes"
+        elif kind in ("string_type",):
+            msg = f"expected a string, got {_describe(value)}"
+            hint = "quote the value"
+        elif kind in ("model_type", "model_attributes_type", "dict_type"):
+            msg = f"expected a mapping, got {_describe(value)}"
+            model = _model_at(path)
+            hint = f"write a mapping with keys: {', '.join(sorted(model.model_fields))}" if model else "write a mapping"
+        elif kind in ("string_too_short", "string_too_long"):
+            msg = err["msg"].lower()
+            hint = "use a non-empty name of at most 128 characters"
+        elif kind == "union_tag_invalid" or kind == "union_tag_not_found":
+            msg = f"expected `auto` or a mapping, got {_describe(value)}"
+            hint = "write `placement: auto` or pin fields under placement.rollout / placement.train"
+        else:
+            msg = err["msg"]
+            hint = "see `dora schema` for the field's type"
+        key = (path, msg)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Diagnostic(path=path, line=doc.line_of(path), message=msg, hint=hint, file=file))
+    return out

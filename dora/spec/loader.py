@@ -1,0 +1,278 @@
+"""Load a spec file: parse YAML, validate, run cross-field checks, resolve referenced files.
+
+``load_spec`` is the only place the spec layer does I/O: the spec file, a Hugging Face config.json and
+length-histogram files. It collects every problem it can find and raises them together as ``SpecError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from dora.spec.checks import check_lengths, check_placement, check_spec, check_spec_staleness
+from dora.spec.diagnostics import Diagnostic, Path, SpecError
+from dora.spec.errors import diagnostics_from_validation
+from dora.spec.models import ArchitectureSpec, LengthSpec, Spec, StalenessSpec
+from dora.spec.yamlio import YamlDoc, parse_yaml
+from planner.architecture import MLA, HFConfigError, ModelArch, arch_from_hf_config, get_preset
+from planner.workload import LengthDistribution
+
+MAX_SIDE_FILE_BYTES = 4 << 20
+"""Largest config.json or histogram file read."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedSpec:
+    """A validated spec with its references resolved: what the planner consumes."""
+
+    spec: Spec
+    arch: ModelArch
+    prompt_lengths: LengthDistribution
+    response_lengths: LengthDistribution
+    file: str
+    """The spec path as given on the command line."""
+    spec_hash: str
+    """sha256 of the canonical resolved content (spec values, architecture, histograms); comments don't count."""
+
+    @property
+    def output_dir(self) -> str:
+        return self.spec.runtime.output_dir or f"runs/{slug(self.spec.name)}"
+
+
+def slug(name: str) -> str:
+    """A conservative identifier from a free-text name: [a-z0-9-], at most 48 characters."""
+    out = "".join(c if c.isascii() and c.isalnum() else "-" for c in name.lower())
+    out = "-".join(p for p in out.split("-") if p)[:48].strip("-")
+    return out or "job"
+
+
+def arch_from_fields(a: ArchitectureSpec, name: str) -> ModelArch:
+    heads = a.num_attention_heads
+    mla = None
+    if a.mla is not None:
+        mla = MLA(q_lora_rank=a.mla.q_lora_rank, kv_lora_rank=a.mla.kv_lora_rank,
+                  qk_nope_head_dim=a.mla.qk_nope_head_dim, qk_rope_head_dim=a.mla.qk_rope_head_dim,
+                  v_head_dim=a.mla.v_head_dim)
+    return ModelArch(
+        name=name, num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=heads,
+        num_kv_heads=a.num_kv_heads or heads, head_dim=a.head_dim or a.hidden_size // heads,
+        ffn_hidden_size=a.ffn_hidden_size, vocab_size=a.vocab_size, tie_embeddings=a.tie_embeddings,
+        qkv_bias=a.qkv_bias, num_experts=a.num_experts, experts_top_k=a.experts_top_k,
+        num_shared_experts=a.num_shared_experts, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
+        first_dense_layers=a.first_dense_layers, mla=mla,
+    )
+
+
+def _architecture_checks(a: ArchitectureSpec) -> list[Diagnostic]:
+    out = []
+    base = ("model", "architecture")
+    if a.head_dim is None and a.hidden_size % a.num_attention_heads:
+        out.append(Diagnostic(path=(*base, "head_dim"), message=(
+            f"head_dim is unset and num_attention_heads ({a.num_attention_heads}) does not divide hidden_size "
+            f"({a.hidden_size}): {a.hidden_size} % {a.num_attention_heads} = {a.hidden_size % a.num_attention_heads}"),
+            hint="set head_dim explicitly"))
+    kv = a.num_kv_heads or a.num_attention_heads
+    if a.num_attention_heads % kv:
+        out.append(Diagnostic(path=(*base, "num_kv_heads"), message=(
+            f"num_kv_heads ({kv}) does not divide num_attention_heads ({a.num_attention_heads})"),
+            hint="GQA groups query heads evenly: choose a divisor of num_attention_heads"))
+    moe_fields = (a.experts_top_k, a.moe_ffn_hidden_size)
+    if a.num_experts == 0 and any(moe_fields):
+        out.append(Diagnostic(path=(*base, "num_experts"), message="experts_top_k/moe_ffn_hidden_size set but "
+                              "num_experts is 0", hint="set num_experts for an MoE model, or remove the MoE fields"))
+    if a.num_experts > 0:
+        if not 0 < a.experts_top_k <= a.num_experts:
+            out.append(Diagnostic(path=(*base, "experts_top_k"), message=(
+                f"experts_top_k must be in 1..num_experts ({a.num_experts}), got {a.experts_top_k}"),
+                hint="set how many routed experts each token uses"))
+        if a.moe_ffn_hidden_size == 0:
+            out.append(Diagnostic(path=(*base, "moe_ffn_hidden_size"), message="an MoE model needs the expert size",
+                                  hint="set moe_ffn_hidden_size (intermediate size of one expert)"))
+        if a.first_dense_layers >= a.num_layers:
+            out.append(Diagnostic(path=(*base, "first_dense_layers"), message=(
+                f"first_dense_layers ({a.first_dense_layers}) >= num_layers ({a.num_layers})"),
+                hint="at least one layer must be an MoE layer"))
+    return out
+
+
+def _read_side_file(base_dir: FsPath, rel: str, path: Path, what: str) -> tuple[str | None, list[Diagnostic]]:
+    target = base_dir / rel
+    try:
+        size = target.stat().st_size
+        if not target.is_file():
+            raise IsADirectoryError(rel)
+        if size > MAX_SIDE_FILE_BYTES:
+            return None, [Diagnostic(path=path, message=f"{what} '{rel}' is larger than {MAX_SIDE_FILE_BYTES} bytes",
+                                     hint="point at the right file")]
+        return target.read_text(encoding="utf-8"), []
+    except FileNotFoundError:
+        return None, [Diagnostic(path=path, message=f"{what} '{rel}' does not exist (looked in {base_dir or '.'})",
+                                 hint="paths are relative to the spec file's directory")]
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError, OSError) as exc:
+        return None, [Diagnostic(path=path, message=f"cannot read {what} '{rel}': {type(exc).__name__}",
+                                 hint="point at a readable UTF-8 text file")]
+
+
+def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
+    """Parse ``length,count`` rows (a header row and ``#`` comments allowed). Returns (rows, error)."""
+    rows: list[tuple[int, int]] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        cells = [c.strip() for c in line.replace("\t", ",").split(",")]
+        if len(cells) != 2:
+            return None, f"line {n}: expected 2 columns `length,count`, got {len(cells)}: {raw.strip()!r}"
+        try:
+            length, count = int(cells[0]), int(cells[1])
+        except ValueError:
+            if not rows and n == 1 or (not rows and all(not c.isdigit() for c in cells)):
+                continue  # header
+            return None, f"line {n}: not integers: {raw.strip()!r}"
+        if length <= 0 or count < 0:
+            return None, f"line {n}: length must be > 0 and count >= 0, got {length},{count}"
+        rows.append((length, count))
+    if not rows or sum(c for _, c in rows) == 0:
+        return None, "no observations (no rows with a positive count)"
+    return rows, ""
+
+
+def _lengths(ls: LengthSpec, where: Path, base_dir: FsPath) -> tuple[LengthDistribution | None, Any, list[Diagnostic]]:
+    if ls.histogram_file is None:
+        assert ls.median_tokens is not None and ls.p99_tokens is not None
+        return (LengthDistribution.lognormal(median=ls.median_tokens, p99=ls.p99_tokens, max_tokens=ls.max_tokens,
+                                             min_tokens=ls.min_tokens), None, [])
+    path = (*where, "histogram_file")
+    text, diags = _read_side_file(base_dir, ls.histogram_file, path, "histogram file")
+    if text is None:
+        return None, None, diags
+    rows, err = parse_histogram(text)
+    if rows is None:
+        return None, None, [Diagnostic(path=path, message=f"histogram '{ls.histogram_file}' is malformed: {err}",
+                                       hint="write one `length,count` pair per line")]
+    too_long = max(length for length, _ in rows)
+    if too_long > ls.max_tokens:
+        return None, None, [Diagnostic(path=(*where, "max_tokens"), message=(
+            f"histogram '{ls.histogram_file}' has lengths up to {too_long} > max_tokens ({ls.max_tokens})"),
+            hint="raise max_tokens to the generation cap the histogram was observed under")]
+    return LengthDistribution.empirical(histogram=rows, max_tokens=ls.max_tokens), rows, []
+
+
+def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, list[Diagnostic]]:
+    m = spec.model
+    if m.preset is not None:
+        return get_preset(m.preset), None, []
+    if m.architecture is not None:
+        diags = _architecture_checks(m.architecture)
+        return (None if diags else arch_from_fields(m.architecture, spec.name)), None, diags
+    assert m.hf_config is not None
+    path: Path = ("model", "hf_config")
+    text, diags = _read_side_file(base_dir, m.hf_config, path, "config file")
+    if text is None:
+        return None, None, diags
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' is not JSON: {exc.msg} at line {exc.lineno}",
+                                       hint="point at a Hugging Face config.json")]
+    if not isinstance(config, dict):
+        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' must hold a JSON object",
+                                       hint="point at a Hugging Face config.json")]
+    try:
+        return arch_from_hf_config(config, name=FsPath(m.hf_config).parent.name or spec.name), config, []
+    except HFConfigError as exc:
+        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}': key '{exc.key}': {exc}",
+                                       hint="fix the config file or use model.architecture")]
+
+
+def _canonical_hash(spec: Spec, arch: ModelArch, extras: dict[str, Any]) -> str:
+    from dataclasses import asdict
+
+    payload = {"spec": spec.model_dump(mode="json"), "arch": asdict(arch), "extras": extras}
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def load_spec_text(text: str, file: str, base_dir: FsPath) -> ResolvedSpec:
+    doc = parse_yaml(text, file)
+    return _resolve(doc, file, base_dir)
+
+
+def load_spec(file: str) -> ResolvedSpec:
+    """Read, validate and resolve a spec file; raise ``SpecError`` with every problem found."""
+    fs = FsPath(file)
+    try:
+        raw = fs.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(file, [Diagnostic(path=(), message="file does not exist",
+                                          hint="check the path; example specs live in specs/")]) from None
+    except (IsADirectoryError, PermissionError, OSError) as exc:
+        raise SpecError(file, [Diagnostic(path=(), message=f"cannot read the file: {type(exc).__name__}",
+                                          hint="pass a readable YAML file")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(file, [Diagnostic(path=(), message=f"not UTF-8 text (byte {exc.start})",
+                                          hint="save the spec as UTF-8 YAML")]) from None
+    return load_spec_text(text, file, fs.parent)
+
+
+def _section_checks(data: Any, reported: set[Path]) -> list[Diagnostic]:
+    """When the whole spec fails validation, still run the checks of the sections that validate alone,
+    so one round trip shows every problem."""
+    out: list[Diagnostic] = []
+    if not isinstance(data, dict):
+        return out
+    workload = data.get("workload") if isinstance(data.get("workload"), dict) else {}
+    for which in ("prompt_length", "response_length"):
+        try:
+            length = LengthSpec.model_validate(workload.get(which))
+        except ValidationError:
+            continue
+        out += check_lengths(length, ("workload", which))
+    try:
+        out += check_spec_staleness(StalenessSpec.model_validate(data.get("staleness", {})))
+    except ValidationError:
+        pass
+    return [d for d in out if d.path not in reported]
+
+
+def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
+    def located(diags: list[Diagnostic]) -> list[Diagnostic]:
+        return [Diagnostic(path=d.path, message=d.message, hint=d.hint, file=d.file or file,
+                           line=d.line if d.line is not None else doc.line_of(d.path)) for d in diags]
+
+    try:
+        spec = Spec.model_validate(doc.data)
+    except ValidationError as exc:
+        diags = diagnostics_from_validation(exc, doc, file)
+        raise SpecError(file, diags + located(_section_checks(doc.data, {d.path for d in diags}))) from None
+    diags = check_spec(spec)
+    arch, hf, arch_diags = (None, None, []) if any(d.path[:1] == ("model",) for d in diags) else \
+        _resolve_arch(spec, base_dir)
+    diags += arch_diags
+    length_diags = [d for d in diags if d.path[:2] in (("workload", "prompt_length"), ("workload", "response_length"))]
+    prompt = response = None
+    extras: dict[str, Any] = {"hf_config": hf}
+    if not length_diags:
+        prompt, extras["prompt_histogram"], d1 = _lengths(spec.workload.prompt_length, ("workload", "prompt_length"),
+                                                          base_dir)
+        response, extras["response_histogram"], d2 = _lengths(spec.workload.response_length,
+                                                               ("workload", "response_length"), base_dir)
+        diags += d1 + d2
+    if arch is not None:
+        diags += check_placement(spec, arch)
+    if diags:
+        raise SpecError(file, located(diags))
+    assert arch is not None and prompt is not None and response is not None
+    if not all(math.isfinite(x) for x in (prompt.mean_tokens(), response.mean_tokens())):
+        raise SpecError(file, located([Diagnostic(path=("workload",), message="length distribution is degenerate",
+                                                  hint="check median/p99/max")]))
+    return ResolvedSpec(spec=spec, arch=arch, prompt_lengths=prompt, response_lengths=response, file=file,
+                        spec_hash=_canonical_hash(spec, arch, extras))

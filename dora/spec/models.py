@@ -1,0 +1,292 @@
+"""The spec language: strict, frozen pydantic models of a dora YAML spec.
+
+Each field is documented by the docstring right below it (exported to JSON Schema for editors). Units are in
+field names. Cross-field and cross-section rules that need the resolved model architecture live in
+``dora.spec.checks`` so that every problem is reported at once, each at its own YAML path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+# Catalog keys are repeated here (not imported) so that the JSON Schema lists them as an enum; a unit test
+# checks they equal planner.hardware.ACCELERATORS / planner.architecture.MODEL_PRESETS.
+AcceleratorName = Literal["h100", "h800", "h20", "h200", "a100-80g", "b200", "mi300x", "cpu"]
+ModelPresetName = Literal[
+    "qwen2.5-7b", "qwen2.5-32b", "qwen3-8b", "qwen3-32b", "qwen3-235b-a22b", "deepseek-v3", "longcat-flash",
+    "tiny-local",
+]
+Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
+ALL_MODES: tuple[Mode, ...] = ("sync", "one-step-off", "bounded-async", "partial-rollout", "streaming")
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
+
+
+# ----------------------------------------------------------------------------------------------- model
+class MLASpec(StrictModel):
+    """Multi-head latent attention ranks (DeepSeek-V3 style)."""
+
+    q_lora_rank: PosInt | None = None
+    """Rank of the query down-projection; null for a full-rank query projection."""
+    kv_lora_rank: PosInt
+    """Rank of the compressed KV latent that is cached (512 in DeepSeek-V3)."""
+    qk_nope_head_dim: PosInt
+    """Per-head query/key dimension without rotary embedding."""
+    qk_rope_head_dim: PosInt
+    """Per-head query/key dimension with rotary embedding (shared key part is cached)."""
+    v_head_dim: PosInt
+    """Per-head value dimension."""
+
+
+class ArchitectureSpec(StrictModel):
+    """Explicit transformer architecture (instead of a preset or a Hugging Face config.json)."""
+
+    num_layers: PosInt
+    """Number of transformer layers."""
+    hidden_size: PosInt
+    """Model (residual stream) width."""
+    num_attention_heads: PosInt
+    """Attention (query) heads."""
+    num_kv_heads: PosInt | None = None
+    """Key/value heads (GQA); defaults to num_attention_heads (MHA)."""
+    head_dim: PosInt | None = None
+    """Per-head dimension; defaults to hidden_size / num_attention_heads."""
+    ffn_hidden_size: PosInt
+    """Intermediate size of the dense (SwiGLU) feed-forward block."""
+    vocab_size: PosInt
+    """Vocabulary size."""
+    tie_embeddings: bool = False
+    """Whether the output head shares the input embedding matrix."""
+    qkv_bias: bool = False
+    """Whether the QKV projections have biases (Qwen2.5)."""
+    num_experts: NonNegInt = 0
+    """Routed experts per MoE layer; 0 for a dense model."""
+    experts_top_k: NonNegInt = 0
+    """Routed experts activated per token."""
+    num_shared_experts: NonNegInt = 0
+    """Always-active shared experts per MoE layer."""
+    moe_ffn_hidden_size: NonNegInt = 0
+    """Intermediate size of one expert."""
+    first_dense_layers: NonNegInt = 0
+    """Leading layers that use the dense FFN in an MoE model (DeepSeek `first_k_dense_replace`)."""
+    mla: MLASpec | None = None
+    """Multi-head latent attention ranks; null for standard (GQA) attention."""
+
+
+class ModelSpec(StrictModel):
+    """The policy model: exactly one of `preset`, `hf_config` or `architecture`."""
+
+    preset: ModelPresetName | None = None
+    """A model from dora's catalog (`dora schema` lists them)."""
+    hf_config: str | None = None
+    """Path (relative to the spec file) to a Hugging Face config.json (Llama/Qwen2/Qwen3/Qwen3-MoE/DeepSeek-V3)."""
+    architecture: ArchitectureSpec | None = None
+    """Explicit architecture fields."""
+    checkpoint: str | None = None
+    """Weights the launch artifacts load: a Hugging Face model id or a path on the cluster. Not read by the planner."""
+    dtype: Literal["bf16", "fp16", "fp32", "fp8"] = "bf16"
+    """Weight and activation dtype for rollout and training."""
+
+
+# --------------------------------------------------------------------------------------------- cluster
+class ClusterSpec(StrictModel):
+    """The accelerators the job may use."""
+
+    accelerator: AcceleratorName
+    """Accelerator type from the hardware catalog (`cpu` = one CPU core, for the local default)."""
+    nodes: PosInt
+    """Number of nodes."""
+    accelerators_per_node: PosInt
+    """Accelerators per node (GPUs; CPU cores for `cpu`)."""
+    scale_up_bandwidth_gb_per_s: PosFloat | None = None
+    """Override the catalog's intra-node (NVLink) bandwidth per accelerator, GB/s one direction."""
+    scale_out_bandwidth_gb_per_s: PosFloat | None = None
+    """Override the catalog's inter-node (NIC) bandwidth per accelerator, GB/s one direction."""
+    price_per_accelerator_hour_usd: NonNegFloat | None = None
+    """Price of one accelerator-hour, to report cost."""
+
+
+# -------------------------------------------------------------------------------------------- workload
+class LengthSpec(StrictModel):
+    """A token-length distribution: lognormal (`median_tokens` + `p99_tokens`) or an empirical histogram file."""
+
+    median_tokens: PosInt | None = None
+    """Median length in tokens (lognormal)."""
+    p99_tokens: PosInt | None = None
+    """99th-percentile length in tokens (lognormal); must be >= median_tokens."""
+    histogram_file: str | None = None
+    """CSV of observed lengths, relative to the spec file: rows `length,count` (header and # comments allowed)."""
+    max_tokens: PosInt
+    """Hard cap: longer samples are truncated here (the generation limit)."""
+    min_tokens: PosInt = 1
+    """Lower bound on a sampled length."""
+
+
+class TaskSpec(StrictModel):
+    """The verifiable task the embedded local runtime trains on."""
+
+    name: Literal["count"] = "count"
+    """Task name: `count` — continue a counting sequence to a target; the target length follows response_length."""
+    warmup_steps: NonNegInt = 150
+    """Supervised warm-up steps from random init before RL (cached in the output directory)."""
+
+
+class WorkloadSpec(StrictModel):
+    """What one training step consumes, and for how many steps."""
+
+    prompts_per_step: PosInt
+    """Prompt groups per training step (the batch)."""
+    samples_per_prompt: PosInt = 8
+    """Responses sampled per prompt (the GRPO group size)."""
+    prompt_length: LengthSpec
+    """Prompt length distribution."""
+    response_length: LengthSpec
+    """Response length distribution; its long tail is what asynchronous modes hide."""
+    steps: PosInt
+    """Training steps (policy versions produced)."""
+    task: TaskSpec | None = None
+    """The local task (only for the embedded CPU runtime)."""
+
+
+# ------------------------------------------------------------------------------------------- algorithm
+class AlgorithmSpec(StrictModel):
+    """The RL algorithm."""
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    """Policy-gradient family: `grpo` (group-normalised advantages, no critic) or `ppo` (with a critic)."""
+    ppo_epochs: PosInt = 1
+    """Passes over each batch."""
+    minibatches_per_step: PosInt = 1
+    """Optimizer steps per batch and epoch."""
+    off_policy_correction: Literal["none", "tis", "decoupled-ppo"] = "tis"
+    """Correction for stale samples using the recorded behaviour log-probs."""
+    tis_cap: PosFloat = 2.0
+    """Truncation cap C of the importance weight (tis)."""
+    clip_ratio: PosFloat = 0.2
+    """PPO clip epsilon."""
+    learning_rate: PosFloat = 1e-6
+    """AdamW learning rate."""
+    kl_coef: NonNegFloat = 0.0
+    """KL penalty to the reference model; > 0 adds a reference forward pass per step."""
+    temperature: PosFloat = 1.0
+    """Sampling temperature for rollout."""
+
+
+class StalenessSpec(StrictModel):
+    """How stale a trajectory may be, and which asynchronous modes the planner may choose."""
+
+    max_version_lag: NonNegInt = 1
+    """Staleness budget k: a sample from version v trains the step producing v' only if v' - v - 1 <= k."""
+    mode: Literal["auto", "sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"] = "auto"
+    """`auto` lets the planner pick among the modes that keep the constraints; or pin one."""
+    allow_version_mixing: bool = False
+    """Allow one trajectory to span several policy versions (needed by partial-rollout)."""
+
+
+# ------------------------------------------------------------------------------------------- placement
+class RolloutPlacement(StrictModel):
+    """Pinned rollout side; unset fields are searched."""
+
+    accelerators: PosInt | None = None
+    """Accelerators for rollout."""
+    tp: PosInt | None = None
+    """Tensor-parallel size of one engine replica."""
+    ep: PosInt | None = None
+    """Expert-parallel size of one engine replica (MoE)."""
+    versions_per_engine: PosInt | None = None
+    """Policy versions one engine replica may hold at once (1 on GPUs)."""
+
+
+class TrainPlacement(StrictModel):
+    """Pinned training side; unset fields are searched."""
+
+    accelerators: PosInt | None = None
+    """Accelerators for training."""
+    tp: PosInt | None = None
+    """Tensor-parallel size."""
+    pp: PosInt | None = None
+    """Pipeline-parallel size."""
+    ep: PosInt | None = None
+    """Expert-parallel size (MoE)."""
+    dp: PosInt | None = None
+    """Data-parallel size."""
+    cp: PosInt | None = None
+    """Context-parallel size (long responses)."""
+
+
+class PinnedPlacement(StrictModel):
+    """A (partially) pinned placement."""
+
+    colocated: bool | None = None
+    """true: rollout and training time-share all accelerators; false: disjoint sets; null: search both."""
+    rollout: RolloutPlacement = RolloutPlacement()
+    """Rollout side."""
+    train: TrainPlacement = TrainPlacement()
+    """Training side."""
+
+
+def _placement_tag(value: object) -> str:
+    return "auto" if isinstance(value, str) else "pinned"
+
+
+Placement = Annotated[
+    Annotated[Literal["auto"], Tag("auto")] | Annotated[PinnedPlacement, Tag("pinned")],
+    Discriminator(_placement_tag),
+]
+UNION_TAGS = frozenset({"auto", "pinned"})
+
+
+# --------------------------------------------------------------------------------------------- runtime
+class RuntimeSpec(StrictModel):
+    """Where and with which engines `dora apply` runs the plan."""
+
+    backend: Literal["local", "ray-cluster"] = "local"
+    """`local`: start a Ray instance on this machine; `ray-cluster`: submit to `address`."""
+    address: str | None = None
+    """Ray dashboard address for `ray-cluster`, e.g. http://head:8265."""
+    rollout_engine: Literal["torch", "vllm"] = "vllm"
+    """Rollout engine: `torch` (CPU, embedded) or `vllm` (GPU)."""
+    trainer: Literal["torch", "megatron"] = "megatron"
+    """Trainer: `torch` (CPU, embedded) or `megatron` (megatron-core, GPU)."""
+    output_dir: str | None = None
+    """Where runs write traces, metrics and checkpoints; defaults to runs/<name>."""
+    seed: NonNegInt = 0
+    """Seed for data order, sampling and the simulator."""
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """Fraction of accelerator memory a rollout engine may use (vLLM's gpu_memory_utilization)."""
+
+
+class Spec(StrictModel):
+    """A dora spec: the model, the cluster, the workload and the staleness budget of an RL post-training job."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    """Job name (free text; sanitised wherever it becomes an identifier)."""
+    model: ModelSpec
+    """The policy model."""
+    cluster: ClusterSpec
+    """The accelerators."""
+    workload: WorkloadSpec
+    """Batch, lengths and steps."""
+    algorithm: AlgorithmSpec = AlgorithmSpec()
+    """The RL algorithm."""
+    staleness: StalenessSpec = StalenessSpec()
+    """Staleness budget and mode."""
+    placement: Placement = "auto"
+    """`auto`, or pinned fields that restrict the planner's search."""
+    runtime: RuntimeSpec = RuntimeSpec()
+    """Engines and backend for `dora apply`."""
+    objective: Literal["throughput", "cost", "time"] = "throughput"
+    """What the planner optimises: samples/s, dollars per sample, or time to finish all steps."""
+
+    @property
+    def total_accelerators(self) -> int:
+        return self.cluster.nodes * self.cluster.accelerators_per_node
