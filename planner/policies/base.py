@@ -1,0 +1,182 @@
+"""Bookkeeping shared by every policy: engines, prompt groups, versions, and the trainer's batch choice.
+
+State (all plain lists/dicts, owned by one policy object, never shared):
+    engine_version[r]   version engine r serves (or is loading, when not ready)
+    engine_active[r]    in-flight trajectories on engine r (admitted, not finished, not migrated away)
+    engine_ready[r]     r serves engine_version[r] and may receive admissions
+    group_version[g]    version prompt group g was admitted on (all its samples use it)
+    group_remaining[g]  samples of g not yet finished
+
+Trainer rule shared by the asynchronous modes ("oldest version first"): step s must consume every
+unconsumed group of a version v <= s - k - 1 (otherwise it would break v' - v - 1 <= k), then fills
+the batch with finished groups in (version, finish order). Admission is bounded so that step
+v + k + 1 can always consume all groups of version v (AReaL's rule): groups admitted so far
+<= (latest_version + k + 1) * P.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from planner.policies.config import PolicyConfig
+from planner.policies.vocabulary import (
+    Action,
+    Admit,
+    Event,
+    PublishWeights,
+    RequestsMigrated,
+    StartTrainStep,
+    TrainStepFinished,
+    TrajectoryFinished,
+    WeightsLoaded,
+    WeightsPublished,
+)
+
+NO_ACTIONS: tuple[Action, ...] = ()
+
+
+class PolicyBase:
+    """Common state machine; subclasses decide admission, weight updates and the training batch."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        self.k = config.max_version_lag
+        self.spp = config.samples_per_prompt
+        self.prompts_per_step = config.prompts_per_step
+        self.slots = config.slots_per_group
+        n = config.num_rollout_groups
+        self.engine_version = [0] * n
+        self.engine_active = [0] * n
+        self.engine_ready = [True] * n
+        self.latest_version = 0
+        self.group_version: list[int] = []
+        self.group_remaining: list[int] = []
+        self.finished_groups: dict[int, deque[int]] = {}
+        """version -> finished, not yet consumed groups, in finish order."""
+        self.unconsumed_groups: dict[int, int] = {}
+        """version -> admitted, not yet consumed groups."""
+        self.next_step = 1
+        self.training = False
+        self.steps_done = 0
+
+    # ------------------------------------------------------------------ driver entry points
+    def start(self) -> Sequence[Action]:
+        """Initial actions (all engines serve version 0 from the start)."""
+        raise NotImplementedError
+
+    def handle(self, event: Event) -> Sequence[Action]:
+        """Typed entry point: route one driver event to its handler."""
+        if isinstance(event, TrajectoryFinished):
+            return self.on_trajectory_finished(event.group_id, event.rollout_group)
+        if isinstance(event, WeightsLoaded):
+            return self.on_weights_loaded(event.rollout_group, event.version)
+        if isinstance(event, TrainStepFinished):
+            return self.on_train_step_finished(event.step)
+        if isinstance(event, WeightsPublished):
+            return self.on_weights_published(event.version)
+        if isinstance(event, RequestsMigrated):
+            return self.on_requests_migrated(event.src, event.moves)
+        raise TypeError(f"unknown event {event!r}")
+
+    # Hot-path handlers; ``handle`` calls exactly these, so a driver may call them directly.
+    def on_trajectory_finished(self, group_id: int, rollout_group: int) -> Sequence[Action]:
+        self.engine_active[rollout_group] -= 1
+        left = self.group_remaining[group_id] - 1
+        self.group_remaining[group_id] = left
+        if left == 0:
+            v = self.group_version[group_id]
+            queue = self.finished_groups.get(v)
+            if queue is None:
+                queue = self.finished_groups[v] = deque()
+            queue.append(group_id)
+        return self._after_finish(group_id, rollout_group, left == 0)
+
+    def on_weights_loaded(self, rollout_group: int, version: int) -> Sequence[Action]:
+        raise NotImplementedError
+
+    def on_weights_published(self, version: int) -> Sequence[Action]:
+        raise NotImplementedError
+
+    def on_requests_migrated(self, src: int, moves: tuple[tuple[int, int], ...]) -> Sequence[Action]:
+        raise TypeError(f"{type(self).__name__} never migrates requests")
+
+    def on_train_step_finished(self, step: int) -> Sequence[Action]:
+        if not self.training or step != self.next_step - 1:
+            raise ValueError(f"TrainStepFinished({step}) but the running step is {self.next_step - 1}")
+        self.training = False
+        self.steps_done = step
+        return [PublishWeights(version=step)]
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def done(self) -> bool:
+        """True once ``total_steps`` training steps finished."""
+        return self.steps_done >= self.config.total_steps
+
+    def live_versions(self) -> tuple[int, ...]:
+        """Versions with unconsumed groups, plus the newest published version."""
+        live = {v for v, n in self.unconsumed_groups.items() if n > 0}
+        live.add(self.latest_version)
+        return tuple(sorted(live))
+
+    def engine_versions(self) -> tuple[int, ...]:
+        return tuple(self.engine_version)
+
+    # ------------------------------------------------------------------ helpers for subclasses
+    def _after_finish(self, group_id: int, rollout_group: int, group_done: bool) -> Sequence[Action]:
+        raise NotImplementedError
+
+    def _admit(self, rollout_group: int, version: int, out: list[Action]) -> None:
+        gid = len(self.group_version)
+        self.group_version.append(version)
+        self.group_remaining.append(self.spp)
+        self.unconsumed_groups[version] = self.unconsumed_groups.get(version, 0) + 1
+        self.engine_active[rollout_group] += self.spp
+        out.append(Admit(group_id=gid, rollout_group=rollout_group, version=version, num_samples=self.spp))
+
+    def _admission_budget(self) -> int:
+        """Groups that may still be admitted under the staleness bound (AReaL's rule, see module doc)."""
+        return (self.latest_version + self.k + 1) * self.prompts_per_step - len(self.group_version)
+
+    def _consume(self, step: int, group_ids: list[int], out: list[Action]) -> None:
+        for gid in group_ids:
+            v = self.group_version[gid]
+            left = self.unconsumed_groups[v] - 1
+            if left:
+                self.unconsumed_groups[v] = left
+            else:
+                del self.unconsumed_groups[v]
+        self.training = True
+        self.next_step = step + 1
+        out.append(StartTrainStep(step=step, group_ids=tuple(group_ids)))
+
+    def _try_train_oldest_first(self, out: list[Action]) -> None:
+        """Start the next step if the forced groups are finished and P finished groups exist."""
+        if self.training or self.next_step > self.config.total_steps:
+            return
+        if self.next_step - 1 != self.latest_version:
+            return  # the previous step's weights are still being published
+        step = self.next_step
+        oldest_allowed = step - self.k - 1
+        need = self.prompts_per_step
+        available = 0
+        for v, n in self.unconsumed_groups.items():
+            finished = len(self.finished_groups.get(v, ()))
+            if v < oldest_allowed and n > 0:
+                raise AssertionError(f"version {v} has {n} groups that can no longer be consumed at step {step}")
+            if v == oldest_allowed and n > finished:
+                return  # the only allowed stall: waiting for the oldest version's tail
+            available += finished
+        if available < need:
+            return
+        chosen: list[int] = []
+        for v in sorted(self.finished_groups):
+            queue = self.finished_groups[v]
+            while queue and len(chosen) < need:
+                chosen.append(queue.popleft())
+            if not queue:
+                del self.finished_groups[v]
+            if len(chosen) == need:
+                break
+        self._consume(step, chosen, out)

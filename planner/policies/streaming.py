@@ -1,0 +1,199 @@
+"""``streaming``: DORA's multi-version streaming rollout.
+
+Invariants (each engine replica = one rollout group hosting exactly one version):
+- new prompt groups start only on the newest published version;
+- an in-flight trajectory finishes on the version it started with: when an engine of an older
+  version is reassigned, its requests migrate with their KV cache to engines of the same version
+  (never re-generated), and only then does it load the newest weights (from a peer if one serves
+  them, else from the trainer);
+- at most ``k + 1`` versions are live: admission is bounded so step ``v + k + 1`` consumes every
+  group of version ``v`` (see ``planner.policies.base``); the trainer consumes finished groups oldest
+  version first, and its only stall is waiting for the oldest version's tail at the bound.
+
+Reassignment (DORA): with ``R_w`` the requests of live version ``w`` and ``D`` replicas in total,
+version ``w`` should hold ``DP_w = round(D * R_w / sum_w R_w)`` replicas. For the newest version,
+``R`` counts its in-flight requests plus the admissions the bound still allows (its demand). An
+older version never drops below ``ceil(R_w / slots)`` replicas (its requests must fit), and is
+shrunk one replica at a time, the least-loaded first, when the others can absorb its requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.policies.base import NO_ACTIONS, PolicyBase
+from planner.policies.config import PolicyConfig
+from planner.policies.vocabulary import Action, LoadWeights, MigrateRequests
+
+
+class StreamingPolicy(PolicyBase):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        n = config.num_rollout_groups
+        self.num_engines = n
+        self.version_active: dict[int, int] = {0: 0}
+        """version -> in-flight trajectories on engines of that version."""
+        self.version_engines: dict[int, int] = {0: n}
+        """version -> engines serving or loading it."""
+        self.engine_reserved = [0] * n
+        """Slots promised to an in-progress migration."""
+        self.migrating: dict[int, tuple[tuple[int, int], ...]] = {}
+        self.recheck_below: dict[int, int] = {}
+        """version -> only retry a failed shrink once its in-flight count is below this."""
+
+    # ------------------------------------------------------------------ driver entry points
+    def start(self) -> Sequence[Action]:
+        out: list[Action] = []
+        for r in range(self.num_engines):
+            self._fill(r, out)
+        return out
+
+    def on_trajectory_finished(self, group_id: int, rollout_group: int) -> Sequence[Action]:
+        self.version_active[self.engine_version[rollout_group]] -= 1
+        return super().on_trajectory_finished(group_id, rollout_group)
+
+    def _after_finish(self, group_id: int, rollout_group: int, group_done: bool) -> Sequence[Action]:
+        r = rollout_group
+        w = self.engine_version[r]
+        out: list[Action] | None = None
+        if w == self.latest_version:
+            if self.engine_ready[r] and self._free(r) >= self.spp:
+                out = []
+                self._fill(r, out)
+        elif self.engine_ready[r] and r not in self.migrating:
+            if self.engine_active[r] == 0:
+                out = []
+                self._switch(r, out)
+            elif self.version_active[w] < self.recheck_below.get(w, 1 << 62) and self._over_target(w):
+                out = []
+                self._shrink(w, out)
+        if group_done:
+            if out is None:
+                out = []
+            self._try_train_oldest_first(out)
+        return NO_ACTIONS if out is None else out
+
+    def on_weights_published(self, version: int) -> Sequence[Action]:
+        self.latest_version = version
+        self.version_active.setdefault(version, 0)
+        self.version_engines.setdefault(version, 0)
+        out: list[Action] = []
+        for r in range(self.num_engines):
+            if self.engine_ready[r] and self.engine_active[r] == 0 and r not in self.migrating:
+                self._switch(r, out)
+        for w in sorted(self.version_engines):
+            if w != version:
+                self.recheck_below.pop(w, None)
+                while self._over_target(w) and self._shrink(w, out):
+                    pass
+        self._try_train_oldest_first(out)
+        return out
+
+    def on_requests_migrated(self, src: int, moves: tuple[tuple[int, int], ...]) -> Sequence[Action]:
+        planned = self.migrating.pop(src)
+        for dst, cap in planned:
+            self.engine_reserved[dst] -= cap
+        for dst, count in moves:
+            self.engine_active[dst] += count
+            self.engine_active[src] -= count
+        if self.engine_active[src] != 0:
+            raise ValueError(f"engine {src} still has {self.engine_active[src]} requests after migration")
+        out: list[Action] = []
+        self._switch(src, out)
+        return out
+
+    def on_weights_loaded(self, rollout_group: int, version: int) -> Sequence[Action]:
+        r = rollout_group
+        self.engine_ready[r] = True
+        out: list[Action] = []
+        if version != self.latest_version:
+            self._switch(r, out)  # a newer version appeared while loading; the engine is still empty
+        else:
+            self._fill(r, out)
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _free(self, r: int) -> int:
+        return self.slots - self.engine_active[r] - self.engine_reserved[r]
+
+    def _fill(self, r: int, out: list[Action]) -> None:
+        v = self.latest_version
+        if not self.engine_ready[r] or self.engine_version[r] != v:
+            return
+        budget = self._admission_budget()
+        while budget > 0 and self._free(r) >= self.spp:
+            self._admit(r, v, out)
+            self.version_active[v] += self.spp
+            budget -= 1
+
+    def _switch(self, r: int, out: list[Action]) -> None:
+        """Point empty engine ``r`` at the newest version (peer-to-peer when a peer serves it)."""
+        new, old = self.latest_version, self.engine_version[r]
+        if old == new:
+            self._fill(r, out)
+            return
+        self.version_engines[old] -= 1
+        if self.version_engines[old] == 0 and self.version_active.get(old, 0) == 0:
+            del self.version_engines[old]
+            self.version_active.pop(old, None)
+            self.recheck_below.pop(old, None)
+        self.version_engines[new] += 1
+        self.engine_version[r] = new
+        self.engine_ready[r] = False
+        peer = next(
+            (p for p in range(self.num_engines) if self.engine_ready[p] and self.engine_version[p] == new), None
+        )
+        if peer is None:
+            out.append(LoadWeights(rollout_group=r, version=new, source="trainer"))
+        else:
+            out.append(LoadWeights(rollout_group=r, version=new, source="peer", peer=peer))
+
+    def _over_target(self, w: int) -> bool:
+        """Does old version ``w`` hold more replicas than DORA's proportional share (and than it needs)?"""
+        engines = self.version_engines.get(w, 0) - sum(
+            1 for src in self.migrating if self.engine_version[src] == w
+        )
+        if engines <= 1:
+            return False
+        active = self.version_active[w]
+        need = -(-active // self.slots)
+        if engines <= need:
+            return False
+        newest = self.latest_version
+        demand_new = self.version_active[newest] + max(0, self._admission_budget()) * self.spp
+        total = sum(a for v, a in self.version_active.items() if v != newest) + demand_new
+        share = round(self.num_engines * active / total) if total else 0
+        return engines > max(need, share, 1)
+
+    def _shrink(self, w: int, out: list[Action]) -> bool:
+        """Move the least-loaded ready engine of ``w`` to the newest version; False if nothing fits."""
+        members = [
+            r
+            for r in range(self.num_engines)
+            if self.engine_version[r] == w and self.engine_ready[r] and r not in self.migrating
+        ]
+        if len(members) < 2:
+            self.recheck_below[w] = self.version_active[w]
+            return False
+        src = min(members, key=lambda r: (self.engine_active[r], r))
+        need = self.engine_active[src]
+        if need == 0:
+            self._switch(src, out)
+            return True
+        capacity: list[tuple[int, int]] = []
+        for dst in sorted(members, key=lambda r: (self._free(r), r), reverse=True):
+            if dst == src or need == 0:
+                continue
+            take = min(self._free(dst), need)
+            if take > 0:
+                capacity.append((dst, take))
+                need -= take
+        if need > 0:
+            self.recheck_below[w] = self.version_active[w] - self.spp + 1
+            return False
+        self.recheck_below.pop(w, None)
+        for dst, take in capacity:
+            self.engine_reserved[dst] += take
+        self.migrating[src] = tuple(capacity)
+        out.append(MigrateRequests(src=src, capacity=tuple(capacity)))
+        return True
