@@ -231,3 +231,52 @@ def catalog_fingerprint() -> str:
     """First 16 hex digits of sha256 over the sorted JSON of every catalog entry."""
     blob = json.dumps({k: dataclasses.asdict(v) for k, v in ACCELERATORS.items()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ----- links and collectives -----------------------------------------------------------------------------------
+def group_link_bandwidth_bytes_per_s(
+    acc: Accelerator, *, group_size: int, inner_size: int = 1, accelerators_per_node: int | None = None
+) -> float:
+    """Peak one-direction bandwidth per accelerator for a collective over `group_size` ranks.
+
+    Ranks of a group are `inner_size` apart in the device order (TP innermost: inner_size=1; DP after TP*CP:
+    inner_size=tp*cp).  The group stays on scale-up links when group_size * inner_size <= accelerators per
+    node, otherwise its bottleneck is the scale-out NIC.  Units: bytes/s.
+    """
+    per_node = accelerators_per_node or acc.default_accelerators_per_node
+    if group_size * inner_size <= per_node:
+        return acc.scale_up_bandwidth_bytes_per_s
+    return acc.scale_out_bandwidth_bytes_per_s
+
+
+def ring_all_reduce_s(payload_bytes: float, *, group_size: int, bandwidth_bytes_per_s: float,
+                      efficiency: float, latency_s: float) -> float:
+    """Ring all-reduce: each rank sends and receives 2*(g-1)/g * X bytes.
+
+    t = 2*(g-1)/g * X / (eta * BW) + latency.  Zero for g = 1.  X in bytes, BW in bytes/s, t in s.
+    """
+    if group_size <= 1 or payload_bytes <= 0:
+        return 0.0
+    return 2 * (group_size - 1) / group_size * payload_bytes / (efficiency * bandwidth_bytes_per_s) + latency_s
+
+
+def ring_all_gather_s(payload_bytes: float, *, group_size: int, bandwidth_bytes_per_s: float,
+                      efficiency: float, latency_s: float) -> float:
+    """Ring all-gather (or reduce-scatter) of a full tensor of X bytes: (g-1)/g * X per rank.
+
+    t = (g-1)/g * X / (eta * BW) + latency.  Zero for g = 1.
+    """
+    if group_size <= 1 or payload_bytes <= 0:
+        return 0.0
+    return (group_size - 1) / group_size * payload_bytes / (efficiency * bandwidth_bytes_per_s) + latency_s
+
+
+def all_to_all_s(bytes_per_rank: float, *, group_size: int, bandwidth_bytes_per_s: float,
+                 efficiency: float, latency_s: float) -> float:
+    """All-to-all where each rank holds `bytes_per_rank` to scatter uniformly: (g-1)/g of it leaves the rank.
+
+    t = (g-1)/g * X_rank / (eta * BW) + latency.  Zero for g = 1.
+    """
+    if group_size <= 1 or bytes_per_rank <= 0:
+        return 0.0
+    return (group_size - 1) / group_size * bytes_per_rank / (efficiency * bandwidth_bytes_per_s) + latency_s

@@ -1,0 +1,293 @@
+"""Rollout cost model: one vLLM-like inference instance with continuous batching.
+
+An instance is `tp` accelerators holding one copy of the weights (experts split over the same devices, either
+inside each expert (ep = 1) or as whole experts per device (ep = tp)).  The simulator calls
+`RolloutCostModel.decode_step_s` up to ~10^6 times, so everything that does not depend on the batch is
+precomputed by `make_rollout_cost_model`.
+
+Notation (see `planner.architecture` for model symbols):
+    t      tensor-parallel size of the instance;  e = expert-parallel size (1 or t)
+    B      sequences in the decode batch;  C = sum of their context lengths (tokens)
+    P      prompt tokens in one prefill batch;  S2 = sum of squared prompt lengths
+    b_w    bytes per weight;  b_kv = bytes per KV element
+    F, BW  peak FLOP/s and HBM bytes/s of one device;  eta_* calibration efficiencies
+
+Decode step (seconds), a roofline per device plus communication and a fixed step cost:
+    bytes = W_nonexpert/t + bytes of the experts the batch touches + C * kv_tok_dev
+    flops = (2 * N_c * B + attn_qk * C) / t          (expert share x imbalance when e > 1)
+    t_dec = max(bytes / (eta_mem BW), flops / (eta_dec F)) + t_comm(B) + t_step
+Experts touched per MoE layer (uniform routing, each token picks k of E + Z slots):
+    U(B) = E * (1 - (1 - k/(E+Z))^B)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.architecture import ModelArch
+from planner.calibration import DEFAULT_CALIBRATION, Calibration
+from planner.hardware import Accelerator, all_to_all_s, group_link_bandwidth_bytes_per_s, ring_all_reduce_s
+
+_GIB = 1024**3
+VLLM_BLOCK_SIZE_TOKENS = 16
+"""vLLM's default KV page (block) size in tokens: a sequence occupies ceil(len / 16) pages."""
+
+
+def _check_parallel(arch: ModelArch, tp: int, ep: int) -> None:
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    if ep not in (1, tp):
+        raise ValueError(f"ep ({ep}) must be 1 (experts split by TP) or equal to tp ({tp}) in a rollout instance")
+    if ep > 1 and not arch.is_moe:
+        raise ValueError(f"ep={ep} needs an MoE model; {arch.name} is dense")
+    if ep > 1 and arch.num_experts % ep:
+        raise ValueError(f"{arch.name}: {arch.num_experts} experts do not split evenly over ep={ep}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutMemory:
+    """Memory of one rollout instance, per device (bytes), and what it leaves for the KV cache."""
+
+    devices: int
+    usable_bytes_per_device: float
+    """gpu_memory_utilization x device memory: what the engine may take."""
+    weights_bytes_per_device: float
+    extra_version_bytes_per_device: float
+    """Extra policy versions held resident (multi-version rollout) beyond the serving one."""
+    reserved_bytes_per_device: float
+    kv_bytes_per_device: float
+    kv_bytes_per_token_per_device: float
+    kv_capacity_tokens: int
+    context_tokens: int
+    max_concurrent_seqs: int
+    """Sequences of `context_tokens` whose pages fit at once (0 when not even one fits)."""
+    needed_bytes_per_device: float
+    """Weights + extra versions + reserve + the pages of one sequence of `context_tokens`."""
+    fits: bool
+    message: str
+
+
+def rollout_instance_memory(
+    arch: ModelArch,
+    acc: Accelerator,
+    *,
+    tp: int,
+    ep: int = 1,
+    dtype_bytes: float,
+    kv_dtype_bytes: float | None = None,
+    gpu_memory_utilization: float = 0.9,
+    extra_versions: int = 0,
+    context_tokens: int = 4096,
+    calib: Calibration = DEFAULT_CALIBRATION,
+) -> RolloutMemory:
+    """Per-device memory of an instance and its KV capacity.
+
+    usable   = util * M                                   (vLLM gpu_memory_utilization, default 0.9)
+    weights  = N * b_w / t                                (every weight sharded over the t devices)
+    extra    = versions * weights
+    kv_bytes = usable - weights - extra - reserve
+    capacity = floor(kv_bytes / kv_tok_dev) tokens;  seqs = floor(capacity/16 / ceil(ctx/16)) (16-token pages)
+    Bytes throughout; kv_tok_dev from `ModelArch.kv_bytes_per_token_per_device`.
+    """
+    _check_parallel(arch, tp, ep)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {gpu_memory_utilization}")
+    if extra_versions < 0 or context_tokens < 1:
+        raise ValueError("extra_versions must be >= 0 and context_tokens >= 1")
+    calib = calib.resolved_for(acc.name)
+    kv_b = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    usable = gpu_memory_utilization * acc.hbm_bytes
+    weights = arch.total_params * dtype_bytes / tp
+    extra = extra_versions * weights
+    reserve = calib.rollout_reserved_bytes_per_device
+    kv_tok = arch.kv_bytes_per_token_per_device(kv_b, tp=tp)
+    kv_bytes = max(0.0, usable - weights - extra - reserve)
+    capacity = int(kv_bytes // kv_tok)
+    pages_per_seq = math.ceil(context_tokens / VLLM_BLOCK_SIZE_TOKENS)
+    seqs = (capacity // VLLM_BLOCK_SIZE_TOKENS) // pages_per_seq
+    needed = weights + extra + reserve + pages_per_seq * VLLM_BLOCK_SIZE_TOKENS * kv_tok
+    fits = seqs >= 1
+    if fits:
+        message = (f"fits: {seqs} concurrent sequences of {context_tokens} tokens "
+                   f"({capacity} KV tokens per instance of {tp} x {acc.name})")
+    else:
+        message = (f"does not fit: needs {needed / _GIB:.1f} GiB per device (weights {weights / _GIB:.1f}"
+                   f" + extra versions {extra / _GIB:.1f} + reserve {reserve / _GIB:.1f} + one "
+                   f"{context_tokens}-token sequence), has {usable / _GIB:.1f} GiB "
+                   f"({gpu_memory_utilization} x {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name}); "
+                   f"raise tp or lower the context")
+    return RolloutMemory(
+        devices=tp, usable_bytes_per_device=usable, weights_bytes_per_device=weights,
+        extra_version_bytes_per_device=extra, reserved_bytes_per_device=reserve, kv_bytes_per_device=kv_bytes,
+        kv_bytes_per_token_per_device=kv_tok, kv_capacity_tokens=capacity, context_tokens=context_tokens,
+        max_concurrent_seqs=seqs, needed_bytes_per_device=needed, fits=fits, message=message,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutCostModel:
+    """Precomputed per-instance constants; call `decode_step_s` / `prefill_s` (seconds)."""
+
+    nonexpert_weight_bytes_per_device: float
+    """Weights read on every step regardless of routing (attention, dense FFNs, shared experts, LM head)."""
+    expert_bytes_on_device: float
+    """Bytes of one routed expert that live on one device (whole expert when ep > 1, 1/t of it otherwise)."""
+    num_experts: int
+    expert_slot_probability: float
+    """k / (E + Z): chance that a token picks a given routed expert."""
+    num_moe_layers: int
+    ep: int
+    imbalance: float
+    kv_bytes_per_token_per_device: float
+    dense_flops_per_token_per_device: float
+    expert_flops_per_token_per_device: float
+    decode_attn_flops_per_ctx_token_per_device: float
+    prefill_attn_flops_per_pair_per_device: float
+    memory_rate_bytes_per_s: float
+    decode_flops_per_s: float
+    prefill_flops_per_s: float
+    allreduces_per_pass: int
+    hidden_bytes_per_token: float
+    """h * b: one token's activation as exchanged by TP / EP collectives."""
+    tp: int
+    link_bandwidth_bytes_per_s: float
+    link_efficiency: float
+    collective_latency_s: float
+    expert_slots_per_token: float
+    step_overhead_s: float
+
+    def experts_touched_per_layer(self, num_tokens: float) -> float:
+        """U(n) = E * (1 - (1 - k/(E+Z))^n): expected distinct routed experts hit by n tokens."""
+        if self.num_experts == 0 or num_tokens <= 0:
+            return 0.0
+        return self.num_experts * -math.expm1(num_tokens * math.log1p(-self.expert_slot_probability))
+
+    def _expert_bytes(self, num_tokens: float) -> float:
+        touched = self.experts_touched_per_layer(num_tokens)
+        if self.ep > 1:
+            resident = self.num_experts / self.ep
+            touched = min(resident, touched / self.ep * self.imbalance)
+        return self.num_moe_layers * touched * self.expert_bytes_on_device
+
+    def _comm_s(self, num_tokens: float) -> float:
+        payload = num_tokens * self.hidden_bytes_per_token
+        t = self.allreduces_per_pass * ring_all_reduce_s(
+            payload, group_size=self.tp, bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
+            efficiency=self.link_efficiency, latency_s=self.collective_latency_s)
+        if self.ep > 1:
+            # Dispatch and combine: each rank scatters its 1/e of the tokens' k routed copies; the busiest
+            # rank receives imbalance x the mean.
+            per_rank = num_tokens / self.ep * self.expert_slots_per_token * self.hidden_bytes_per_token
+            t += 2 * self.num_moe_layers * all_to_all_s(
+                per_rank * self.imbalance, group_size=self.ep, bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
+                efficiency=self.link_efficiency, latency_s=self.collective_latency_s)
+        return t
+
+    def _matmul_flops(self, num_tokens: float) -> float:
+        expert = self.expert_flops_per_token_per_device * (self.imbalance if self.ep > 1 else 1.0)
+        return num_tokens * (self.dense_flops_per_token_per_device + expert)
+
+    def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
+        """One decode step for `batch_size` sequences holding `total_context_tokens` in all (s).
+
+        t = max(bytes / (eta_mem BW), flops / (eta_dec F)) + t_comm(B) + t_step; 0 for an empty batch.
+        """
+        if batch_size <= 0:
+            return 0.0
+        bytes_moved = (self.nonexpert_weight_bytes_per_device + self._expert_bytes(batch_size)
+                       + total_context_tokens * self.kv_bytes_per_token_per_device)
+        flops = (self._matmul_flops(batch_size)
+                 + total_context_tokens * self.decode_attn_flops_per_ctx_token_per_device)
+        roofline = max(bytes_moved / self.memory_rate_bytes_per_s, flops / self.decode_flops_per_s)
+        return roofline + self._comm_s(batch_size) + self.step_overhead_s
+
+    def decode_tokens_per_s(self, batch_size: int, total_context_tokens: float) -> float:
+        """Generated tokens per second of the instance: B / t_dec."""
+        step = self.decode_step_s(batch_size, total_context_tokens)
+        return batch_size / step if step > 0 else 0.0
+
+    def prefill_s(self, num_tokens: int, sum_sq_tokens: float | None = None) -> float:
+        """Prefill of `num_tokens` prompt tokens in one batch (s); `sum_sq_tokens` = sum of squared prompt
+        lengths (default: one prompt, num_tokens^2).
+
+        flops = 2*N_c*P/t + attn_pair * (S2 + P)/2 / t     (causal: a prompt of s tokens has s(s+1)/2 pairs)
+        bytes = weights touched by P tokens + P * kv_tok_dev (KV written)
+        t = max(bytes / (eta_mem BW), flops / (eta_pre F)) + t_comm(P) + t_step
+        """
+        if num_tokens <= 0:
+            return 0.0
+        s2 = float(num_tokens) ** 2 if sum_sq_tokens is None else sum_sq_tokens
+        flops = self._matmul_flops(num_tokens) + self.prefill_attn_flops_per_pair_per_device * (s2 + num_tokens) / 2
+        bytes_moved = (self.nonexpert_weight_bytes_per_device + self._expert_bytes(num_tokens)
+                       + num_tokens * self.kv_bytes_per_token_per_device)
+        roofline = max(bytes_moved / self.memory_rate_bytes_per_s, flops / self.prefill_flops_per_s)
+        return roofline + self._comm_s(num_tokens) + self.step_overhead_s
+
+
+def make_rollout_cost_model(
+    arch: ModelArch,
+    acc: Accelerator,
+    *,
+    tp: int,
+    ep: int = 1,
+    dtype_bytes: float,
+    kv_dtype_bytes: float | None = None,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    accelerators_per_node: int | None = None,
+) -> RolloutCostModel:
+    """Precompute the batch-independent constants of one instance (see module docstring)."""
+    _check_parallel(arch, tp, ep)
+    calib = calib.resolved_for(acc.name)
+    kv_b = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    # The input embedding table is only indexed (B rows), never streamed; every other non-expert weight is read.
+    lookup_params = 0 if arch.tie_embeddings else arch.vocab_size * arch.hidden_size
+    nonexpert = (arch.non_expert_params - lookup_params) * dtype_bytes / tp
+    expert_on_device = arch.expert_params * dtype_bytes / (1 if ep > 1 else tp)
+    expert_matmul = arch.num_moe_layers * arch.expected_routed_experts_per_token * arch.expert_params
+    num_allreduces = arch.num_attention_layers + arch.num_dense_ffns + (arch.num_moe_layers if ep == 1 else 0)
+    return RolloutCostModel(
+        nonexpert_weight_bytes_per_device=nonexpert,
+        expert_bytes_on_device=expert_on_device,
+        num_experts=arch.num_experts,
+        expert_slot_probability=(arch.experts_top_k / (arch.num_experts + arch.num_zero_experts)
+                                 if arch.is_moe else 0.0),
+        num_moe_layers=arch.num_moe_layers,
+        ep=ep,
+        imbalance=calib.moe_imbalance_factor,
+        kv_bytes_per_token_per_device=arch.kv_bytes_per_token_per_device(kv_b, tp=tp),
+        dense_flops_per_token_per_device=2 * (arch.matmul_params_per_token - expert_matmul) / tp,
+        expert_flops_per_token_per_device=2 * expert_matmul / tp,
+        decode_attn_flops_per_ctx_token_per_device=arch.attention_flops_per_query_key(absorbed_mla=True) / tp,
+        prefill_attn_flops_per_pair_per_device=arch.attention_flops_per_query_key() / tp,
+        memory_rate_bytes_per_s=calib.hbm_bandwidth_efficiency * acc.hbm_bandwidth_bytes_per_s,
+        decode_flops_per_s=calib.decode_compute_efficiency * acc.bf16_flops,
+        prefill_flops_per_s=calib.prefill_compute_efficiency * acc.bf16_flops,
+        allreduces_per_pass=num_allreduces if tp > 1 else 0,
+        hidden_bytes_per_token=arch.hidden_size * dtype_bytes,
+        tp=tp,
+        link_bandwidth_bytes_per_s=group_link_bandwidth_bytes_per_s(
+            acc, group_size=tp, accelerators_per_node=accelerators_per_node),
+        link_efficiency=calib.scale_up_efficiency if tp <= (accelerators_per_node
+                                                           or acc.default_accelerators_per_node)
+        else calib.scale_out_efficiency,
+        collective_latency_s=calib.collective_latency_s,
+        expert_slots_per_token=arch.expected_routed_experts_per_token,
+        step_overhead_s=calib.decode_step_overhead_s,
+    )
+
+
+def decode_step_time_s(arch: ModelArch, acc: Accelerator, *, tp: int, ep: int = 1, batch_size: int,
+                       total_context_tokens: float, dtype_bytes: float,
+                       calib: Calibration = DEFAULT_CALIBRATION) -> float:
+    """One-off form of `RolloutCostModel.decode_step_s` (seconds)."""
+    model = make_rollout_cost_model(arch, acc, tp=tp, ep=ep, dtype_bytes=dtype_bytes, calib=calib)
+    return model.decode_step_s(batch_size, total_context_tokens)
+
+
+def prefill_time_s(arch: ModelArch, acc: Accelerator, *, tp: int, ep: int = 1, num_tokens: int,
+                   dtype_bytes: float, calib: Calibration = DEFAULT_CALIBRATION,
+                   sum_sq_tokens: float | None = None) -> float:
+    """One-off form of `RolloutCostModel.prefill_s` (seconds)."""
+    model = make_rollout_cost_model(arch, acc, tp=tp, ep=ep, dtype_bytes=dtype_bytes, calib=calib)
+    return model.prefill_s(num_tokens, sum_sq_tokens)

@@ -1,0 +1,140 @@
+"""Rollout cost model: hand-computed roofline cases on a toy model and a toy device, plus realistic checks."""
+
+import dataclasses
+
+import pytest
+
+from planner.architecture import ModelArch, get_preset
+from planner.calibration import Calibration
+from planner.hardware import get_accelerator
+from planner.rollout_cost import (
+    decode_step_time_s,
+    make_rollout_cost_model,
+    prefill_time_s,
+    rollout_instance_memory,
+)
+
+# Toy model: per layer q/k/v/o = 64 + 32 + 32 + 64 = 192, FFN 3*8*16 = 384; norms 2*2*8 + 8 = 40; embeddings
+# 2*10*8 = 160 -> N = 2*576 + 40 + 160 = 1352.  Streamed per decode step: N minus the input table = 1272 params.
+TOY = ModelArch(name="toy", num_layers=2, hidden_size=8, num_attention_heads=2, num_kv_heads=1, head_dim=4,
+                ffn_hidden_size=16, vocab_size=10)
+# KV per token: 2 layers * 2 (K,V) * 1 head * 4 * 2 bytes = 32.  Attention FLOPs per (q, k) pair: 2*2*2*(4+4) = 64.
+DEV = dataclasses.replace(get_accelerator("h100"), name="toy-dev", bf16_flops=1e6, hbm_bytes=1e6,
+                          hbm_bandwidth_bytes_per_s=1e4, scale_up_bandwidth_bytes_per_s=1e3)
+IDEAL = Calibration(hbm_bandwidth_efficiency=1.0, decode_compute_efficiency=1.0, prefill_compute_efficiency=1.0,
+                    scale_up_efficiency=1.0, collective_latency_s=0.0, decode_step_overhead_s=0.0,
+                    rollout_reserved_bytes_per_device=0.0, moe_imbalance_factor=1.0)
+
+
+def test_toy_shape_constants():
+    assert TOY.total_params == 1352
+    assert TOY.kv_bytes_per_token(2) == 32
+    assert TOY.attention_flops_per_query_key() == 64
+    assert TOY.matmul_params_per_token == 1272
+
+
+def test_decode_memory_bound_hand_computed():
+    model = make_rollout_cost_model(TOY, DEV, tp=1, dtype_bytes=2, calib=IDEAL)
+    # bytes = 1272*2 + 10*32 = 2864 -> 0.2864 s; flops = 2544 + 10*64 = 3184 -> 0.003 s.
+    assert model.decode_step_s(1, 10) == pytest.approx(0.2864)
+    assert model.decode_tokens_per_s(1, 10) == pytest.approx(1 / 0.2864)
+
+
+def test_decode_compute_bound_hand_computed():
+    model = make_rollout_cost_model(TOY, DEV, tp=1, dtype_bytes=2, calib=IDEAL)
+    # flops = 1000 * 2544 = 2.544e6 -> 2.544 s > bytes 2544 -> 0.2544 s.
+    assert model.decode_step_s(1000, 0) == pytest.approx(2.544)
+    assert model.decode_step_s(0, 0) == 0.0
+
+
+def test_decode_with_tp_all_reduce_hand_computed():
+    model = make_rollout_cost_model(TOY, DEV, tp=2, dtype_bytes=2, calib=IDEAL)
+    # Weights halve: 1272 B.  One KV head cannot split, so each device keeps it: 10 * 32 = 320 B.
+    # 4 all-reduces (2 attention + 2 FFN) of 1*8*2 = 16 B: ring 2*(1/2)*16 / 1e3 = 0.016 s each.
+    assert model.decode_step_s(1, 10) == pytest.approx((1272 + 320) / 1e4 + 4 * 0.016)
+
+
+def test_overheads_and_efficiencies_apply():
+    calib = IDEAL.with_overrides(hbm_bandwidth_efficiency=0.5, decode_step_overhead_s=0.01)
+    model = make_rollout_cost_model(TOY, DEV, tp=1, dtype_bytes=2, calib=calib)
+    assert model.decode_step_s(1, 10) == pytest.approx(2 * 0.2864 + 0.01)
+
+
+def test_prefill_hand_computed():
+    model = make_rollout_cost_model(TOY, DEV, tp=1, dtype_bytes=2, calib=IDEAL)
+    # One 1000-token prompt: flops = 1000*2544 + 64*(1e6 + 1000)/2 = 34.576e6 -> 34.576 s (compute-bound).
+    assert model.prefill_s(1000) == pytest.approx(34.576)
+    # Ten 100-token prompts (S2 = 1e5) cost far less attention than one 1000-token prompt.
+    assert model.prefill_s(1000, sum_sq_tokens=1e5) == pytest.approx(2.544 + 64 * (1e5 + 1000) / 2 / 1e6)
+    assert prefill_time_s(TOY, DEV, tp=1, num_tokens=1000, dtype_bytes=2, calib=IDEAL) == model.prefill_s(1000)
+
+
+def test_memory_hand_computed():
+    mem = rollout_instance_memory(TOY, DEV, tp=1, dtype_bytes=2, gpu_memory_utilization=0.5,
+                                  context_tokens=100, calib=IDEAL)
+    # usable 5e5 - weights 2704 = 497296 B -> 15540 tokens -> 971 pages; a 100-token sequence takes 7 pages.
+    assert mem.weights_bytes_per_device == 2704
+    assert mem.kv_capacity_tokens == 15540
+    assert mem.max_concurrent_seqs == 138
+    assert mem.fits and mem.message.startswith("fits: 138 concurrent sequences")
+
+
+def test_extra_versions_shrink_kv_capacity():
+    base = rollout_instance_memory(get_preset("qwen3-8b"), get_accelerator("h100"), tp=1, dtype_bytes=2)
+    two = rollout_instance_memory(get_preset("qwen3-8b"), get_accelerator("h100"), tp=1, dtype_bytes=2,
+                                  extra_versions=2)
+    assert two.extra_version_bytes_per_device == pytest.approx(2 * base.weights_bytes_per_device)
+    assert two.kv_capacity_tokens < base.kv_capacity_tokens
+
+
+def test_qwen3_8b_on_h100_kv_capacity_is_realistic():
+    mem = rollout_instance_memory(get_preset("qwen3-8b"), get_accelerator("h100"), tp=1, dtype_bytes=2)
+    # 0.9 * 79.6 GiB - 15.3 GiB weights - 2 GiB reserve ~ 54.4 GiB / 144 KiB per token ~ 396k tokens.
+    assert 380_000 < mem.kv_capacity_tokens < 410_000
+
+
+def test_does_not_fit_message_shows_the_arithmetic():
+    mem = rollout_instance_memory(get_preset("deepseek-v3"), get_accelerator("h100"), tp=8, dtype_bytes=2)
+    assert not mem.fits
+    assert mem.max_concurrent_seqs == 0
+    assert "does not fit: needs" in mem.message and "GiB per device" in mem.message and "has 71.7 GiB" in mem.message
+
+
+def test_moe_experts_touched_and_batch_growth():
+    moe = ModelArch(name="moe", num_layers=1, hidden_size=8, num_attention_heads=2, num_kv_heads=2, head_dim=4,
+                    ffn_hidden_size=0, vocab_size=10, num_experts=4, experts_top_k=1, moe_ffn_hidden_size=4)
+    model = make_rollout_cost_model(moe, DEV, tp=1, dtype_bytes=2, calib=IDEAL)
+    assert model.experts_touched_per_layer(1) == pytest.approx(1.0)
+    assert model.experts_touched_per_layer(2) == pytest.approx(4 * (1 - 0.75**2))
+    assert model.experts_touched_per_layer(10_000) == pytest.approx(4.0)
+    # Zero-compute experts dilute the routing pool: LongCat picks a real expert with probability 12/768.
+    longcat = make_rollout_cost_model(get_preset("longcat-flash"), get_accelerator("h800"), tp=8, ep=8,
+                                      dtype_bytes=1)
+    assert longcat.expert_slot_probability == pytest.approx(12 / 768)
+
+
+def test_ep_imbalance_slows_the_busiest_rank():
+    arch, acc = get_preset("qwen3-235b-a22b"), get_accelerator("h100")
+    even = make_rollout_cost_model(arch, acc, tp=8, ep=8, dtype_bytes=2,
+                                   calib=Calibration(moe_imbalance_factor=1.0))
+    skew = make_rollout_cost_model(arch, acc, tp=8, ep=8, dtype_bytes=2,
+                                   calib=Calibration(moe_imbalance_factor=1.5))
+    assert skew.decode_step_s(8, 8 * 1000) > even.decode_step_s(8, 8 * 1000)
+
+
+def test_throughput_grows_with_batch_and_step_with_context():
+    model = make_rollout_cost_model(get_preset("qwen3-8b"), get_accelerator("h100"), tp=1, dtype_bytes=2)
+    rates = [model.decode_tokens_per_s(b, b * 2000) for b in (1, 8, 64, 256)]
+    assert rates == sorted(rates)
+    assert model.decode_step_s(64, 64 * 8000) > model.decode_step_s(64, 64 * 1000)
+    # Single-stream decode of an 8B BF16 model on H100 is memory-bound: ~15 GB / (0.8 * 3.35 TB/s) + 2 ms.
+    assert model.decode_step_s(1, 1000) == pytest.approx(15.1e9 / 2.68e12 + 0.002, rel=0.03)
+    assert decode_step_time_s(get_preset("qwen3-8b"), get_accelerator("h100"), tp=1, batch_size=8,
+                              total_context_tokens=8000, dtype_bytes=2) == model.decode_step_s(8, 8000)
+
+
+def test_invalid_parallelism_is_rejected():
+    with pytest.raises(ValueError, match="ep=2 needs an MoE model"):
+        make_rollout_cost_model(get_preset("qwen3-8b"), get_accelerator("h100"), tp=2, ep=2, dtype_bytes=2)
+    with pytest.raises(ValueError, match=r"ep \(4\) must be 1"):
+        make_rollout_cost_model(get_preset("qwen3-235b-a22b"), get_accelerator("h100"), tp=8, ep=4, dtype_bytes=2)
