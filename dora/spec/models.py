@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 # checks they equal planner.hardware.ACCELERATORS / planner.architecture.MODEL_PRESETS.
 AcceleratorName = Literal["h100", "h800", "h20", "h200", "a100-80g", "b200", "mi300x", "cpu"]
 ModelPresetName = Literal[
-    "qwen2.5-7b", "qwen2.5-32b", "qwen3-8b", "qwen3-32b", "qwen3-235b-a22b", "deepseek-v3", "longcat-flash",
-    "tiny-local",
+    "qwen2.5-7b", "qwen2.5-32b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
+    "kimi-k2", "longcat-flash", "tiny-local",
 ]
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
 ALL_MODES: tuple[Mode, ...] = ("sync", "one-step-off", "bounded-async", "partial-rollout", "streaming")

@@ -102,15 +102,18 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
     except RecursionError:
         raise SpecError(file, [Diagnostic(path=(), message="YAML nesting is too deep",
                                           hint=f"a spec nests at most {MAX_DEPTH} levels")]) from None
+    if root is None:
+        raise SpecError(file, [Diagnostic(path=(), message="the spec is empty (only comments or blank lines)",
+                                          hint="start from one of the example specs (dora ships specs/*.yaml)")])
     if not isinstance(root, CommentedMap):
         kind = "a list" if isinstance(root, CommentedSeq) else f"a {type(root).__name__} scalar"
         raise SpecError(file, [Diagnostic(path=(), line=1, message=f"the spec must be a YAML mapping, got {kind}",
                                           hint="top-level keys are name, model, cluster, workload, ...")])
-    lines: dict[Path, int] = {}
+    lines: dict[Path, int] = {(): 1}
     try:
         data = _plain(root, (), lines, [MAX_NODES], 0)
     except _TooBig as exc:
-        path: Path = exc.args[0]
+        path: Path = exc.args[0][:1]  # the top-level key whose value explodes; deeper paths are noise
         raise SpecError(file, [Diagnostic(
             path=path, line=YamlDoc({}, lines).line_of(path),
             message=f"the document expands to more than {MAX_NODES} nodes or {MAX_DEPTH} levels "

@@ -1,0 +1,122 @@
+"""The spec language on valid input: example specs, JSON Schema, catalogs, hashing, references."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import jsonschema
+import pytest
+from ruamel.yaml import YAML
+
+from dora.spec import load_spec, load_spec_text
+from dora.spec.models import AcceleratorName, ModelPresetName, Spec
+from dora.spec.schema import spec_json_schema
+from planner.architecture import MODEL_PRESETS
+from planner.hardware import ACCELERATORS
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "specs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_specs_load(path: Path) -> None:
+    resolved = load_spec(str(path))
+    assert resolved.spec.name
+    assert resolved.arch.num_layers > 0
+    assert resolved.response_lengths.quantile(0.99) >= resolved.response_lengths.quantile(0.5)
+
+
+def test_examples_cover_the_required_settings() -> None:
+    specs = {p.stem: load_spec(str(p)).spec for p in EXAMPLES}
+    sizes = sorted(s.total_accelerators for s in specs.values())
+    assert {2, 64, 128, 512, 4096, 10240} <= set(sizes)
+    dense32 = specs["dense-32b-h800x128"]
+    assert dense32.workload.response_length.max_tokens >= 30000 and dense32.staleness.max_version_lag == 3
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_json_schema_validates_examples(path: Path) -> None:
+    data = YAML(typ="safe").load(path.read_text())
+    jsonschema.validate(data, spec_json_schema())
+
+
+def test_json_schema_rejects_unknown_key() -> None:
+    data = YAML(typ="safe").load((REPO / "specs" / "local-tiny.yaml").read_text())
+    data["cluster"]["nodez"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, spec_json_schema())
+
+
+def test_schema_cli_prints_json() -> None:
+    out = subprocess.run([sys.executable, "-m", "dora.cli", "schema"], capture_output=True, text=True, check=True)
+    schema = json.loads(out.stdout)
+    assert schema["properties"]["cluster"]["$ref"].endswith("ClusterSpec")
+    assert "description" in schema["$defs"]["ClusterSpec"]["properties"]["nodes"]
+
+
+def test_literals_match_catalogs() -> None:
+    assert set(typing.get_args(AcceleratorName)) == set(ACCELERATORS)
+    assert set(typing.get_args(ModelPresetName)) == set(MODEL_PRESETS)
+
+
+def test_every_field_is_documented() -> None:
+    def walk(model: type) -> None:
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            for arg in typing.get_args(field.annotation) or (field.annotation,):
+                if isinstance(arg, type) and hasattr(arg, "model_fields"):
+                    walk(arg)
+
+    walk(Spec)
+
+
+def test_spec_hash_ignores_comments_and_sees_values() -> None:
+    text = (REPO / "specs" / "local-tiny.yaml").read_text()
+    base = load_spec_text(text, "a.yaml", REPO / "specs").spec_hash
+    assert load_spec_text("# a new comment\n" + text, "b.yaml", REPO / "specs").spec_hash == base
+    changed = text.replace("steps: 40", "steps: 41")
+    assert changed != text
+    assert load_spec_text(changed, "a.yaml", REPO / "specs").spec_hash != base
+
+
+def test_hf_config_gives_the_preset_architecture(tmp_path: Path) -> None:
+    configs = REPO / "tests" / "data" / "hf_configs"
+    src = configs / "qwen3-8b.json"
+    if not src.exists():
+        pytest.fail("tests/data/hf_configs/qwen3-8b.json is missing")
+    shutil.copy(src, tmp_path / "config.json")
+    text = (REPO / "specs" / "dense-8b-h800x64.yaml").read_text().replace("preset: qwen3-8b", "hf_config: config.json")
+    from_hf = load_spec_text(text, "x.yaml", tmp_path).arch
+    preset = MODEL_PRESETS["qwen3-8b"]
+    assert from_hf.total_params == preset.total_params
+    assert from_hf.kv_bytes_per_token(2) == preset.kv_bytes_per_token(2)
+
+
+def test_histogram_file_distribution(tmp_path: Path) -> None:
+    (tmp_path / "lengths.csv").write_text("length,count\n100,50\n1000,45\n20000,5\n")
+    text = (REPO / "specs" / "dense-8b-h800x64.yaml").read_text().replace(
+        "response_length: {median_tokens: 1500, p99_tokens: 12000, max_tokens: 16384}",
+        "response_length: {histogram_file: lengths.csv, max_tokens: 32768}")
+    dist = load_spec_text(text, "x.yaml", tmp_path).response_lengths
+    assert dist.quantile(0.25) == 100 and dist.quantile(0.99) == 20000
+
+
+def test_validate_cli_accepts_all_examples() -> None:
+    proc = subprocess.run([sys.executable, "-m", "dora.cli", "validate", *map(str, EXAMPLES)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ok ") == len(EXAMPLES)
+
+
+def test_version_and_help() -> None:
+    from dora import __version__
+
+    out = subprocess.run([sys.executable, "-m", "dora.cli", "--version"], capture_output=True, text=True)
+    assert out.stdout.strip() == f"dora {__version__}"
+    helptext = subprocess.run([sys.executable, "-m", "dora.cli", "--help"], capture_output=True, text=True).stdout
+    assert "examples:" in helptext and "validate" in helptext
