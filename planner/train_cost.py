@@ -1,0 +1,359 @@
+"""Training cost model: one Megatron-like RL training step (policy update plus the extra forward passes RL needs).
+
+Notation (model symbols from `planner.architecture`):
+    t, p, d, e, c   tensor, pipeline, data, expert and context parallel sizes;  n = t*p*d*c devices
+    T               tokens in the step;  S2 = sum of squared sequence lengths;  m = microbatches per DP rank
+    N_c             matmul parameters per token (`ModelArch.matmul_params_per_token`)
+    q               attention forward FLOPs per (query, key) pair (`attention_flops_per_query_key`)
+    F, BW           peak FLOP/s and HBM bytes/s of one device;  eta_train = calibrated compute efficiency
+
+FLOPs (one step):
+    fwd    = 2*N_c*T + q*pairs,   pairs = (S2 + T)/2 causal (what flash attention executes) or S2 non-causal
+    model  = 3*fwd + x*fwd        (x = extra forward passes: old-logprob, reference)
+    hw     = model + fwd (full recompute) | + q*pairs (selective: core attention only)
+Time:
+    compute = hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m)   [so bubble/(step) = (p-1)/(v*m+p-1)]
+    comm    = exposed TP all-reduce + EP all-to-all + DP reduce-scatter/all-gather + PP send/recv
+    step    = compute + bubble + comm + optimizer (memory-bound Adam) + fixed overhead
+Context-parallel ring exchange is assumed hidden behind attention compute (Megatron overlaps its P2P).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.architecture import ModelArch
+from planner.calibration import DEFAULT_CALIBRATION, Calibration
+from planner.hardware import (
+    Accelerator,
+    all_to_all_s,
+    group_link_bandwidth_bytes_per_s,
+    ring_all_gather_s,
+    ring_all_reduce_s,
+)
+
+Recompute = Literal["none", "selective", "full"]
+_GIB = 1024**3
+ADAM_BYTES_PER_PARAM = 30
+"""Bytes an Adam step streams per local parameter: read fp32 master, m, v, grad (16), write master, m, v (12),
+write the bf16 copy (2)."""
+GRAD_BYTES = 4
+"""Gradients are reduced and stored in fp32 (the Megatron distributed-optimizer accounting)."""
+
+
+def train_flops(arch: ModelArch, *, tokens: float, seq_len_sum_sq: float, extra_forward_passes: int = 0,
+                recompute: Recompute = "none", causal: bool = True) -> tuple[float, float]:
+    """(model_flops, hardware_flops) of one step; see module docstring.
+
+    With causal=False the attention term is the non-causal S2 count used by Megatron and verl's MFU reports
+    (6*N*T + 12*L*a*d*S2 for GQA).
+    """
+    pairs = (seq_len_sum_sq + tokens) / 2 if causal else seq_len_sum_sq
+    attn_fwd = arch.attention_flops_per_query_key() * pairs
+    fwd = 2 * arch.matmul_params_per_token * tokens + attn_fwd
+    model = (3 + extra_forward_passes) * fwd
+    if recompute == "full":
+        return model, model + fwd
+    if recompute == "selective":
+        return model, model + attn_fwd
+    if recompute != "none":
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    return model, model
+
+
+def _check(arch: ModelArch, tp: int, pp: int, dp: int, ep: int, cp: int) -> None:
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("ep", ep), ("cp", cp)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if ep > 1:
+        if not arch.is_moe:
+            raise ValueError(f"ep={ep} needs an MoE model; {arch.name} is dense")
+        if arch.num_experts % ep:
+            raise ValueError(f"{arch.name}: {arch.num_experts} experts do not split over ep={ep}")
+        if (tp * cp * dp) % ep:
+            raise ValueError(f"ep ({ep}) must divide tp*cp*dp = {tp}*{cp}*{dp} = {tp * cp * dp} "
+                             "(expert ranks are folded from the tensor/context/data ranks)")
+    if pp > arch.num_layers:
+        raise ValueError(f"pp ({pp}) exceeds the {arch.num_layers} layers of {arch.name}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainStepTime:
+    """One training step on n devices.  FLOPs in FLOP, times in seconds."""
+
+    devices: int
+    model_flops: float
+    hardware_flops: float
+    compute_s: float
+    bubble_s: float
+    comm_s: float
+    """Exposed (not overlapped) communication."""
+    optimizer_s: float
+    overhead_s: float
+    total_s: float
+    mfu: float
+    """model_flops / (total_s * n * F)."""
+    tflops_per_device: float
+    """model_flops / total_s / n / 1e12 (how Megatron reports throughput)."""
+
+
+def _shard_params(arch: ModelArch, *, tp: int, pp: int, ep: int) -> tuple[float, float]:
+    """(non-expert, routed-expert) parameters on the busiest pipeline stage's device.
+
+    Transformer layers split evenly over p stages (ceil(L/p) on the busiest); non-expert weights over t, routed
+    experts over e; the embedding table (and, for p = 1, also the LM head) sits on the busiest stage.
+    """
+    layers = math.ceil(arch.num_layers / pp)
+    embed_one = arch.vocab_size * arch.hidden_size
+    embed_on_stage = arch.embedding_params if pp == 1 else embed_one
+    per_layer_nonexpert = (arch.non_expert_params - arch.embedding_params - arch.hidden_size) / arch.num_layers
+    per_layer_expert = arch.routed_expert_params_total / arch.num_layers
+    nonexpert = (layers * per_layer_nonexpert + embed_on_stage) / tp
+    expert = layers * per_layer_expert / ep
+    return nonexpert, expert
+
+
+def train_step_time(
+    arch: ModelArch,
+    acc: Accelerator,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    ep: int = 1,
+    cp: int = 1,
+    tokens: float,
+    seq_len_sum_sq: float,
+    num_microbatches: int,
+    extra_forward_passes: int = 0,
+    recompute: Recompute = "none",
+    dtype_bytes: float = 2,
+    virtual_pipeline_stages: int = 1,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    accelerators_per_node: int | None = None,
+) -> TrainStepTime:
+    """Time of one step (see module docstring for every term)."""
+    _check(arch, tp, pp, dp, ep, cp)
+    if num_microbatches < 1 or virtual_pipeline_stages < 1:
+        raise ValueError("num_microbatches and virtual_pipeline_stages must be >= 1")
+    calib = calib.resolved_for(acc.name)
+    per_node = accelerators_per_node or acc.default_accelerators_per_node
+    n = tp * pp * dp * cp
+    model_flops, hw_flops = train_flops(arch, tokens=tokens, seq_len_sum_sq=seq_len_sum_sq,
+                                        extra_forward_passes=extra_forward_passes, recompute=recompute)
+    eta = calib.train_mfu_moe if arch.is_moe else calib.train_mfu_dense
+    compute_s = hw_flops / (n * acc.bf16_flops * eta)
+    bubble_s = compute_s * (pp - 1) / (virtual_pipeline_stages * num_microbatches)
+
+    def link(group: int, inner: int) -> tuple[float, float]:
+        bw = group_link_bandwidth_bytes_per_s(acc, group_size=group, inner_size=inner, accelerators_per_node=per_node)
+        eff = calib.scale_up_efficiency if group * inner <= per_node else calib.scale_out_efficiency
+        return bw, eff
+
+    # Passes over the layers: forward + backward (2 collectives' worth), +1 full recompute, +1 per extra forward.
+    passes = 2 + (1 if recompute == "full" else 0) + extra_forward_passes
+    replica_tokens = tokens / (dp * cp)  # tokens one pipeline replica processes
+    calls_per_pass = num_microbatches * (arch.num_attention_layers + arch.num_dense_ffns + arch.num_moe_layers) / pp
+
+    tp_s = 0.0
+    if tp > 1:
+        bw, eff = link(tp, 1)
+        volume = replica_tokens * arch.hidden_size * dtype_bytes * calls_per_pass / num_microbatches
+        tp_s = passes * (ring_all_reduce_s(volume, group_size=tp, bandwidth_bytes_per_s=bw, efficiency=eff,
+                                           latency_s=0.0) + calls_per_pass * calib.collective_latency_s)
+    ep_s = 0.0
+    if ep > 1:
+        per_rank = (replica_tokens / tp * arch.expected_routed_experts_per_token * arch.hidden_size * dtype_bytes
+                    * calib.moe_imbalance_factor * arch.num_moe_layers / pp)
+        if ep <= per_node:
+            bw, eff = link(ep, 1)
+            one = all_to_all_s(per_rank, group_size=ep, bandwidth_bytes_per_s=bw, efficiency=eff, latency_s=0.0)
+        else:
+            # Hierarchical: the (ep - per_node)/ep share bound for other nodes goes through the NIC, the rest
+            # over NVLink, concurrently (DeepEP-style dispatch); the slower side sets the time.
+            one = max(per_rank * (ep - per_node) / ep / (calib.scale_out_efficiency * acc.scale_out_bandwidth_bytes_per_s),
+                      per_rank * (per_node - 1) / ep / (calib.scale_up_efficiency * acc.scale_up_bandwidth_bytes_per_s))
+        # dispatch + combine in every pass over the layers
+        ep_s = 2 * passes * (one + num_microbatches * arch.num_moe_layers / pp * calib.collective_latency_s)
+
+    nonexpert_dev, expert_dev = _shard_params(arch, tp=tp, pp=pp, ep=ep)
+    dense_dp, expert_dp = dp * cp, dp * cp * tp // ep
+    dp_s = 0.0
+    for params, group, inner in ((nonexpert_dev, dense_dp, tp * cp), (expert_dev, expert_dp, ep)):
+        if group > 1 and params > 0:
+            bw, eff = link(group, inner)
+            kw = {"group_size": group, "bandwidth_bytes_per_s": bw, "efficiency": eff,
+                  "latency_s": calib.collective_latency_s}
+            dp_s += ring_all_gather_s(params * GRAD_BYTES, **kw) + ring_all_gather_s(params * dtype_bytes, **kw)
+    pp_s = 0.0
+    if pp > 1:
+        bw, eff = link(2, tp * cp * dp)
+        pp_s = 2 * (replica_tokens / tp) * arch.hidden_size * dtype_bytes / (eff * bw)
+
+    comm_s = ((1 - calib.tp_comm_overlap_fraction) * tp_s + (1 - calib.ep_comm_overlap_fraction) * ep_s
+              + (1 - calib.dp_comm_overlap_fraction) * dp_s + pp_s)
+    local_params = nonexpert_dev / dense_dp + expert_dev / expert_dp
+    optimizer_s = (ADAM_BYTES_PER_PARAM * local_params
+                   / (calib.hbm_bandwidth_efficiency * acc.hbm_bandwidth_bytes_per_s))
+    overhead_s = calib.train_step_overhead_s
+    total = compute_s + bubble_s + comm_s + optimizer_s + overhead_s
+    return TrainStepTime(
+        devices=n, model_flops=model_flops, hardware_flops=hw_flops, compute_s=compute_s, bubble_s=bubble_s,
+        comm_s=comm_s, optimizer_s=optimizer_s, overhead_s=overhead_s, total_s=total,
+        mfu=model_flops / (total * n * acc.bf16_flops), tflops_per_device=model_flops / total / n / 1e12,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainCostModel:
+    """A fixed training layout; `train_step_s(tokens, sum_sq_seq_len, num_seqs)` for the simulator.
+
+    Microbatches per DP rank: m = ceil(T / (d * micro_batch_tokens)) with sequence packing, else one sequence
+    per microbatch, m = ceil(num_seqs / d).
+    """
+
+    arch: ModelArch
+    acc: Accelerator
+    tp: int
+    pp: int
+    dp: int
+    ep: int = 1
+    cp: int = 1
+    micro_batch_tokens: int | None = None
+    extra_forward_passes: int = 0
+    recompute: Recompute = "none"
+    dtype_bytes: float = 2
+    virtual_pipeline_stages: int = 1
+    calib: Calibration = DEFAULT_CALIBRATION
+    accelerators_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.arch, self.tp, self.pp, self.dp, self.ep, self.cp)
+
+    def num_microbatches(self, tokens: float, num_seqs: int) -> int:
+        if self.micro_batch_tokens:
+            return max(1, math.ceil(tokens / (self.dp * self.micro_batch_tokens)))
+        return max(1, math.ceil(num_seqs / self.dp))
+
+    def train_step(self, tokens: float, sum_sq_seq_len: float, num_seqs: int) -> TrainStepTime:
+        return train_step_time(
+            self.arch, self.acc, tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, cp=self.cp, tokens=tokens,
+            seq_len_sum_sq=sum_sq_seq_len, num_microbatches=self.num_microbatches(tokens, num_seqs),
+            extra_forward_passes=self.extra_forward_passes, recompute=self.recompute,
+            dtype_bytes=self.dtype_bytes, virtual_pipeline_stages=self.virtual_pipeline_stages, calib=self.calib,
+            accelerators_per_node=self.accelerators_per_node)
+
+    def train_step_s(self, tokens: float, sum_sq_seq_len: float, num_seqs: int) -> float:
+        """Seconds for one step over `num_seqs` sequences totalling `tokens` (0 for an empty step)."""
+        if tokens <= 0:
+            return 0.0
+        return self.train_step(tokens, sum_sq_seq_len, num_seqs).total_s
+
+
+# ----- memory ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class TrainMemory:
+    """Memory of the busiest training device (bytes) and whether it fits."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    reserved_bytes: float
+    total_bytes: float
+    capacity_bytes: float
+    fits: bool
+    message: str
+
+
+def activation_bytes_per_token_per_layer(arch: ModelArch, *, dtype_bytes: float = 2,
+                                         recompute: Recompute = "none") -> float:
+    """Saved activations per token per layer (bytes), averaged over the layers, before dividing by t.
+
+    Derived for pre-norm SwiGLU blocks with flash attention (which keeps O and the fp32 log-sum-exp, never the
+    s x s scores), in the spirit of Korthikanti et al. 2022 (arXiv 2205.05198):
+        attention sub-layer  b*(2h + a*d_qk + kv*d_qk + kv*d_v + a*d_v) + 4a     (kv = a for MLA, expanded K/V)
+        dense FFN            b*(2h + 3f)                                          (norm in/out, gate, up, gate*up)
+        MoE FFN              b*(2h + k_real*(h + 3f_e) + S*3f_e) + 4(E + Z)       (permuted inputs, router)
+    selective: drops the core-attention tensors (q, k, v, O);  full: keeps only the layer input, b*h.
+    """
+    b, h, a = dtype_bytes, arch.hidden_size, arch.num_attention_heads
+    if recompute == "full":
+        return b * h
+    kv = a if arch.mla is not None else arch.num_kv_heads
+    core = b * (a * arch.qk_head_dim + kv * arch.qk_head_dim + kv * arch.v_head_dim + a * arch.v_head_dim)
+    attention = b * 2 * h + 4 * a + (0 if recompute == "selective" else core)
+    ffn = b * (2 * h + 3 * arch.ffn_hidden_size)
+    moe = 0.0
+    if arch.is_moe:
+        moe = (b * (2 * h + arch.expected_routed_experts_per_token * (h + 3 * arch.moe_ffn_hidden_size)
+                    + arch.num_shared_experts * 3 * arch.moe_ffn_hidden_size)
+               + 4 * (arch.num_experts + arch.num_zero_experts))
+    total = (arch.num_attention_layers * attention + arch.num_dense_ffns * ffn + arch.num_moe_layers * moe)
+    return total / arch.num_layers
+
+
+_STATE_BYTES = {1: (6, 12), 2: (6, 12), 4: (8, 8)}
+"""(params + grads, optimizer) bytes per parameter under the distributed optimizer, by parameter dtype size:
+bf16 (and fp8 training, which keeps bf16 weights) 2 + 4 + 12/d; fp32 4 + 4 + 8/d (Megatron-LM distributed
+optimizer docs)."""
+
+
+def train_memory_per_device(
+    arch: ModelArch,
+    acc: Accelerator,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    ep: int = 1,
+    cp: int = 1,
+    micro_batch_tokens: int,
+    num_microbatches: int | None = None,
+    recompute: Recompute = "none",
+    dtype_bytes: float = 2,
+    distributed_optimizer: bool = True,
+    calib: Calibration = DEFAULT_CALIBRATION,
+) -> TrainMemory:
+    """Memory of the busiest device (bytes).
+
+    params/grads/optimizer: P_ne*(s + o/d_ne) + P_e*(s + o/d_e) with (s, o) from `_STATE_BYTES`, d_ne = d*c and
+        d_e = d*c*t/e; without the distributed optimizer o is not divided.
+    activations: first stage holds min(p, m) microbatches in flight (1F1B):
+        act = a_tok/t * ceil(L/p) * (mbt/c) * min(p, m)
+    logits: the last stage keeps fp32 logits and their gradient, 8 * V/t bytes per token of one microbatch.
+    fits iff total <= M - reserve.
+    """
+    _check(arch, tp, pp, dp, ep, cp)
+    calib = calib.resolved_for(acc.name)
+    state, opt = _STATE_BYTES.get(int(dtype_bytes), (6, 12))
+    nonexpert, expert = _shard_params(arch, tp=tp, pp=pp, ep=ep)
+    d_ne, d_e = dp * cp, dp * cp * tp // ep
+    params = (nonexpert + expert) * (state - GRAD_BYTES)
+    grads = (nonexpert + expert) * GRAD_BYTES
+    optimizer = (nonexpert * opt / d_ne + expert * opt / d_e) if distributed_optimizer else (nonexpert + expert) * opt
+    per_token_layer = activation_bytes_per_token_per_layer(arch, dtype_bytes=dtype_bytes, recompute=recompute) / tp
+    layers = math.ceil(arch.num_layers / pp)
+    local_tokens = micro_batch_tokens / cp
+    in_flight = min(pp, num_microbatches or pp)
+    first_stage = per_token_layer * layers * local_tokens * in_flight
+    if recompute == "full":  # one layer's full activations exist while it is recomputed
+        first_stage += activation_bytes_per_token_per_layer(arch, dtype_bytes=dtype_bytes) / tp * local_tokens
+    logits = 8 * arch.vocab_size / tp * local_tokens
+    last_stage = per_token_layer * layers * local_tokens + logits
+    activations = first_stage + logits if pp == 1 else max(first_stage, last_stage)
+    reserved = calib.train_reserved_bytes_per_device
+    total = params + grads + optimizer + activations + reserved
+    fits = total <= acc.hbm_bytes
+    if fits:
+        message = f"fits: {total / _GIB:.1f} of {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name}"
+    else:
+        message = (f"does not fit: needs {total / _GIB:.1f} GiB, has {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name} "
+                   f"(params {params / _GIB:.1f} + grads {grads / _GIB:.1f} + optimizer {optimizer / _GIB:.1f} + "
+                   f"activations {activations / _GIB:.1f} + reserve {reserved / _GIB:.1f}); raise tp/pp/ep, "
+                   f"shrink micro_batch_tokens or enable recompute")
+    return TrainMemory(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
+                       activations_bytes=activations, reserved_bytes=reserved, total_bytes=total,
+                       capacity_bytes=acc.hbm_bytes, fits=fits, message=message)
