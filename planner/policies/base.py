@@ -7,11 +7,12 @@ State (all plain lists/dicts, owned by one policy object, never shared):
     group_version[g]    version prompt group g was admitted on (all its samples use it)
     group_remaining[g]  samples of g not yet finished
 
-Trainer rule shared by the asynchronous modes ("oldest version first"): step s must consume every
-unconsumed group of a version v <= s - k - 1 (otherwise it would break v' - v - 1 <= k), then fills
-the batch with finished groups in (version, finish order). Admission is bounded so that step
-v + k + 1 can always consume all groups of version v (AReaL's rule): groups admitted so far
-<= (latest_version + k + 1) * P.
+Trainer rule shared by the asynchronous modes ("oldest version first"): step s takes P finished
+groups in (version, finish order). It waits while that choice would leave, for some version v,
+more unconsumed groups of versions <= v than steps s+1 .. v+k+1 can take, ``U(<=v) - P >
+(v + k + 1 - s) * P`` -- in particular step s needs every group of version s - k - 1 finished.
+Admission is bounded so that this is always satisfiable (AReaL's rule): groups admitted so far
+<= (latest_version + k + 1) * P, hence U(<=v) <= (v + k + 1 - (s - 1)) * P before step s.
 """
 
 from __future__ import annotations
@@ -158,18 +159,20 @@ class PolicyBase:
         if self.next_step - 1 != self.latest_version:
             return  # the previous step's weights are still being published
         step = self.next_step
-        oldest_allowed = step - self.k - 1
-        need = self.prompts_per_step
-        available = 0
-        for v, n in self.unconsumed_groups.items():
-            finished = len(self.finished_groups.get(v, ()))
-            if v < oldest_allowed and n > 0:
-                raise AssertionError(f"version {v} has {n} groups that can no longer be consumed at step {step}")
-            if v == oldest_allowed and n > finished:
-                return  # the only allowed stall: waiting for the oldest version's tail
-            available += finished
-        if available < need:
+        per_step = self.prompts_per_step
+        unconsumed_upto = finished_upto = 0
+        for v in sorted(self.unconsumed_groups):
+            unconsumed_upto += self.unconsumed_groups[v]
+            finished_upto += len(self.finished_groups.get(v, ()))
+            # steps step+1 .. v+k+1 take at most (v + k + 1 - step) * P groups of versions <= v
+            must_take = unconsumed_upto - (v + self.k + 1 - step) * per_step
+            if must_take > per_step:
+                raise AssertionError(f"versions <= {v} hold {unconsumed_upto} groups; step {step} cannot keep k")
+            if finished_upto < must_take:
+                return  # the only allowed stall: waiting for an old version's tail at the bound
+        if finished_upto < per_step:
             return
+        need = per_step
         chosen: list[int] = []
         for v in sorted(self.finished_groups):
             queue = self.finished_groups[v]

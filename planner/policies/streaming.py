@@ -175,7 +175,11 @@ class StreamingPolicy(PolicyBase):
         if len(members) < 2:
             self.recheck_below[w] = self.version_active[w]
             return False
-        src = min(members, key=lambda r: (self.engine_active[r], r))
+        sources = [r for r in members if self.engine_reserved[r] == 0]  # not awaiting incoming requests
+        if not sources:
+            self.recheck_below[w] = self.version_active[w]
+            return False
+        src = min(sources, key=lambda r: (self.engine_active[r], r))
         need = self.engine_active[src]
         if need == 0:
             self._switch(src, out)

@@ -1,0 +1,407 @@
+"""Discrete-event simulator: drives a scheduling policy with engine, trainer and weight-sync timings.
+
+Events live in one heap ordered by ``(time_s, sequence)``, so ties resolve in creation order and a
+run is a pure function of its inputs and seed.
+
+Engine replica model (continuous batching, no per-token events). Every running sequence of replica
+``r`` advances one token per decode step, so the replica keeps a step counter ``pos`` and each
+sequence finishes at ``pos = start_pos + length``. Between two batch changes the step time is taken
+as constant, evaluated at the interval's mean context:
+
+    B = running sequences,  C(pos) = B * prompt + B * pos - sum(start_pos)
+    dt = (next_finish_pos - pos) * decode_step_s(B, C(pos) + B * (next_finish_pos - pos) / 2)
+
+A replica is a heap of ``(finish_pos, trajectory)`` and costs O(log B) per finished trajectory.
+Admitting a prompt group pauses decoding for one prefill of the shared prompt (the group's
+samples share it, as with prefix caching). Loading weights pauses the replica; with
+``resume_in_flight`` the in-flight contexts are re-prefilled on the new weights afterwards.
+Migration moves sequences with their generated tokens; the source replica is busy for
+``kv_migration_s_per_token * moved context`` before it can load new weights (the destination is
+not slowed: an optimistic simplification).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from typing import Any
+
+from planner.policies import (
+    Admit,
+    LoadWeights,
+    MigrateRequests,
+    PolicyConfig,
+    PublishWeights,
+    StartTrainStep,
+    make_policy,
+)
+from planner.sim.metrics import RunMetrics
+from planner.sim.result import SimResult
+from planner.sim.timing import StepTiming
+from planner.workload import Workload
+
+_EV_ENGINE = 0  # a = engine, b = generation
+_EV_LOADED = 1  # a = engine, b = version
+_EV_TRAINED = 2  # a = step
+_EV_PUBLISHED = 3  # a = version
+_EPS = 1e-9
+
+
+class Simulator:
+    """One run. Use ``planner.sim.simulate``; this class exists to keep the hot state in attributes."""
+
+    def __init__(
+        self,
+        *,
+        config: PolicyConfig,
+        workload: Workload,
+        timing: StepTiming,
+        seed: int,
+        record_events: bool,
+        accelerators_per_group: int,
+        train_accelerators: int,
+    ) -> None:
+        self.cfg = config
+        self.policy = make_policy(config)
+        self.timing = timing
+        self.dist = workload.response_length
+        self.prompt = workload.prompt_tokens
+        self.spp = config.samples_per_prompt
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.record = record_events
+        self.trace: list[dict[str, Any]] = []
+        n = config.num_rollout_groups
+        self.e_heap: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        self.e_pos = [0.0] * n
+        self.e_t = [0.0] * n
+        """Time at which ``e_pos`` holds; in the future while the replica is busy prefilling/sending."""
+        self.e_step_s = [0.0] * n
+        self.e_sum_start = [0.0] * n
+        self.e_gen = [0] * n
+        self.e_paused = [False] * n
+        self.e_version = [0] * n
+        self.t_len: list[int] = []
+        self.t_spans: dict[int, list[tuple[int, int]]] = {}
+        """Trajectory -> [(version, first token index)], only for trajectories that changed version."""
+        self.group_tokens: list[int] = []
+        self.group_sq: list[float] = []
+        self.group_left: list[int] = []
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.dirty: set[int] = set()
+        self.m = RunMetrics(
+            num_engines=n,
+            slots=config.slots_per_group,
+            accelerators_per_group=accelerators_per_group,
+            train_accelerators=train_accelerators,
+            colocated=config.colocated,
+        )
+        self.migrated = 0
+
+    # ------------------------------------------------------------------ event plumbing
+    def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+
+    def _advance(self, r: int, t: float) -> None:
+        """Bring replica ``r``'s progress (``e_pos``) and its busy/slot accounting up to time ``t``."""
+        dt = t - self.e_t[r]
+        if dt <= 0.0:
+            return
+        b = len(self.e_heap[r])
+        if b and not self.e_paused[r]:
+            self.e_pos[r] += dt / self.e_step_s[r]
+            self.m.e_busy[r] += dt
+            self.m.e_slot_time[r] += b * dt
+        self.e_t[r] = t
+
+    def _reschedule(self, r: int) -> None:
+        self.e_gen[r] += 1
+        h = self.e_heap[r]
+        if self.e_paused[r] or not h:
+            return
+        b = len(h)
+        pos = self.e_pos[r]
+        dpos = h[0][0] - pos
+        if dpos < 0.0:
+            dpos = 0.0
+        ctx = b * (self.prompt + pos) - self.e_sum_start[r] + b * dpos * 0.5
+        step = self.timing.decode_step_s(b, ctx)
+        self.e_step_s[r] = step
+        self._push(self.e_t[r] + dpos * step, _EV_ENGINE, r, self.e_gen[r])
+
+    # ------------------------------------------------------------------ run loop
+    def run(self) -> SimResult:
+        self._execute(self.policy.start())
+        self._flush()
+        policy, heap, pop = self.policy, self.heap, heapq.heappop
+        m = self.m
+        while heap and not policy.done:
+            t, _, kind, a, b = pop(heap)
+            if kind == _EV_ENGINE:
+                if b != self.e_gen[a]:
+                    continue
+                m.num_events += 1
+                self.now = t
+                self._complete(a, t)
+            else:
+                m.num_events += 1
+                self.now = t
+                if kind == _EV_LOADED:
+                    self._loaded(a, b)
+                elif kind == _EV_TRAINED:
+                    self._trained(a)
+                else:
+                    self._published(a)
+            self._flush()
+        if not policy.done:
+            raise RuntimeError(
+                f"simulation stalled at t={self.now:.3f}s after {policy.steps_done} of "
+                f"{self.cfg.total_steps} steps (no pending events): policy {self.cfg.mode} deadlocked"
+            )
+        return self._finish()
+
+    def _flush(self) -> None:
+        if self.dirty:
+            for r in sorted(self.dirty):
+                self._reschedule(r)
+            self.dirty.clear()
+
+    def _complete(self, r: int, t: float) -> None:
+        h = self.e_heap[r]
+        self._advance(r, t)
+        self.e_pos[r] = pos = h[0][0]  # exact: the event was scheduled for this position
+        limit = pos + _EPS
+        on_finish = self.policy.on_trajectory_finished
+        t_len, spp = self.t_len, self.spp
+        while h and h[0][0] <= limit:
+            finish, idx = heapq.heappop(h)
+            length = t_len[idx]
+            self.e_sum_start[r] -= finish - length
+            gid = idx // spp
+            seq_tokens = self.prompt + length
+            self.group_tokens[gid] += seq_tokens
+            self.group_sq[gid] += seq_tokens * seq_tokens
+            self.group_left[gid] -= 1
+            if self.record:
+                self._record_finish(idx, r, length)
+            actions = on_finish(gid, r)
+            if actions:
+                self._execute(actions)
+        self.dirty.add(r)
+
+    def _record_finish(self, idx: int, r: int, length: int) -> None:
+        gid, sample = divmod(idx, self.spp)
+        spans = self.t_spans.get(idx)
+        if spans is None:
+            span_list = [[self.policy.group_version[gid], length]]
+        else:
+            span_list = []
+            for i, (v, first) in enumerate(spans):
+                end = spans[i + 1][1] if i + 1 < len(spans) else length
+                span_list.append([v, end - first])
+        self.trace.append(
+            {"t": self.now, "type": "finished", "traj": f"g{gid}/{sample}", "rollout_group": r,
+             "num_tokens": length, "spans": span_list}
+        )
+
+    # ------------------------------------------------------------------ actions
+    def _execute(self, actions: Any) -> None:
+        for act in actions:
+            if isinstance(act, Admit):
+                self._admit(act)
+            elif isinstance(act, LoadWeights):
+                self._load(act)
+            elif isinstance(act, StartTrainStep):
+                self._train(act)
+            elif isinstance(act, PublishWeights):
+                m = self.m
+                m.train_busy_s += self.timing.weight_publish_s
+                m.publish_s_total += self.timing.weight_publish_s
+                self._push(self.now + self.timing.weight_publish_s, _EV_PUBLISHED, act.version)
+            elif isinstance(act, MigrateRequests):
+                self._migrate(act)
+            else:
+                raise TypeError(f"unknown action {act!r}")
+
+    def _admit(self, act: Admit) -> None:
+        r, gid, n = act.rollout_group, act.group_id, act.num_samples
+        if gid != len(self.group_left) or n != self.spp:
+            raise ValueError(f"policy admitted group {gid} x{n}; expected group {len(self.group_left)} x{self.spp}")
+        if self.e_version[r] != act.version or self.e_paused[r]:
+            raise ValueError(f"group {gid} admitted on v{act.version} to engine {r} serving v{self.e_version[r]}")
+        now = self.now
+        self._advance(r, now)
+        lengths = self.dist.sample_many(self.rng, n)
+        base = gid * n
+        self.t_len.extend(lengths)
+        self.group_tokens.append(0)
+        self.group_sq.append(0.0)
+        self.group_left.append(n)
+        h, pos = self.e_heap[r], self.e_pos[r]
+        for i, length in enumerate(lengths):
+            heapq.heappush(h, (pos + length, base + i))
+        self.e_sum_start[r] += pos * n
+        prefill = self.timing.prefill_s(self.prompt)
+        if prefill > 0.0:
+            start = max(self.e_t[r], now)
+            self.e_t[r] = start + prefill
+            self.m.e_busy[r] += prefill
+        if self.record:
+            self.trace.extend(
+                {"t": now, "type": "admitted", "traj": f"g{gid}/{i}", "version": act.version, "rollout_group": r}
+                for i in range(n)
+            )
+        self.dirty.add(r)
+
+    def _load(self, act: LoadWeights) -> None:
+        r = act.rollout_group
+        now = self.now
+        self._advance(r, now)
+        h = self.e_heap[r]
+        if h and not act.resume_in_flight:
+            raise ValueError(f"LoadWeights v{act.version} on engine {r} with {len(h)} requests in flight")
+        duration = self.timing.weight_load_peer_s if act.source == "peer" else self.timing.weight_load_trainer_s
+        start = max(self.e_t[r], now)
+        if h:
+            pos = self.e_pos[r]
+            ctx = 0.0
+            for finish, idx in h:
+                first = pos - (finish - self.t_len[idx])
+                spans = self.t_spans.get(idx)
+                if spans is None:
+                    gid = idx // self.spp
+                    spans = self.t_spans[idx] = [(self.policy.group_version[gid], 0)]
+                spans.append((act.version, round(first)))
+                ctx += self.prompt + first
+            duration += self.timing.prefill_s(round(ctx))  # recompute KV on the new weights
+        self.e_paused[r] = True
+        self.e_t[r] = start + duration
+        self.m.load_s_total += duration
+        self.m.loads += 1
+        self.e_gen[r] += 1
+        self._push(start + duration, _EV_LOADED, r, act.version)
+        if self.record:
+            self.trace.append(
+                {"t": now, "type": "weights_load_started", "rollout_group": r, "version": act.version,
+                 "source": act.source}
+            )
+
+    def _loaded(self, r: int, version: int) -> None:
+        self.e_paused[r] = False
+        self.e_t[r] = self.now
+        self.m.engine_version_change(self.e_version[r], version)
+        self.e_version[r] = version
+        if self.record:
+            self.trace.append({"t": self.now, "type": "weights_loaded", "rollout_group": r, "version": version})
+        self.dirty.add(r)
+        self._execute(self.policy.on_weights_loaded(r, version))
+
+    def _migrate(self, act: MigrateRequests) -> None:
+        src, now = act.src, self.now
+        self._advance(src, now)
+        h_src, pos_src = self.e_heap[src], self.e_pos[src]
+        moves: list[tuple[int, int]] = []
+        moved_ctx = 0.0
+        caps = list(act.capacity)
+        for dst, cap in caps:
+            if not h_src:
+                break
+            self._advance(dst, now)
+            h_dst, pos_dst = self.e_heap[dst], self.e_pos[dst]
+            count, ids = 0, []
+            while h_src and count < cap:
+                finish, idx = heapq.heappop(h_src)
+                generated = pos_src - (finish - self.t_len[idx])
+                start = pos_dst - generated
+                heapq.heappush(h_dst, (start + self.t_len[idx], idx))
+                self.e_sum_start[dst] += start
+                moved_ctx += self.prompt + generated
+                count += 1
+                if self.record:
+                    ids.append(f"g{idx // self.spp}/{idx % self.spp}")
+            moves.append((dst, count))
+            self.dirty.add(dst)
+            if self.record and ids:
+                self.trace.append({"t": now, "type": "migrated", "src": src, "dst": dst, "trajs": ids})
+        if h_src:
+            raise ValueError(f"MigrateRequests from engine {src}: capacity {caps} leaves {len(h_src)} requests")
+        self.e_sum_start[src] = 0.0
+        self.migrated += sum(c for _, c in moves)
+        send = self.timing.kv_migration_s_per_token * moved_ctx
+        self.e_t[src] = max(self.e_t[src], now) + send
+        self.m.e_busy[src] += send
+        self.dirty.add(src)
+        self._execute(self.policy.on_requests_migrated(src, tuple(moves)))
+
+    def _train(self, act: StartTrainStep) -> None:
+        step, gids, spp = act.step, act.group_ids, self.spp
+        tokens, sq = 0, 0.0
+        for g in gids:
+            if self.group_left[g]:
+                raise ValueError(f"step {step} consumes group {g} with {self.group_left[g]} unfinished samples")
+            tokens += self.group_tokens[g]
+            sq += self.group_sq[g]
+        duration = self.timing.train_step_s(tokens, sq, len(gids) * spp)
+        versions = [self.policy.group_version[g] for g in gids]
+        self.m.train_started(
+            step=step, now=self.now, duration_s=duration, group_ids=gids, versions=versions, spp=spp, tokens=tokens
+        )
+        self.m.live_versions_changed(self.now, self.policy.live_versions())
+        self._push(self.now + duration, _EV_TRAINED, step)
+        if self.record:
+            consumed = [f"g{g}/{i}" for g in gids for i in range(spp)]
+            self.trace.append(
+                {"t": self.now + duration, "type": "train_step", "step": step, "start_t": self.now,
+                 "consumed": consumed, "produced_version": step}
+            )
+
+    def _trained(self, step: int) -> None:
+        self.m.train_finished(step, self.now)
+        self._execute(self.policy.on_train_step_finished(step))
+
+    def _published(self, version: int) -> None:
+        self.m.published(version, self.now)
+        if self.record:
+            self.trace.append({"t": self.now, "type": "weights_published", "version": version})
+        self._execute(self.policy.on_weights_published(version))
+        self.m.live_versions_changed(self.now, self.policy.live_versions())
+
+    # ------------------------------------------------------------------ end of run
+    def _finish(self) -> SimResult:
+        end = self.now
+        for r in range(len(self.e_heap)):
+            self._advance(r, end)
+        # every admitted trajectory not consumed is explicitly accounted for
+        consumed: set[int] = set()
+        for gids in self.m.consumed_groups:
+            consumed.update(gids)
+        in_flight = {idx for h in self.e_heap for _, idx in h}
+        unfinished = 0
+        for gid in range(len(self.group_left)):
+            if gid in consumed:
+                continue
+            for i in range(self.spp):
+                unfinished += 1
+                if self.record:
+                    idx = gid * self.spp + i
+                    self.trace.append(
+                        {"t": end, "type": "unfinished_at_end", "traj": f"g{gid}/{i}",
+                         "finished": idx not in in_flight}
+                    )
+        mixed = len(self.t_spans)
+        if self.record:
+            self.trace.sort(key=lambda e: e["t"])  # stable: equal times keep emission order
+        return self.m.result(
+            mode=self.cfg.mode,
+            seed=self.seed,
+            end_s=end,
+            batch_samples=self.cfg.batch_samples,
+            extra_weight_bytes_per_group=(self.cfg.max_versions_per_engine - 1) * self.timing.weight_bytes_per_group,
+            mixed_trajectories=mixed,
+            migrated_trajectories=self.migrated,
+            unfinished_at_end=unfinished,
+            events=tuple(self.trace) if self.record else None,
+        )

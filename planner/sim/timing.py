@@ -1,0 +1,74 @@
+"""The timing interface the simulator needs, and a linear implementation with hand-checkable numbers.
+
+Any object with these members works (the cost-model adapter in ``planner.sim.costmodel`` builds one
+from architecture, accelerator, placement and calibration):
+
+    decode_step_s(batch_size, total_context_tokens) -> s   one decode step of one engine replica
+    prefill_s(num_tokens) -> s                              prefill of num_tokens on one replica
+    train_step_s(num_tokens, sum_sq_seq_len, num_seqs) -> s one optimizer step over a batch
+    weight_publish_s     trainer-side gather/reshard of a new version (trainer busy), s
+    weight_load_trainer_s  one replica loading a version from the trainer, s
+    weight_load_peer_s   one replica loading a version from a peer replica, s
+    kv_migration_s_per_token  KV-cache transfer time per context token moved between replicas, s
+    weight_bytes_per_group  bytes of one policy version on one replica (for the extra-memory metric)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class StepTiming(Protocol):
+    weight_publish_s: float
+    weight_load_trainer_s: float
+    weight_load_peer_s: float
+    kv_migration_s_per_token: float
+    weight_bytes_per_group: float
+
+    def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
+
+    def prefill_s(self, num_tokens: int) -> float: ...
+
+    def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinearTiming:
+    """Affine step times, for tests and back-of-envelope runs.
+
+    decode_step_s = decode_base_s + decode_per_seq_s * B + decode_per_context_token_s * C
+    prefill_s     = prefill_per_token_s * tokens
+    train_step_s  = train_base_s + train_per_token_s * tokens
+    With every ``per_*`` at 0 each decode step takes ``decode_base_s``: a response of L tokens
+    takes exactly ``L * decode_base_s`` regardless of batch.
+    """
+
+    decode_base_s: float
+    decode_per_seq_s: float = 0.0
+    decode_per_context_token_s: float = 0.0
+    prefill_per_token_s: float = 0.0
+    train_base_s: float = 0.0
+    train_per_token_s: float = 0.0
+    weight_publish_s: float = 0.0
+    weight_load_trainer_s: float = 0.0
+    weight_load_peer_s: float = 0.0
+    kv_migration_s_per_token: float = 0.0
+    weight_bytes_per_group: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.decode_base_s <= 0:
+            raise ValueError(f"decode_base_s must be > 0, got {self.decode_base_s}")
+
+    def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
+        return (
+            self.decode_base_s
+            + self.decode_per_seq_s * batch_size
+            + self.decode_per_context_token_s * total_context_tokens
+        )
+
+    def prefill_s(self, num_tokens: int) -> float:
+        return self.prefill_per_token_s * num_tokens
+
+    def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:
+        return self.train_base_s + self.train_per_token_s * num_tokens
