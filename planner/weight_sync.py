@@ -1,0 +1,122 @@
+"""Weight-sync cost model: publishing a new policy version from the trainer to the rollout instances.
+
+Notation:
+    N            model parameters;  b_s, b_d = bytes per weight on the trainer / in the rollout engine
+    W_d = N*b_d  bytes of one rollout copy;  t_d = rollout TP size;  R = dst_devices / t_d rollout replicas
+    n_s          trainer devices (senders);  t_s, p_s, e_s = trainer TP / PP / EP sizes
+    B_out        scale-out NIC bytes/s per device;  BW = HBM bytes/s;  eta_* calibration efficiencies
+
+t_sync = t_gather + t_convert + t_transfer + t_buckets + t_reload, with
+    t_gather   trainer-side all-gather that turns t_s/e_s shards into the rollout layout (skipped when the
+               layouts already match on colocated devices): ring all-gather of N*b_s/p_s over t_s (and of the
+               routed experts over e_s) on scale-up links
+    t_convert  dtype change on the trainer (e.g. BF16 -> FP8): read W_s, write W_d per device, (W_s + W_d)/n_s
+               / (eta_mem BW)
+    t_transfer colocated: device-local copy of W_d/t_d at eta_mem*BW (CUDA IPC).
+               disaggregated: max(recv, send) with recv = (W_d/t_d) / (eta_out B_out) per rollout device and
+               send = W_d * fan / n_s / (eta_out B_out) per trainer device, fan = 1 with relay broadcast (each
+               byte leaves the trainer once and rollout ranks forward it) or R with point-to-point writes
+    t_buckets  ceil(W_d / bucket) * per-bucket overhead
+    t_reload   fixed engine pause/resume + per-tensor load cost * named tensors (every rank walks all of them)
+Seconds throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.architecture import ModelArch
+from planner.calibration import DEFAULT_CALIBRATION, Calibration
+from planner.hardware import Accelerator, ring_all_gather_s
+
+_MIB = 1024**2
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSyncTime:
+    """Breakdown of one weight publication (seconds) and its sizes."""
+
+    bytes_per_replica: float
+    num_replicas: int
+    num_buckets: int
+    gather_s: float
+    convert_s: float
+    transfer_s: float
+    bucket_overhead_s: float
+    reload_s: float
+    total_s: float
+
+
+def weight_sync_time_s(
+    arch: ModelArch,
+    *,
+    src_acc: Accelerator,
+    dst_acc: Accelerator | None = None,
+    src_devices: int,
+    dst_devices: int,
+    dst_tp: int,
+    colocated: bool,
+    src_tp: int = 1,
+    src_pp: int = 1,
+    src_ep: int = 1,
+    dst_ep: int = 1,
+    src_dtype_bytes: float = 2,
+    dst_dtype_bytes: float = 2,
+    bucket_bytes: float = 512 * _MIB,
+    broadcast: bool = True,
+    include_reload: bool = True,
+    calib: Calibration = DEFAULT_CALIBRATION,
+) -> WeightSyncTime:
+    """Time to publish one version (see module docstring for every term)."""
+    dst_acc = dst_acc or src_acc
+    if min(src_devices, dst_devices, dst_tp, src_tp, src_pp, src_ep, dst_ep) < 1 or bucket_bytes <= 0:
+        raise ValueError("device counts and parallel sizes must be >= 1 and bucket_bytes > 0")
+    if dst_devices % dst_tp:
+        raise ValueError(f"dst_devices ({dst_devices}) must be a multiple of dst_tp ({dst_tp})")
+    if colocated and src_devices != dst_devices:
+        raise ValueError(f"colocated sync needs src_devices == dst_devices, got {src_devices} != {dst_devices}")
+    calib = calib.resolved_for(src_acc.name)
+    replicas = dst_devices // dst_tp
+    w_src = arch.total_params * src_dtype_bytes
+    w_dst = arch.total_params * dst_dtype_bytes
+
+    same_layout = colocated and src_tp == dst_tp and src_ep == dst_ep and src_pp == 1
+    gather = 0.0
+    if not same_layout:
+        expert_bytes = arch.routed_expert_params_total * src_dtype_bytes
+        kw = {"bandwidth_bytes_per_s": src_acc.scale_up_bandwidth_bytes_per_s,
+              "efficiency": calib.scale_up_efficiency, "latency_s": calib.collective_latency_s}
+        gather = (ring_all_gather_s((w_src - expert_bytes) / src_pp, group_size=src_tp, **kw)
+                  + ring_all_gather_s(expert_bytes / src_pp, group_size=src_ep, **kw))
+    memory_rate = calib.hbm_bandwidth_efficiency * src_acc.hbm_bandwidth_bytes_per_s
+    convert = (w_src + w_dst) / src_devices / memory_rate if src_dtype_bytes != dst_dtype_bytes else 0.0
+
+    if colocated:
+        transfer = w_dst / dst_tp / (calib.hbm_bandwidth_efficiency * dst_acc.hbm_bandwidth_bytes_per_s)
+    else:
+        recv = w_dst / dst_tp / (calib.scale_out_efficiency * dst_acc.scale_out_bandwidth_bytes_per_s)
+        fan = 1 if broadcast else replicas
+        send = w_dst * fan / src_devices / (calib.scale_out_efficiency * src_acc.scale_out_bandwidth_bytes_per_s)
+        transfer = max(recv, send)
+    buckets = math.ceil(w_dst / bucket_bytes)
+    bucket_overhead = buckets * calib.weight_sync_bucket_overhead_s
+    reload = 0.0
+    if include_reload:
+        reload = calib.weight_reload_fixed_s + arch.num_weight_tensors * calib.weight_reload_per_tensor_s
+    total = gather + convert + transfer + bucket_overhead + reload
+    return WeightSyncTime(bytes_per_replica=w_dst, num_replicas=replicas, num_buckets=buckets, gather_s=gather,
+                          convert_s=convert, transfer_s=transfer, bucket_overhead_s=bucket_overhead,
+                          reload_s=reload, total_s=total)
+
+
+def extra_version_bytes_per_device(arch: ModelArch, *, tp: int, dtype_bytes: float, extra_versions: int) -> float:
+    """Rollout memory for `extra_versions` additional resident policy versions: v * N * b / t bytes per device.
+
+    Multi-version streaming rollout keeps older versions loaded while their tail trajectories finish; each one
+    costs a full weight copy sharded over the instance's t devices (KV capacity shrinks by the same amount;
+    see `rollout_cost.rollout_instance_memory(extra_versions=...)`).
+    """
+    if extra_versions < 0 or tp < 1:
+        raise ValueError("extra_versions must be >= 0 and tp >= 1")
+    return extra_versions * arch.total_params * dtype_bytes / tp

@@ -1,0 +1,87 @@
+"""Weight-sync model: hand-computed transfers on a toy device, layouts, buckets, reload, extra versions."""
+
+import dataclasses
+
+import pytest
+
+from planner.architecture import ModelArch, get_preset
+from planner.calibration import Calibration
+from planner.hardware import get_accelerator
+from planner.rollout_cost import rollout_instance_memory
+from planner.weight_sync import extra_version_bytes_per_device, weight_sync_time_s
+
+TOY = ModelArch(name="toy", num_layers=2, hidden_size=8, num_attention_heads=2, num_kv_heads=1, head_dim=4,
+                ffn_hidden_size=16, vocab_size=10)  # N = 1352
+DEV = dataclasses.replace(get_accelerator("h100"), name="toy-dev", hbm_bandwidth_bytes_per_s=1e4,
+                          scale_up_bandwidth_bytes_per_s=1e3, scale_out_bandwidth_bytes_per_s=100.0)
+IDEAL = Calibration(hbm_bandwidth_efficiency=1.0, scale_up_efficiency=1.0, scale_out_efficiency=1.0,
+                    collective_latency_s=0.0, weight_sync_bucket_overhead_s=0.0, weight_reload_fixed_s=0.0,
+                    weight_reload_per_tensor_s=0.0)
+
+
+def test_disaggregated_broadcast_hand_computed():
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=2, dst_devices=4, dst_tp=2, colocated=False, calib=IDEAL)
+    # W = 2704 B; each rollout device receives 1352 B at 100 B/s = 13.52 s; senders push 2704/2 = 13.52 s.
+    assert r.num_replicas == 2 and r.bytes_per_replica == 2704
+    assert r.transfer_s == pytest.approx(13.52)
+    assert r.gather_s == 0 and r.convert_s == 0  # src_tp = src_ep = 1: nothing to gather
+    assert r.total_s == pytest.approx(13.52)
+
+
+def test_point_to_point_is_sender_bound():
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=1, dst_devices=4, dst_tp=1, colocated=False,
+                           broadcast=False, calib=IDEAL)
+    # Four replicas of 2704 B, all from one sender: 4 * 2704 / 100.
+    assert r.transfer_s == pytest.approx(108.16)
+
+
+def test_colocated_same_layout_is_a_local_copy():
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=2, dst_devices=2, dst_tp=2, src_tp=2, colocated=True,
+                           calib=IDEAL)
+    assert r.gather_s == 0
+    assert r.transfer_s == pytest.approx(1352 / 1e4)
+
+
+def test_reshard_gather_and_dtype_conversion():
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=4, dst_devices=4, dst_tp=1, src_tp=4, colocated=True,
+                           dst_dtype_bytes=1, calib=IDEAL)
+    # All-gather of 2704 B over 4 ranks: 3/4 * 2704 / 1e3; BF16 -> FP8: (2704 + 1352) / 4 devices / 1e4.
+    assert r.gather_s == pytest.approx(0.75 * 2704 / 1e3)
+    assert r.convert_s == pytest.approx(4056 / 4 / 1e4)
+    assert r.bytes_per_replica == 1352
+
+
+def test_buckets_and_reload():
+    calib = IDEAL.with_overrides(weight_sync_bucket_overhead_s=0.5, weight_reload_fixed_s=1.0,
+                                 weight_reload_per_tensor_s=0.01)
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=1, dst_devices=1, dst_tp=1, colocated=True,
+                           bucket_bytes=1000, calib=calib)
+    assert r.num_buckets == 3 and r.bucket_overhead_s == pytest.approx(1.5)
+    # Toy tensors: 2 layers * (4 proj + 2 norms) + 2 * 3 FFN + 2 embeddings + final norm = 21.
+    assert TOY.num_weight_tensors == 21
+    assert r.reload_s == pytest.approx(1.0 + 0.21)
+    no_reload = weight_sync_time_s(TOY, src_acc=DEV, src_devices=1, dst_devices=1, dst_tp=1, colocated=True,
+                                   bucket_bytes=1000, calib=calib, include_reload=False)
+    assert no_reload.reload_s == 0
+
+
+def test_moe_tensor_count_dominates_reload():
+    # 48 layers * 128 experts * 3 projections: ~18k tensors, the reason colocated MoE syncs take seconds.
+    assert get_preset("qwen3-30b-a3b").num_weight_tensors > 18_000
+
+
+def test_rejects_bad_layouts():
+    with pytest.raises(ValueError, match="multiple of dst_tp"):
+        weight_sync_time_s(TOY, src_acc=DEV, src_devices=2, dst_devices=3, dst_tp=2, colocated=False)
+    with pytest.raises(ValueError, match="colocated sync needs src_devices == dst_devices"):
+        weight_sync_time_s(TOY, src_acc=DEV, src_devices=2, dst_devices=4, dst_tp=2, colocated=True)
+
+
+def test_extra_versions_memory_matches_rollout_memory():
+    arch, acc = get_preset("qwen3-8b"), get_accelerator("h100")
+    extra = extra_version_bytes_per_device(arch, tp=2, dtype_bytes=2, extra_versions=3)
+    assert extra == 3 * arch.total_params * 2 / 2
+    mem = rollout_instance_memory(arch, acc, tp=2, dtype_bytes=2, extra_versions=3)
+    assert mem.extra_version_bytes_per_device == pytest.approx(extra)
+    with pytest.raises(ValueError):
+        extra_version_bytes_per_device(arch, tp=0, dtype_bytes=2, extra_versions=1)
