@@ -71,6 +71,12 @@ class Simulator:
         self.seed = seed
         self.record = record_events
         self.trace: list[dict[str, Any]] = []
+        if record_events:
+            self.trace.append(
+                {"t": 0.0, "type": "run_config", "mode": config.mode, "k": config.max_version_lag,
+                 "allow_version_mixing": config.allow_version_mixing,
+                 "num_rollout_groups": config.num_rollout_groups, "slots_per_group": config.slots_per_group}
+            )
         n = config.num_rollout_groups
         self.e_heap: list[list[tuple[float, int]]] = [[] for _ in range(n)]
         self.e_pos = [0.0] * n
