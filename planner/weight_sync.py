@@ -16,7 +16,7 @@ t_sync = t_gather + t_convert + t_transfer + t_buckets + t_reload, with
                disaggregated: max(recv, send) with recv = (W_d/t_d) / (eta_out B_out) per rollout device and
                send = W_d * fan / n_s / (eta_out B_out) per trainer device, fan = 1 with relay broadcast (each
                byte leaves the trainer once and rollout ranks forward it) or R with point-to-point writes
-    t_buckets  ceil(W_d / bucket) * per-bucket overhead
+    t_buckets  ceil(W_d / bucket) * per-bucket overhead (p2p: bytes of the busiest device / bucket)
     t_reload   fixed engine pause/resume + per-tensor load cost * named tensors (every rank walks all of them)
 Seconds throughout.
 """
@@ -87,8 +87,12 @@ def weight_sync_time_s(
         expert_bytes = arch.routed_expert_params_total * src_dtype_bytes
         kw = {"bandwidth_bytes_per_s": src_acc.scale_up_bandwidth_bytes_per_s,
               "efficiency": calib.scale_up_efficiency, "latency_s": calib.collective_latency_s}
-        gather = (ring_all_gather_s((w_src - expert_bytes) / src_pp, group_size=src_tp, **kw)
-                  + ring_all_gather_s(expert_bytes / src_pp, group_size=src_ep, **kw))
+        # Broadcast: each pipeline stage materialises its full tensors before sending (1/p_s of the model).
+        # Point-to-point schedule: a device only assembles the tensors it sends itself, g/n_s of the model.
+        dense_share = 1 / src_pp if broadcast else src_tp / src_devices
+        expert_share = 1 / src_pp if broadcast else src_ep / src_devices
+        gather = (ring_all_gather_s((w_src - expert_bytes) * dense_share, group_size=src_tp, **kw)
+                  + ring_all_gather_s(expert_bytes * expert_share, group_size=src_ep, **kw))
     memory_rate = calib.hbm_bandwidth_efficiency * src_acc.hbm_bandwidth_bytes_per_s
     convert = (w_src + w_dst) / src_devices / memory_rate if src_dtype_bytes != dst_dtype_bytes else 0.0
 
@@ -99,7 +103,12 @@ def weight_sync_time_s(
         fan = 1 if broadcast else replicas
         send = w_dst * fan / src_devices / (calib.scale_out_efficiency * src_acc.scale_out_bandwidth_bytes_per_s)
         transfer = max(recv, send)
-    buckets = math.ceil(w_dst / bucket_bytes)
+    if colocated or broadcast:
+        # Every bucket is one collective (or IPC handle exchange) that all ranks take part in, one after another.
+        buckets = math.ceil(w_dst / bucket_bytes)
+    else:
+        # Point-to-point: devices stream their own buckets in parallel; the busiest device sets the count.
+        buckets = math.ceil(max(w_dst / dst_tp, w_dst * replicas / src_devices) / bucket_bytes)
     bucket_overhead = buckets * calib.weight_sync_bucket_overhead_s
     reload = 0.0
     if include_reload:

@@ -85,3 +85,13 @@ def test_extra_versions_memory_matches_rollout_memory():
     assert mem.extra_version_bytes_per_device == pytest.approx(extra)
     with pytest.raises(ValueError):
         extra_version_bytes_per_device(arch, tp=0, dtype_bytes=2, extra_versions=1)
+
+
+def test_point_to_point_buckets_count_the_busiest_device():
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=1, dst_devices=4, dst_tp=1, colocated=False,
+                           broadcast=False, bucket_bytes=1000, calib=IDEAL)
+    # The single sender pushes 4 replicas * 2704 B = 10816 B -> 11 buckets; a broadcast needs only 3.
+    assert r.num_buckets == 11
+    b = weight_sync_time_s(TOY, src_acc=DEV, src_devices=1, dst_devices=4, dst_tp=1, colocated=False,
+                           bucket_bytes=1000, calib=IDEAL)
+    assert b.num_buckets == 3
