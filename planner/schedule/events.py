@@ -32,22 +32,22 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-_INT, _STR, _BOOL, _NUM, _SPANS, _IDS = "int", "str", "bool", "number", "spans", "ids"
+_INT, _STR, _BOOL, _NUM, _SPANS, _IDS, _TRAJ = "int", "str", "bool", "number", "spans", "ids", "traj"
 
 SCHEMA: dict[str, dict[str, str]] = {
     "run_config": {
         "mode": _STR, "k": _INT, "allow_version_mixing": _BOOL, "num_rollout_groups": _INT, "slots_per_group": _INT,
     },
-    "admitted": {"traj": _STR, "version": _INT, "rollout_group": _INT},
-    "finished": {"traj": _STR, "num_tokens": _INT, "spans": _SPANS, "rollout_group": _INT},
+    "admitted": {"traj": _TRAJ, "version": _INT, "rollout_group": _INT},
+    "finished": {"traj": _TRAJ, "num_tokens": _INT, "spans": _SPANS, "rollout_group": _INT},
     "migrated": {"src": _INT, "dst": _INT, "trajs": _IDS},
     "weights_published": {"version": _INT},
     "weights_load_started": {"rollout_group": _INT, "version": _INT, "source": _STR},
     "weights_loaded": {"rollout_group": _INT, "version": _INT},
     "train_step": {"step": _INT, "start_t": _NUM, "consumed": _IDS, "produced_version": _INT},
-    "discarded": {"traj": _STR, "reason": _STR},
-    "regenerated": {"traj": _STR, "version": _INT},
-    "unfinished_at_end": {"traj": _STR, "finished": _BOOL},
+    "discarded": {"traj": _TRAJ, "reason": _STR},
+    "regenerated": {"traj": _TRAJ, "version": _INT},
+    "unfinished_at_end": {"traj": _TRAJ, "finished": _BOOL},
 }
 
 
@@ -85,6 +85,8 @@ def _field_problem(kind: str, value: Any) -> str | None:
         return None if isinstance(value, bool) else "must be true or false"
     if kind == _STR:
         return None if isinstance(value, str) and value else "must be a non-empty string"
+    if kind == _TRAJ:
+        return None if _is_traj(value) else "must be a trajectory id 'g<group>/<sample>'"
     if kind == _IDS:
         if not isinstance(value, list | tuple):
             return "must be a list of trajectory ids"

@@ -1,0 +1,109 @@
+import pytest
+
+from planner.policies import PolicyConfig
+from planner.schedule import check_trace
+from planner.sim import LinearTiming, simulate
+from planner.workload import LengthDistribution, Workload
+
+# every response is exactly 100 tokens; one decode step takes 10 ms whatever the batch
+FIXED = Workload(response_length=LengthDistribution.lognormal(median=100, p99=100, max_tokens=1000), prompt_tokens=10)
+HAND = LinearTiming(decode_base_s=0.01, train_base_s=5.0, weight_publish_s=1.0, weight_load_trainer_s=2.0)
+
+
+def cfg(mode, **kw):
+    base = dict(mode=mode, max_version_lag=1, num_rollout_groups=1, slots_per_group=4, prompts_per_step=1,
+                samples_per_prompt=2, total_steps=3)
+    base.update(kw)
+    return PolicyConfig(**base)
+
+
+def test_sync_by_hand():
+    # gen 100 x 0.01 = 1 s, train 5 s, publish 1 s, load 2 s: steps end at 6, 15, 24
+    r = simulate(cfg("sync", max_version_lag=0), FIXED, HAND, seed=0)
+    assert [s.end_s for s in r.steps] == pytest.approx([6.0, 15.0, 24.0])
+    assert r.step_time_s == pytest.approx(9.0)
+    assert r.samples_per_s == pytest.approx(2 / 9.0)
+    assert r.tokens_per_s == pytest.approx(2 * 110 / 9.0)
+    assert r.rollout_busy_fraction == pytest.approx(3 / 24)
+    assert r.rollout_slot_occupancy == pytest.approx(2 * 3 / (4 * 24))
+    assert r.weight_loads == 2 and r.weight_load_s_total == pytest.approx(4.0)
+    assert r.staleness_histogram == ((0, 6),)
+    assert r.train_busy_fraction == pytest.approx((3 * 5 + 3 * 1) / 24)
+
+
+def test_one_step_off_by_hand():
+    # batch1 0-1, step1 1-6 (publish 7); batch2 on v0 1-2; load v1 7-9, batch3 9-10;
+    # step2 7-12 (publish 13); step3 13-18
+    r = simulate(cfg("one-step-off"), FIXED, HAND, seed=0)
+    assert [s.end_s for s in r.steps] == pytest.approx([6.0, 12.0, 18.0])
+    assert [s.start_s for s in r.steps] == pytest.approx([1.0, 7.0, 13.0])
+    assert r.staleness_histogram == ((0, 2), (1, 4))
+
+
+def test_prefill_and_batch_dependent_step_time():
+    timing = LinearTiming(decode_base_s=0.01, decode_per_seq_s=0.005, prefill_per_token_s=0.1, train_base_s=1.0)
+    r = simulate(cfg("sync", max_version_lag=0, total_steps=1), FIXED, timing, seed=0)
+    # one prefill of the shared 10-token prompt (1 s), then 100 steps of 0.01 + 2 * 0.005
+    assert r.steps[0].start_s == pytest.approx(1.0 + 100 * 0.02)
+
+
+def test_context_dependent_step_time_uses_interval_mean():
+    timing = LinearTiming(decode_base_s=0.01, decode_per_context_token_s=1e-4, train_base_s=1.0)
+    cfg1 = cfg("sync", max_version_lag=0, total_steps=1, samples_per_prompt=1, slots_per_group=1)
+    r = simulate(cfg1, FIXED, timing, seed=0)
+    # context grows 10 -> 110 linearly: 100 * (0.01 + 1e-4 * 60)
+    assert r.steps[0].start_s == pytest.approx(100 * (0.01 + 1e-4 * 60))
+
+
+def test_deterministic_given_seed_and_seed_matters():
+    w = Workload(response_length=LengthDistribution.lognormal(median=50, p99=400, max_tokens=500), prompt_tokens=5)
+    c = cfg("streaming", max_version_lag=2, num_rollout_groups=3, slots_per_group=8, prompts_per_step=4,
+            total_steps=4)
+    t = LinearTiming(decode_base_s=0.01, train_base_s=0.5, weight_load_trainer_s=0.2, weight_load_peer_s=0.1)
+    a, b, other = simulate(c, w, t, seed=5), simulate(c, w, t, seed=5), simulate(c, w, t, seed=6)
+    assert a.events == b.events and a == b
+    assert a.events != other.events
+
+
+def test_cheap_mode_has_same_metrics_without_events():
+    w = Workload(response_length=LengthDistribution.lognormal(median=50, p99=400, max_tokens=500), prompt_tokens=5)
+    c = cfg("bounded-async", num_rollout_groups=2, slots_per_group=8, prompts_per_step=3, total_steps=4)
+    t = LinearTiming(decode_base_s=0.01, train_base_s=0.5)
+    full, cheap = simulate(c, w, t, seed=1), simulate(c, w, t, seed=1, record_events=False)
+    assert cheap.events is None
+    assert cheap.steps == full.steps and cheap.bubble_fraction == full.bubble_fraction
+
+
+@pytest.mark.parametrize("mode", ["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"])
+def test_every_mode_yields_a_clean_trace(mode):
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=600, max_tokens=800), prompt_tokens=5)
+    k = 0 if mode == "sync" else 2
+    c = cfg(mode, max_version_lag=k, num_rollout_groups=4, slots_per_group=8, prompts_per_step=5,
+            samples_per_prompt=4, total_steps=5, allow_version_mixing=mode == "partial-rollout")
+    t = LinearTiming(decode_base_s=0.01, train_base_s=0.4, weight_publish_s=0.1, weight_load_trainer_s=0.3,
+                     weight_load_peer_s=0.1, prefill_per_token_s=0.001, kv_migration_s_per_token=1e-5)
+    r = simulate(c, w, t, seed=3)
+    rep = check_trace(list(r.events), k=k, allow_version_mixing=True)
+    assert rep.ok, rep.violations[:3]
+    assert len(r.steps) == 5 and rep.num_consumed == 5 * 5 * 4
+    assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
+    assert r.unfinished_at_end == len(rep.unfinished_at_end)
+    assert max(s for s, _ in r.staleness_histogram) <= k
+    assert 0.0 <= r.bubble_fraction <= 1.0 and 0.0 < r.rollout_slot_occupancy <= 1.0
+    if mode in ("sync", "one-step-off", "streaming"):
+        assert r.mixed_trajectories == 0
+
+
+def test_streaming_migrates_and_keeps_versions_per_group():
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=1500, max_tokens=2000), prompt_tokens=5)
+    c = cfg("streaming", max_version_lag=3, num_rollout_groups=6, slots_per_group=16, prompts_per_step=6,
+            samples_per_prompt=4, total_steps=8)
+    t = LinearTiming(decode_base_s=0.01, train_base_s=1.0, weight_load_trainer_s=0.5, weight_load_peer_s=0.2)
+    r = simulate(c, w, t, seed=11)
+    assert r.migrated_trajectories > 0 and r.max_engine_versions >= 2
+    admitted = {}
+    for e in r.events:
+        if e["type"] == "admitted":
+            admitted.setdefault(e["traj"].split("/")[0], set()).add(e["version"])
+    assert all(len(vs) == 1 for vs in admitted.values())  # one version per prompt group
+    assert check_trace(list(r.events), k=3, allow_version_mixing=False).ok

@@ -1,0 +1,76 @@
+import math
+import random
+
+import pytest
+
+from planner.workload import Z_P99, LengthDistribution, Workload
+
+
+def test_lognormal_sigma_from_median_and_p99():
+    d = LengthDistribution.lognormal(median=3000, p99=24000, max_tokens=30000)
+    assert Z_P99 == pytest.approx(2.3263478740408408)
+    assert d.sigma == pytest.approx(math.log(8) / Z_P99)
+    assert d.quantile(0.5) == 3000
+    assert d.quantile(0.99) == 24000
+
+
+def test_lognormal_samples_match_quantiles_and_mean():
+    d = LengthDistribution.lognormal(median=3000, p99=24000, max_tokens=30000)
+    xs = sorted(d.sample_many(random.Random(7), 50_000))
+    assert 2900 < xs[len(xs) // 2] < 3100
+    assert 22_000 < xs[int(0.99 * len(xs))] < 26_000
+    assert max(xs) == 30000 and min(xs) >= 1  # clamped, and the cap is reached
+    assert sum(xs) / len(xs) == pytest.approx(d.mean_tokens(), rel=0.02)
+    assert sum(x == 30000 for x in xs) / len(xs) == pytest.approx(d.truncated_fraction(), abs=0.002)
+
+
+def test_sampling_is_deterministic_and_sample_many_equals_sample():
+    d = LengthDistribution.lognormal(median=100, p99=900, max_tokens=1000)
+    a = d.sample_many(random.Random(3), 100)
+    rng = random.Random(3)
+    assert a == [d.sample(rng) for _ in range(100)]
+
+
+def test_point_mass_lognormal():
+    d = LengthDistribution.lognormal(median=50, p99=50, max_tokens=100)
+    assert d.sample_many(random.Random(0), 5) == [50] * 5
+    assert d.mean_tokens() == 50
+
+
+def test_empirical_histogram():
+    d = LengthDistribution.empirical(histogram=[(10, 1), (20, 3), (5000, 1)], max_tokens=1000)
+    assert d.lengths == (10, 20, 1000)
+    assert d.mean_tokens() == pytest.approx((10 + 60 + 1000) / 5)
+    assert d.quantile(0.5) == 20
+    assert d.truncated_fraction() == pytest.approx(0.2)
+    xs = d.sample_many(random.Random(1), 10_000)
+    assert set(xs) == {10, 20, 1000}
+    assert xs.count(20) / len(xs) == pytest.approx(0.6, abs=0.03)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"median": 0, "p99": 5, "max_tokens": 10}, "0 < median <= p99"),
+        ({"median": 10, "p99": 5, "max_tokens": 10}, "0 < median <= p99"),
+        ({"median": 10, "p99": 20, "max_tokens": 10, "min_tokens": 11}, "min_tokens"),
+    ],
+)
+def test_lognormal_rejects_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LengthDistribution.lognormal(**kwargs)
+
+
+def test_empirical_rejects_bad_histograms():
+    with pytest.raises(ValueError, match="no positive counts"):
+        LengthDistribution.empirical(histogram=[(10, 0)], max_tokens=100)
+    with pytest.raises(ValueError, match=r"histogram\[1\]: count"):
+        LengthDistribution.empirical(histogram=[(10, 1), (20, -1)], max_tokens=100)
+    with pytest.raises(ValueError, match=r"histogram\[0\]: length"):
+        LengthDistribution.empirical(histogram=[(0, 1)], max_tokens=100)
+
+
+def test_workload_validates_prompt_tokens():
+    d = LengthDistribution.lognormal(median=10, p99=20, max_tokens=100)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        Workload(response_length=d, prompt_tokens=0)
