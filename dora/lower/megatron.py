@@ -1,0 +1,201 @@
+"""Megatron artifacts for the trainer: megatron-core config sections (JSON) and the Megatron-LM flags.
+
+``megatron/config.json`` holds four sections keyed by megatron-core dataclass field names:
+``transformer`` (``TransformerConfig``, or ``MLATransformerConfig`` per ``transformer_class``), ``model_parallel``
+(``ModelParallelConfig``; ``TransformerConfig`` inherits it, so a trainer builds
+``TransformerConfig(**transformer, **model_parallel)``), ``optimizer`` (``OptimizerConfig``) and ``ddp``
+(``DistributedDataParallelConfig``). JSON cannot hold a callable or a torch dtype, so those fields carry a name
+(``"silu"``, ``"bfloat16"``) that ``to_megatron_kwargs`` turns into the object. ``training`` holds the
+Megatron-LM training-loop values that are not megatron-core config fields (batch sizes, sequence length).
+
+Fixed choices (not in the spec), with why: no dropout (RL fine-tuning of a pretrained policy), AdamW with
+betas (0.9, 0.99), no weight decay and gradient clipping at 1.0 (the same as dora's CPU trainer), constant
+learning rate (``min_lr = lr``), the distributed optimizer and overlapped gradient reduction when dp > 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dora.lower.errors import LoweringError
+from dora.spec.loader import ResolvedSpec
+from planner.plan import Plan
+
+TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
+"""Parameter dtype name per spec dtype (fp8 trains with bf16 master weights)."""
+
+_NAMED_OBJECT_FIELDS = ("activation_func", "params_dtype", "pipeline_dtype", "autocast_dtype")
+
+
+def _check(resolved: ResolvedSpec, plan: Plan) -> None:
+    t, arch = plan.train, resolved.arch
+    world = t.tp * t.pp * t.cp * t.dp
+    if world != t.accelerators:
+        raise LoweringError(f"plan.train: tp({t.tp}) * pp({t.pp}) * cp({t.cp}) * dp({t.dp}) = {world} != "
+                            f"accelerators ({t.accelerators})")
+    if arch.num_attention_heads % t.tp:
+        raise LoweringError(f"plan.train.tp ({t.tp}) does not divide num_attention_heads "
+                            f"({arch.num_attention_heads})")
+    if arch.num_kv_heads % t.tp and t.tp % arch.num_kv_heads:
+        raise LoweringError(f"plan.train.tp ({t.tp}) must divide or be a multiple of num_kv_heads "
+                            f"({arch.num_kv_heads})")
+    if arch.num_layers % t.pp:
+        raise LoweringError(f"plan.train.pp ({t.pp}) does not divide num_layers ({arch.num_layers}): "
+                            f"{arch.num_layers} % {t.pp} = {arch.num_layers % t.pp}")
+    if t.ep > 1:
+        if not arch.is_moe:
+            raise LoweringError(f"plan.train.ep = {t.ep} but {arch.name} has no experts")
+        if arch.num_experts % t.ep:
+            raise LoweringError(f"plan.train.ep ({t.ep}) does not divide num_experts ({arch.num_experts})")
+        if (t.dp * t.cp) % t.ep:
+            raise LoweringError(f"plan.train.ep ({t.ep}) must divide dp * cp = {t.dp} * {t.cp} = {t.dp * t.cp} "
+                                "(experts are sharded across the data/context-parallel ranks)")
+
+
+def limitations(resolved: ResolvedSpec) -> list[str]:
+    """Architecture features megatron-core's TransformerConfig cannot express (the config omits them)."""
+    arch, out = resolved.arch, []
+    if arch.num_zero_experts:
+        out.append(f"{arch.num_zero_experts} zero-compute (identity) experts are not representable; the router "
+                   f"here chooses top-{arch.experts_top_k} among the {arch.num_experts} real experts only")
+    if arch.attention_per_layer != 1:
+        out.append(f"{arch.attention_per_layer} attention sub-layers per block are not representable")
+    if arch.dense_ffns_per_moe_layer:
+        out.append(f"{arch.dense_ffns_per_moe_layer} dense FFNs beside each MoE layer are not representable")
+    return out
+
+
+def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
+    """The four megatron-core sections plus ``training`` and ``limitations``; raises LoweringError for a
+    plan megatron-core would reject (sizes that do not multiply out or divide)."""
+    _check(resolved, plan)
+    arch, t, spec = resolved.arch, plan.train, resolved.spec
+    dtype = spec.model.dtype
+    transformer: dict[str, Any] = {
+        "num_layers": arch.num_layers, "hidden_size": arch.hidden_size,
+        "num_attention_heads": arch.num_attention_heads, "num_query_groups": arch.num_kv_heads,
+        "kv_channels": arch.head_dim, "ffn_hidden_size": arch.ffn_hidden_size,
+        "normalization": "RMSNorm", "gated_linear_unit": True, "activation_func": "silu",
+        "add_bias_linear": False, "add_qkv_bias": arch.qkv_bias, "qk_layernorm": arch.qk_norm,
+        "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "recompute_granularity": "full" if t.recompute else None,
+        "recompute_method": "uniform" if t.recompute else None,
+        "recompute_num_layers": 1 if t.recompute else None,
+    }
+    if arch.is_moe:
+        transformer.update({
+            "num_moe_experts": arch.num_experts, "moe_router_topk": arch.experts_top_k,
+            "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
+            "moe_shared_expert_intermediate_size": (arch.num_shared_experts * arch.moe_ffn_hidden_size
+                                                    if arch.num_shared_experts else None),
+            # Dense prefix then MoE in every layer (DeepSeek first_k_dense_replace): a per-layer 0/1 pattern.
+            "moe_layer_freq": [0] * arch.first_dense_layers + [1] * (arch.num_layers - arch.first_dense_layers),
+            "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall",
+        })
+    transformer_class = "TransformerConfig"
+    if arch.mla is not None:
+        transformer_class = "MLATransformerConfig"
+        transformer.update({
+            "multi_latent_attention": True, "q_lora_rank": arch.mla.q_lora_rank,
+            "kv_lora_rank": arch.mla.kv_lora_rank, "qk_head_dim": arch.mla.qk_nope_head_dim,
+            "qk_pos_emb_head_dim": arch.mla.qk_rope_head_dim, "v_head_dim": arch.mla.v_head_dim,
+        })
+    model_parallel = {
+        "tensor_model_parallel_size": t.tp, "pipeline_model_parallel_size": t.pp,
+        "context_parallel_size": t.cp, "expert_model_parallel_size": t.ep,
+        # Sequence parallelism is free with TP and megatron-core requires it for EP x TP.
+        "sequence_parallel": t.tp > 1,
+        "bf16": dtype in ("bf16", "fp8"), "fp16": dtype == "fp16", "params_dtype": TORCH_DTYPE[dtype],
+        "pipeline_dtype": TORCH_DTYPE[dtype] if t.pp > 1 else None,
+    }
+    distributed = t.dp > 1
+    lr = spec.algorithm.learning_rate
+    optimizer = {
+        "optimizer": "adam", "lr": lr, "min_lr": lr, "weight_decay": 0.0,
+        "adam_beta1": 0.9, "adam_beta2": 0.99, "adam_eps": 1e-8, "clip_grad": 1.0,
+        "bf16": model_parallel["bf16"], "fp16": model_parallel["fp16"], "params_dtype": TORCH_DTYPE[dtype],
+        "use_distributed_optimizer": distributed,
+    }
+    ddp = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": distributed,
+           "overlap_param_gather": distributed, "use_distributed_optimizer": distributed}
+    sequences = spec.workload.prompts_per_step * spec.workload.samples_per_prompt
+    minibatches = spec.algorithm.minibatches_per_step
+    if sequences % minibatches or (sequences // minibatches) % t.dp:
+        raise LoweringError(f"global batch: prompts_per_step * samples_per_prompt / minibatches_per_step = "
+                            f"{sequences} / {minibatches} must be a whole multiple of dp ({t.dp})")
+    training = {"seq_length": plan.rollout.max_model_len, "max_position_embeddings": plan.rollout.max_model_len,
+                "micro_batch_size": 1, "global_batch_size": sequences // minibatches,
+                "train_iters": spec.workload.steps * minibatches * spec.algorithm.ppo_epochs,
+                "seed": spec.runtime.seed, "tokenizer_model": spec.model.checkpoint,
+                "untie_embeddings_and_output_weights": not arch.tie_embeddings}
+    return {"transformer_class": transformer_class, "transformer": transformer, "model_parallel": model_parallel,
+            "optimizer": optimizer, "ddp": ddp, "training": training, "limitations": limitations(resolved)}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def megatron_lm_args(config: dict[str, Any]) -> list[list[str]]:
+    """Megatron-LM (``pretrain_gpt.py``) flags equivalent to ``config``: one ``[flag, value...]`` per option.
+
+    Megatron-LM derives most flags from the megatron-core field names (``--`` + field with ``-``; a true bool
+    is a bare flag); the exceptions below are the flags it names differently.
+    """
+    tr, mp, opt, ddp, trn = (config[k] for k in ("transformer", "model_parallel", "optimizer", "ddp", "training"))
+    out: list[list[str]] = [["--use-mcore-models"]]
+    renamed = {"num_moe_experts": "--num-experts"}
+    derived = {"normalization", "gated_linear_unit", "activation_func", "add_bias_linear", "num_query_groups"}
+    for name in sorted(tr):
+        value = tr[name]
+        if name in derived or value is None or value is False:
+            continue
+        flag = renamed.get(name, _flag(name))
+        if value is True:
+            out.append([flag])
+        elif isinstance(value, list):
+            # Megatron-LM evaluates --moe-layer-freq as a Python list literal.
+            out.append([flag, "[" + ",".join(str(v) for v in value) + "]"])
+        else:
+            out.append([flag, str(value)])
+    out.append(["--normalization", tr["normalization"]])
+    out.append(["--swiglu"])  # gated_linear_unit + silu
+    out.append(["--disable-bias-linear"])
+    if tr["num_query_groups"] != tr["num_attention_heads"]:
+        out += [["--group-query-attention"], ["--num-query-groups", str(tr["num_query_groups"])]]
+    out.append(["--position-embedding-type", "rope"])
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                 "expert_model_parallel_size"):
+        out.append([_flag(name), str(mp[name])])
+    out += [["--sequence-parallel"]] if mp["sequence_parallel"] else []
+    out += [["--bf16"]] if mp["bf16"] else [["--fp16"]] if mp["fp16"] else []
+    for name in ("optimizer", "lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad"):
+        out.append([_flag(name), str(opt[name])])
+    out.append(["--lr-decay-style", "constant"])
+    out += [["--use-distributed-optimizer"]] if opt["use_distributed_optimizer"] else []
+    out += [["--accumulate-allreduce-grads-in-fp32"]] if ddp["grad_reduce_in_fp32"] else []
+    out += [["--overlap-grad-reduce"]] if ddp["overlap_grad_reduce"] else []
+    out += [["--overlap-param-gather"]] if ddp["overlap_param_gather"] else []
+    for name in ("seq_length", "max_position_embeddings", "micro_batch_size", "global_batch_size", "train_iters",
+                 "seed"):
+        out.append([_flag(name), str(trn[name])])
+    if trn["untie_embeddings_and_output_weights"]:
+        out.append(["--untie-embeddings-and-output-weights"])
+    if trn["tokenizer_model"] is not None:
+        out += [["--tokenizer-type", "HuggingFaceTokenizer"], ["--tokenizer-model", trn["tokenizer_model"]]]
+    return out
+
+
+def to_megatron_kwargs(section: dict[str, Any]) -> dict[str, Any]:
+    """A config.json section as keyword arguments for the megatron-core dataclass: named callables and dtypes
+    become objects. Imports torch, so only the GPU trainer and the validation test call it."""
+    import torch
+    import torch.nn.functional as F
+
+    objects = {"silu": F.silu, "gelu": F.gelu, "bfloat16": torch.bfloat16, "float16": torch.float16,
+               "float32": torch.float32}
+    out = dict(section)
+    for name in _NAMED_OBJECT_FIELDS:
+        if out.get(name) is not None:
+            out[name] = objects[out[name]]
+    return out

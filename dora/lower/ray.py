@@ -1,0 +1,124 @@
+"""Ray artifacts: the job submission body (``job.json``) and the placement groups (``placement_groups.json``).
+
+The runtime driver creates one placement group per rollout replica and one for the trainer, in the order listed,
+from ``placement_groups.json``; the Jobs API body mirrors what ``launch.sh`` passes to ``ray job submit``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from dora import __version__
+from dora.lower.errors import LoweringError
+from dora.spec.loader import ResolvedSpec, slug
+from planner.plan import Plan
+
+CPUS_PER_GPU_BUNDLE = 4
+"""CPU cores reserved next to each GPU: a vLLM worker or a Megatron rank keeps ~2 cores busy (engine loop,
+detokenisation, data loading); 4 per GPU fits any 8-GPU server with >= 32 cores and leaves the rest to Ray."""
+
+ENTRYPOINT_ARGV = ("python", "-m", "dora.runtime.driver", "--config", "launch/runtime.json")
+"""What the Ray job runs, relative to the plan directory (the job's working directory)."""
+
+LOCAL_RAY_ADDRESS = "http://127.0.0.1:8265"
+"""Dashboard address of a local `ray start --head`, used when the spec's backend is `local`."""
+
+
+def _check_sizes(resolved: ResolvedSpec, plan: Plan) -> None:
+    r, t = plan.rollout, plan.train
+    total = resolved.spec.total_accelerators
+    if r.replicas * r.accelerators_per_replica != r.accelerators:
+        raise LoweringError(
+            f"plan.rollout: replicas ({r.replicas}) x accelerators_per_replica ({r.accelerators_per_replica}) = "
+            f"{r.replicas * r.accelerators_per_replica} != accelerators ({r.accelerators})")
+    if plan.colocated:
+        if r.accelerators != t.accelerators or r.accelerators > total:
+            raise LoweringError(
+                f"colocated plan: rollout ({r.accelerators}) and train ({t.accelerators}) accelerators must be the "
+                f"same set, at most the cluster's {total}")
+    elif r.accelerators + t.accelerators > total:
+        raise LoweringError(
+            f"disaggregated plan: rollout ({r.accelerators}) + train ({t.accelerators}) = "
+            f"{r.accelerators + t.accelerators} > the cluster's {total} accelerators")
+
+
+def _bundle(accelerator: str) -> dict[str, int]:
+    return {"CPU": 1} if accelerator == "cpu" else {"CPU": CPUS_PER_GPU_BUNDLE, "GPU": 1}
+
+
+def _strategy(bundles: int, per_node: int, what: str) -> tuple[str, str]:
+    if bundles <= per_node:
+        return "STRICT_PACK", f"{what} fits one node ({bundles} <= {per_node}): keep its collectives on the " \
+                              "intra-node links"
+    return "PACK", f"{what} spans nodes ({bundles} > {per_node}): pack onto as few nodes as possible"
+
+
+def placement_groups(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
+    """Placement groups matching the plan: one per rollout replica and one for the trainer (disaggregated), or
+    one shared group whose bundles the replicas split and the trainer time-shares (colocated)."""
+    _check_sizes(resolved, plan)
+    cluster = resolved.spec.cluster
+    name = slug(resolved.spec.name)
+    bundle = _bundle(cluster.accelerator)
+    r, t = plan.rollout, plan.train
+    width = max(3, len(str(r.replicas - 1)))
+    groups: list[dict[str, Any]] = []
+    replicas: list[dict[str, Any]] = []
+    # Why each role's strategy was chosen, once per role rather than once per group (there may be thousands).
+    why: dict[str, str] = {}
+    if plan.colocated:
+        shared = f"dora-{name}-shared"
+        strategy, why["shared"] = _strategy(r.accelerators, cluster.accelerators_per_node, "the shared group")
+        why["shared"] += "; rollout replicas split its bundles and the trainer time-shares all of them"
+        groups.append({"name": shared, "role": "shared", "bundles": [bundle] * r.accelerators,
+                       "strategy": strategy})
+        for i in range(r.replicas):
+            first = i * r.accelerators_per_replica
+            replicas.append({"replica": i, "placement_group": shared,
+                             "bundle_indices": list(range(first, first + r.accelerators_per_replica))})
+        trainer = {"placement_group": shared, "bundle_indices": list(range(t.accelerators))}
+    else:
+        for i in range(r.replicas):
+            pg = f"dora-{name}-rollout-{i:0{width}d}"
+            strategy, why["rollout"] = _strategy(r.accelerators_per_replica, cluster.accelerators_per_node,
+                                                 "a rollout replica")
+            groups.append({"name": pg, "role": "rollout", "bundles": [bundle] * r.accelerators_per_replica,
+                           "strategy": strategy})
+            replicas.append({"replica": i, "placement_group": pg,
+                             "bundle_indices": list(range(r.accelerators_per_replica))})
+        pg = f"dora-{name}-train"
+        strategy, why["train"] = _strategy(t.accelerators, cluster.accelerators_per_node, "the trainer")
+        groups.append({"name": pg, "role": "train", "bundles": [bundle] * t.accelerators, "strategy": strategy})
+        trainer = {"placement_group": pg, "bundle_indices": list(range(t.accelerators))}
+    return {"colocated": plan.colocated, "accelerator": cluster.accelerator, "placement_groups": groups,
+            "rollout_replicas": replicas, "trainer": trainer, "strategy_why": why}
+
+
+def entrypoint() -> str:
+    return shlex.join(ENTRYPOINT_ARGV)
+
+
+def runtime_env(resolved: ResolvedSpec) -> dict[str, Any]:
+    """The job's runtime_env: the plan directory is uploaded as working_dir, without the run outputs."""
+    out = resolved.output_dir.strip("/")
+    return {"working_dir": ".", "excludes": [f"/{out}/"], "env_vars": {"PYTHONUNBUFFERED": "1"}}
+
+
+def job_metadata(resolved: ResolvedSpec, plan: Plan) -> dict[str, str]:
+    """Ray job metadata (string to string): what a `ray job list` reader needs to find the plan again."""
+    return {"dora_version": __version__, "dora_spec_name": resolved.spec.name,
+            "dora_spec_hash": resolved.spec_hash, "dora_mode": plan.mode,
+            "dora_max_version_lag": str(plan.max_version_lag)}
+
+
+def ray_address(resolved: ResolvedSpec) -> str:
+    rt = resolved.spec.runtime
+    return rt.address if rt.backend == "ray-cluster" and rt.address else LOCAL_RAY_ADDRESS
+
+
+def job_submission(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
+    """The Ray Jobs API submission body (``POST /api/jobs/``). The driver itself needs one CPU and no GPU: the
+    engines run in actors inside the placement groups."""
+    return {"entrypoint": entrypoint(), "runtime_env": runtime_env(resolved),
+            "metadata": job_metadata(resolved, plan), "entrypoint_num_cpus": 1, "entrypoint_num_gpus": 0}
