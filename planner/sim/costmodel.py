@@ -1,0 +1,93 @@
+"""Adapter: build the simulator's ``StepTiming`` from the cost model (architecture, accelerators, layout).
+
+Weight sync is split between the trainer and the engines (``planner.weight_sync`` terms):
+    weight_publish_s       = gather + convert          (trainer busy; once per version)
+    weight_load_trainer_s  = transfer + buckets + reload (one replica loading from the trainer)
+    weight_load_peer_s     = (W_d / t_d) / (eta_out * B_out) + reload: one replica pulling its shard
+                             from a peer replica over the scale-out NIC, each of its t_d devices in
+                             parallel (DORA moves weights peer to peer between rollout groups)
+KV migration: each of the t_d devices of a replica sends its KV shard over its own NIC,
+    kv_migration_s_per_token = kv_bytes_per_token_per_device / (eta_out * B_out).
+MoE expert imbalance is charged inside ``RolloutCostModel.decode_step_s`` (calibration's
+``moe_imbalance_factor``). Prefill of a prompt group is charged once (the samples share the prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.architecture import ModelArch
+from planner.calibration import DEFAULT_CALIBRATION, Calibration
+from planner.hardware import Accelerator
+from planner.rollout_cost import RolloutCostModel, make_rollout_cost_model
+from planner.train_cost import TrainCostModel
+from planner.weight_sync import weight_sync_time_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModelTiming:
+    """``StepTiming`` backed by the cost model (all seconds; see module docstring)."""
+
+    rollout: RolloutCostModel
+    train: TrainCostModel
+    weight_publish_s: float
+    weight_load_trainer_s: float
+    weight_load_peer_s: float
+    kv_migration_s_per_token: float
+    weight_bytes_per_group: float
+
+    def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
+        return self.rollout.decode_step_s(batch_size, total_context_tokens)
+
+    def prefill_s(self, num_tokens: int) -> float:
+        return self.rollout.prefill_s(num_tokens) if num_tokens > 0 else 0.0
+
+    def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:
+        return self.train.train_step_s(num_tokens, sum_sq_seq_len, num_seqs)
+
+
+def cost_model_timing(
+    arch: ModelArch,
+    *,
+    rollout_acc: Accelerator,
+    train_acc: Accelerator,
+    rollout_tp: int,
+    rollout_ep: int = 1,
+    num_rollout_groups: int,
+    train_tp: int,
+    train_pp: int,
+    train_dp: int,
+    train_ep: int = 1,
+    colocated: bool = False,
+    dtype_bytes: float = 2,
+    micro_batch_tokens: int | None = 16384,
+    extra_forward_passes: int = 1,
+    calib: Calibration = DEFAULT_CALIBRATION,
+) -> CostModelTiming:
+    """Timing for ``num_rollout_groups`` replicas of ``rollout_tp`` devices and a ``tp x pp x dp`` trainer.
+
+    ``extra_forward_passes=1`` charges the old-logprob forward pass of GRPO-style training.
+    """
+    rollout = make_rollout_cost_model(arch, rollout_acc, tp=rollout_tp, ep=rollout_ep, dtype_bytes=dtype_bytes,
+                                      calib=calib)
+    train = TrainCostModel(arch=arch, acc=train_acc, tp=train_tp, pp=train_pp, dp=train_dp, ep=train_ep,
+                           micro_batch_tokens=micro_batch_tokens, extra_forward_passes=extra_forward_passes,
+                           dtype_bytes=dtype_bytes, calib=calib)
+    sync = weight_sync_time_s(
+        arch, src_acc=train_acc, dst_acc=rollout_acc, src_devices=train_tp * train_pp * train_dp,
+        dst_devices=num_rollout_groups * rollout_tp, dst_tp=rollout_tp, colocated=colocated, src_tp=train_tp,
+        src_pp=train_pp, src_ep=train_ep, dst_ep=rollout_ep, src_dtype_bytes=dtype_bytes,
+        dst_dtype_bytes=dtype_bytes, calib=calib,
+    )
+    calib_r = calib.resolved_for(rollout_acc.name)
+    nic = calib_r.scale_out_efficiency * rollout_acc.scale_out_bandwidth_bytes_per_s
+    bytes_per_device = sync.bytes_per_replica / rollout_tp
+    return CostModelTiming(
+        rollout=rollout,
+        train=train,
+        weight_publish_s=sync.gather_s + sync.convert_s,
+        weight_load_trainer_s=sync.transfer_s + sync.bucket_overhead_s + sync.reload_s,
+        weight_load_peer_s=bytes_per_device / nic + sync.reload_s,
+        kv_migration_s_per_token=rollout.kv_bytes_per_token_per_device / nic,
+        weight_bytes_per_group=sync.bytes_per_replica,
+    )
