@@ -15,6 +15,7 @@ version ``w`` should hold ``DP_w = round(D * R_w / sum_w R_w)`` replicas. For th
 ``R`` counts its in-flight requests plus the admissions the bound still allows (its demand). An
 older version never drops below ``ceil(R_w / slots)`` replicas (its requests must fit), and is
 shrunk one replica at a time, the least-loaded first, when the others can absorb its requests.
+The oldest live version is never consolidated (its tail gates the trainer; see ``_over_target``).
 """
 
 from __future__ import annotations
@@ -150,6 +151,11 @@ class StreamingPolicy(PolicyBase):
 
     def _over_target(self, w: int) -> bool:
         """Does old version ``w`` hold more replicas than DORA's proportional share (and than it needs)?"""
+        if w == min(self.version_engines):
+            # The oldest version's tail is the trainer's critical path (the one allowed stall): packing
+            # it into fuller batches makes every decode step slower, so its replicas are only freed
+            # as they empty, never consolidated.
+            return False
         engines = self.version_engines.get(w, 0) - sum(
             1 for src in self.migrating if self.engine_version[src] == w
         )
