@@ -86,7 +86,13 @@ def write_launch_artifacts(resolved: ResolvedSpec, plan: Plan, out_dir: Path) ->
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{LAUNCH_DIR}.old-", dir=out_dir))
             os.replace(target, old / LAUNCH_DIR)
-        os.replace(staging, target)
+        try:
+            os.replace(staging, target)
+        except BaseException:
+            if old is not None:  # put the previous lowering back before reporting the failure
+                os.rename(old / LAUNCH_DIR, target)
+                old.rmdir()
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
