@@ -1,0 +1,286 @@
+"""The runtime's workers: a rollout worker (one rollout group) and the trainer, plain classes made Ray actors.
+
+``RolloutWorker`` owns one ``TorchRolloutEngine`` and runs its ``step()`` loop in a background thread,
+so generation never waits on the controller. Every engine access happens on that thread: commands
+(``add_requests``, ``load_weights``, ``export_requests`` ...) are queued to it and run between two
+engine steps, which keeps the engine single-threaded and commands ordered without a lock around
+``step()`` (a plain lock would starve the callers: the loop re-acquires it before they wake).
+
+Finished trajectories leave through messages numbered by a per-worker sequence: a ``poll`` (long
+poll, returns as soon as anything finished) or the reply to ``export_requests`` (which carries the
+trajectories that finished before the export). The controller processes a worker's messages in
+sequence order, so it never sees a trajectory finish on an engine after that engine's migration.
+
+Run as Ray actors with ``max_concurrency=2``: one thread serves the poll, one the commands; the
+controller keeps at most one of each outstanding per worker.
+
+Occupancy accounting (per worker, wall clock since ``start_clock``): ``busy_slot_s`` integrates the
+sequences holding a slot over each step's duration, ``busy_s`` the time with at least one; the
+rollout slot occupancy is ``busy_slot_s / (max_num_seqs * wall_s)``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dora.runtime.engines.base import (
+    FinishedTrajectory,
+    GenerationRequest,
+    MigratingRequest,
+    ScoredTrajectory,
+    TrainMetrics,
+)
+from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
+from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig, warm_up
+from dora.runtime.tasks import LengthSampler, TaskConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerCounters:
+    """Cumulative counters of one rollout worker since ``start_clock`` (seconds of wall time)."""
+
+    wall_s: float
+    busy_s: float
+    """Time with at least one sequence in a slot."""
+    busy_slot_s: float
+    """Integral of occupied slots over time (slot-seconds)."""
+    generated_tokens: int
+    num_active: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerMessage:
+    """What a poll or an export returns: finished trajectories, numbered for in-order processing."""
+
+    seq: int
+    finished: tuple[FinishedTrajectory, ...]
+    counters: WorkerCounters
+    exported: tuple[MigratingRequest, ...] = ()
+    """Only in an ``export_requests`` reply: the in-flight requests, with their KV cache."""
+    export_reply: bool = False
+
+
+class RolloutWorker:
+    """One rollout group: a continuous-batching engine hosting one version at a time (see module doc)."""
+
+    def __init__(self, config: RolloutConfig, *, index: int) -> None:
+        torch.set_num_threads(config.num_threads)
+        self.index = index
+        self.config = config
+        self._engine = TorchRolloutEngine(config)
+        self._inbox: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._outbox: list[FinishedTrajectory] = []
+        self._seq = 0
+        self._stopping = False
+        self._t0 = time.perf_counter()
+        self._busy_s = 0.0
+        self._busy_slot_s = 0.0
+        self._generated_base = 0
+        self._thread = threading.Thread(target=self._loop, name=f"rollout-{index}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ engine thread
+    def _loop(self) -> None:
+        engine = self._engine
+        while True:
+            self._run_commands(block=not (engine.num_active() or engine.num_waiting()))
+            if self._stopping:
+                return
+            if not (engine.num_active() or engine.num_waiting()):
+                continue
+            start = time.perf_counter()
+            finished = engine.step()
+            duration = time.perf_counter() - start
+            occupied = engine.num_active() + len(finished)
+            with self._cond:
+                self._busy_s += duration
+                self._busy_slot_s += occupied * duration
+                if finished:
+                    self._outbox.extend(finished)
+                    self._cond.notify_all()
+
+    def _run_commands(self, *, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            fn, future = item
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # the caller's thread re-raises it
+                future.set_exception(exc)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the engine thread between two steps and return its result."""
+        if self._stopping:
+            raise RuntimeError(f"rollout worker {self.index} is stopped")
+        future: Future[Any] = Future()
+        self._inbox.put((fn, future))
+        return future.result()
+
+    def _message(self, exported: tuple[MigratingRequest, ...] = (), *, export: bool = False) -> WorkerMessage:
+        """Take the outbox as the next numbered message (caller holds ``_cond``)."""
+        self._seq += 1
+        finished, self._outbox = tuple(self._outbox), []
+        return WorkerMessage(
+            seq=self._seq, finished=finished, counters=self._counters(), exported=exported, export_reply=export,
+        )
+
+    def _counters(self) -> WorkerCounters:
+        return WorkerCounters(
+            wall_s=time.perf_counter() - self._t0,
+            busy_s=self._busy_s,
+            busy_slot_s=self._busy_slot_s,
+            generated_tokens=self._engine.stats().generated_tokens - self._generated_base,
+            num_active=self._engine.num_active() + self._engine.num_waiting(),
+        )
+
+    # ------------------------------------------------------------------ controller API
+    def poll(self, timeout_s: float) -> WorkerMessage:
+        """Wait up to ``timeout_s`` for finished trajectories; return them (possibly none) as a message."""
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._outbox) or self._stopping, timeout=timeout_s)
+            return self._message()
+
+    def counters(self) -> WorkerCounters:
+        """The cumulative counters now (outside the message sequence: carries no trajectories)."""
+        with self._cond:
+            return self._counters()
+
+    def start_clock(self) -> None:
+        """Zero the occupancy counters: the run's wall clock starts now (after warm-up and first load)."""
+
+        def reset() -> None:
+            with self._cond:
+                self._t0 = time.perf_counter()
+                self._busy_s = self._busy_slot_s = 0.0
+                self._generated_base = self._engine.stats().generated_tokens
+
+        self._call(reset)
+
+    def load_weights(self, version: int, weights: dict[str, torch.Tensor], resume_in_flight: bool = False) -> None:
+        """Serve ``version``. Ray resolves ``weights`` from the object store (one copy per version).
+
+        With ``resume_in_flight`` the in-flight requests are aborted, and resumed on ``version`` with
+        their tokens so far re-prefilled (partial rollout: they get a new version span). Otherwise the
+        engine must be empty; the old versions are dropped.
+        """
+
+        def load() -> None:
+            engine = self._engine
+            partials = []
+            if resume_in_flight:
+                partials = [(request, engine.abort(request.request_id)) for request in _in_flight(engine)]
+            elif engine.num_active() or engine.num_waiting():
+                raise RuntimeError(
+                    f"worker {self.index}: load v{version} with {engine.num_active() + engine.num_waiting()} "
+                    "requests in flight and resume_in_flight=False"
+                )
+            engine.load_weights(version, weights)
+            for old in engine.hosted_versions():
+                if old != version:
+                    engine.drop_version(old)
+            for request, partial in partials:
+                engine.add_request(GenerationRequest(
+                    request_id=request.request_id, prompt_ids=request.prompt_ids, version=version,
+                    max_new_tokens=request.max_new_tokens, temperature=request.temperature, seed=request.seed,
+                    prefix=partial,
+                ))
+
+        self._call(load)
+
+    def add_requests(self, requests: list[GenerationRequest]) -> None:
+        def add() -> None:
+            for r in requests:
+                self._engine.add_request(r)
+
+        self._call(add)
+
+    def export_requests(self) -> WorkerMessage:
+        """Remove every in-flight request with its KV cache; the reply also carries unpolled finishes."""
+
+        def export() -> WorkerMessage:
+            engine = self._engine
+            moved = tuple(engine.export_request(r.request_id) for r in _in_flight(engine))
+            with self._cond:
+                return self._message(exported=moved, export=True)
+
+        return self._call(export)
+
+    def import_requests(self, requests: list[MigratingRequest]) -> None:
+        def imp() -> None:
+            for m in requests:
+                self._engine.import_request(m)
+
+        self._call(imp)
+
+    def stop(self) -> None:
+        """Stop the engine thread (in-flight requests are abandoned; the controller accounts for them)."""
+        self._stopping = True
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout=5.0)
+
+
+def _in_flight(engine: TorchRolloutEngine) -> list[GenerationRequest]:
+    """Requests holding a slot or waiting for one, in slot then arrival order.
+
+    The engine exposes only the active ids; the waiting queue is read directly until it grows a
+    public accessor (asked of the engines' owner).
+    """
+    return [s.request for s in (*engine._slots, *engine._waiting)]
+
+
+class TrainerActor:
+    """The trainer: supervised warm-up (version 0), GRPO steps, and weights published per version."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        task: TaskConfig,
+        lengths: LengthSampler,
+        seed: int,
+        warmup_learning_rate: float,
+    ) -> None:
+        torch.set_num_threads(config.num_threads)
+        self._trainer = TorchTrainer(config)
+        self._task = task
+        self._lengths = lengths
+        self._seed = seed
+        self._warmup_lr = warmup_learning_rate
+
+    def warm_up(self, cache_dir: str | None) -> tuple[int, float]:
+        """Supervised warm-up (cached by content hash in ``cache_dir``); returns ``(steps run, seconds)``."""
+        from pathlib import Path
+
+        start = time.perf_counter()
+        losses = warm_up(
+            self._trainer, self._task, self._lengths, seed=self._seed, learning_rate=self._warmup_lr,
+            cache_dir=None if cache_dir is None else Path(cache_dir),
+        )
+        return len(losses), time.perf_counter() - start
+
+    def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
+        return self._trainer.train_step(batch)
+
+    def publish(self, version: int) -> dict[str, torch.Tensor]:
+        """The weights of ``version`` (the return value lands in Ray's object store; workers fetch it)."""
+        have, weights = self._trainer.export_weights()
+        if have != version:
+            raise RuntimeError(f"publish v{version} but the trainer holds v{have}")
+        return weights

@@ -1,0 +1,129 @@
+"""What a person watching ``dora apply`` sees: a live panel while it runs, and a summary at the end.
+
+The live panel shows step / total, reward (last step and a sparkline of every step), live versions
+and what each rollout worker serves, staleness, generated and trained tokens per second, rollout
+slot occupancy and an ETA extrapolated from the steady-state step time. It only reads ``RunStats``;
+refreshes are throttled by ``rich.live.Live``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from dora.runtime.trace import RunStats
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], *, low: float = 0.0, high: float = 1.0, width: int = 40) -> str:
+    """One character per value (the last ``width`` values), scaled between ``low`` and ``high``."""
+    span = max(high - low, 1e-9)
+    return "".join(_BARS[min(len(_BARS) - 1, max(0, int((v - low) / span * len(_BARS))))] for v in values[-width:])
+
+
+def _eta_s(stats: RunStats) -> float | None:
+    s = stats.steps
+    if len(s) < 2:
+        return None
+    per_step = (s[-1].end_s - s[0].end_s) / (len(s) - 1)
+    return per_step * (stats.total_steps - len(s))
+
+
+def render(stats: RunStats, title: str) -> Panel:
+    """The live panel for the current state of the run."""
+    s = stats.steps
+    last = s[-1] if s else None
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("step", f"{len(s)} / {stats.total_steps}   t={stats.now_s:6.1f}s")
+    if last is not None:
+        rewards = [r.reward_mean for r in s]
+        table.add_row("reward", f"{last.reward_mean:.3f} (exact {last.exact_fraction:.0%})  {sparkline(rewards)}")
+        table.add_row("staleness", f"mean {last.mean_staleness:.2f}  max {last.max_staleness}   "
+                                   f"IS weight mean {last.is_weight_mean:.3f} max {last.is_weight_max:.2f} "
+                                   f"clipped {last.is_weight_clip_frac:.1%}")
+        table.add_row("throughput", f"generated {last.generated_tokens / last.step_time_s:7.0f} tok/s   "
+                                    f"trained {last.trained_tokens / last.step_time_s:7.0f} tok/s   "
+                                    f"step {last.step_time_s:.2f}s (rollout share {last.rollout_share:.0%})")
+    versions = ", ".join(f"v{v}" for v in stats.live_versions)
+    engines = " ".join(f"v{v}" for v in stats.engine_versions)
+    table.add_row("versions", f"live {versions}   workers serve [{engines}]")
+    occ = f"now {stats.occupancy_now:.0%}"
+    if last is not None:
+        occ += f"   last step {last.rollout_occupancy:.0%}"
+    table.add_row("rollout slots", f"{occ}   in flight {stats.in_flight}/{stats.num_workers * stats.slots_per_worker}")
+    eta = _eta_s(stats)
+    table.add_row("eta", "estimating..." if eta is None else f"{eta:5.0f}s")
+    return Panel(table, title=title, border_style="cyan")
+
+
+class LiveDisplay:
+    """A ``rich.live.Live`` around the run; ``update`` is the controller's progress callback."""
+
+    def __init__(self, console: Console, title: str, *, enabled: bool = True) -> None:
+        self.console = console
+        self.title = title
+        self.enabled = enabled and console.is_terminal
+        self._live: Live | None = None
+        self._printed_steps = 0
+
+    def __enter__(self) -> LiveDisplay:
+        if self.enabled:
+            self._live = Live(console=self.console, refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def update(self, stats: RunStats) -> None:
+        if self._live is not None:
+            self._live.update(render(stats, self.title))
+            return
+        # Not a terminal (CI, a pipe): one plain line per finished step instead of a live panel.
+        for r in stats.steps[self._printed_steps:]:
+            self.console.print(
+                f"step {r.step:3d}/{stats.total_steps}  reward {r.reward_mean:.3f}  staleness {r.mean_staleness:.2f}  "
+                f"step {r.step_time_s:.2f}s  occupancy {r.rollout_occupancy:.0%}  "
+                f"trained {r.trained_tokens / r.step_time_s:.0f} tok/s", highlight=False,
+            )
+        self._printed_steps = len(stats.steps)
+
+
+def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
+    """The final summary: throughput, occupancy, staleness, reward, IS weights, audit verdict."""
+    t = Table(title=f"dora apply — {summary['mode']}: {summary['steps']}/{summary['total_steps']} steps "
+                    f"in {summary['wall_s']:.1f}s", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    if "steady_trained_tokens_per_s" in summary:
+        t.add_row("trained tokens/s (steady)", f"{summary['steady_trained_tokens_per_s']:.0f}")
+        t.add_row("generated tokens/s (steady)", f"{summary['steady_generated_tokens_per_s']:.0f}")
+        t.add_row("step time (steady)", f"{summary['steady_step_time_s']:.2f}s, rollout share "
+                                        f"{summary['steady_rollout_share']:.0%}")
+        t.add_row("rollout slot occupancy", f"{summary['steady_rollout_occupancy']:.0%}")
+        t.add_row("staleness", f"mean {summary['mean_staleness']:.2f}, max {summary['max_staleness']}, "
+                               f"live versions up to {summary['max_live_versions']}")
+        t.add_row("trained response length", f"{summary['mean_trained_response_tokens']:.1f} tokens (mean)")
+        t.add_row("reward", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}  "
+                            f"{sparkline(summary['reward_curve'])}")
+        t.add_row("IS weights", f"mean {summary['is_weight_mean']:.3f}, max {summary['is_weight_max']:.2f}, "
+                                f"truncated {summary['is_weight_clip_frac']:.2%}")
+    t.add_row("migrations / weight loads", f"{summary['migrated_trajectories']} trajectories / "
+                                           f"{summary['weight_loads']} loads")
+    t.add_row("unfinished at end", f"{summary['unfinished_at_end']} trajectories (admitted, never consumed)")
+    verdict = Text("audit: ", style="bold")
+    if audit["ok"]:
+        verdict.append(f"ok — {audit['num_consumed']} trajectories consumed, the three constraints hold", style="green")
+    else:
+        verdict.append(f"{len(audit['violations'])} VIOLATION(S)", style="bold red")
+    return Group(t, verdict)

@@ -1,0 +1,195 @@
+"""The runtime driver: run one lowered plan (``runtime.json``) to the end, then audit what happened.
+
+    python -m dora.runtime.driver --config launch/runtime.json     # what a Ray job runs
+
+``run_job(config)`` is the same thing in-process (``dora apply`` calls it). It starts a local Ray
+instance when none is running (and shuts down only what it started), runs the controller, then
+reads back ``trace.jsonl`` and audits it with ``planner.schedule.check_trace`` -- the checker that
+validates simulated schedules. It writes, under the run's output directory: ``trace.jsonl``,
+``metrics.jsonl`` (by the controller), ``timeline.html``, ``summary.json`` and the warm-up cache.
+
+Exit codes (``main``): 0 ran and the audit passed; 1 the audit found a violation or the run failed;
+2 the config is unreadable; 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dora.runtime.config import RuntimeConfig, RuntimeConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobResult:
+    """What one run produced: the summary (as written to ``summary.json``) and the audit verdict."""
+
+    summary: dict[str, Any]
+    audit: dict[str, Any]
+    output_dir: Path
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.audit["ok"])
+
+
+def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_threads: int = 1) -> Any:
+    """Resolve the runtime config into the controller's objects (engine, trainer, task, policy configs).
+
+    The task defines the vocabulary (numbers plus three specials), so the model's ``vocab_size`` is
+    the task's, not the catalog preset's. Sequences fit ``4`` prompt tokens plus the response cap.
+    """
+    from dora.runtime.controller import ControllerConfig
+    from dora.runtime.engines.tiny_model import TinyModelConfig
+    from dora.runtime.engines.torch_rollout import RolloutConfig
+    from dora.runtime.engines.torch_trainer import TrainerConfig
+    from dora.runtime.tasks import TaskConfig
+    from planner.policies import PolicyConfig
+    from planner.workload import LengthDistribution
+
+    if rc.rollout_engine != "torch" or rc.trainer != "torch":
+        raise RuntimeConfigError("rollout_engine", f"the local driver runs torch engines only, got rollout "
+                                 f"{rc.rollout_engine!r} / trainer {rc.trainer!r}; use the Ray-cluster launcher")
+    if rc.task is None:
+        raise RuntimeConfigError("task", "the local CPU runtime needs workload.task (the verifiable task)")
+    rl = rc.response_length
+    if rl.kind == "empirical":
+        lengths = LengthDistribution.empirical(histogram=rl.histogram or (), max_tokens=rl.max_tokens,
+                                               min_tokens=rl.min_tokens)
+    else:
+        lengths = LengthDistribution.lognormal(median=rl.median_tokens or 1, p99=rl.p99_tokens or 1,
+                                               max_tokens=rl.max_tokens, min_tokens=rl.min_tokens)
+    task = TaskConfig(number_tokens=max(TaskConfig().number_tokens, rl.max_tokens - 1),
+                      warmup_steps=rc.task.warmup_steps)
+    m = rc.model
+    model = TinyModelConfig(num_layers=m.num_layers, hidden_size=m.hidden_size, num_heads=m.num_attention_heads,
+                            num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, ffn_size=m.ffn_hidden_size,
+                            vocab_size=task.vocab_size, tie_embeddings=m.tie_embeddings)
+    a = rc.algorithm
+    policy = PolicyConfig(
+        mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
+        slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
+        samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
+        allow_version_mixing=rc.allow_version_mixing, max_versions_per_engine=rc.versions_per_engine,
+        colocated=rc.colocated,
+    )
+    cores = os.cpu_count() or 2
+    share = int(100 * cores / (rc.rollout_workers + 1)) / 100  # Ray CPU reservation per actor
+    out = base_dir / rc.output_dir
+    return ControllerConfig(
+        policy=policy,
+        rollout=RolloutConfig(model=model, eos_token_id=task.eos_token_id, max_num_seqs=rc.max_num_seqs,
+                              max_model_len=max(rc.max_model_len, 4 + rl.max_tokens + 1), num_threads=1),
+        trainer=TrainerConfig(model=model, learning_rate=a.learning_rate, off_policy_correction=a.off_policy_correction,
+                              is_weight_cap=a.tis_cap, ppo_clip_eps=a.clip_ratio, num_minibatches=a.minibatches_per_step,
+                              temperature=a.temperature, num_threads=trainer_threads, seed=rc.seed),
+        task=task, response_lengths=lengths, temperature=a.temperature, seed=rc.seed, output_dir=out,
+        warmup_cache_dir=out / "cache", worker_num_cpus=share, trainer_num_cpus=share,
+    )
+
+
+def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_dir: Path = Path()) -> JobResult:
+    """Run ``rc`` to the end (Ray started here if needed), audit the trace, write the outputs.
+
+    ``KeyboardInterrupt`` propagates after the actors are stopped, the trace is flushed and the Ray
+    instance this call started is shut down.
+    """
+    import ray
+    from rich.console import Console
+
+    from dora.runtime.controller import Controller
+    from dora.runtime.display import LiveDisplay
+
+    console = console or Console(stderr=True)
+    config = controller_config(rc, base_dir=base_dir)
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+        started = True
+    try:
+        title = f"dora apply {rc.spec_name} — {rc.mode}, k={rc.max_version_lag}, " \
+                f"{rc.rollout_workers}x{rc.max_num_seqs} rollout slots"
+        with LiveDisplay(console, title, enabled=live) as display:
+            stats = Controller(config, on_progress=display.update).run()
+    finally:
+        if started:
+            ray.shutdown()
+    return finish_job(config.output_dir, stats.summary(), k=rc.max_version_lag,
+                      allow_version_mixing=rc.allow_version_mixing, title=f"{rc.spec_name} ({rc.mode})")
+
+
+def finish_job(output_dir: Path, summary: dict[str, Any], *, k: int, allow_version_mixing: bool,
+               title: str) -> JobResult:
+    """Audit ``trace.jsonl`` with the planner's checker; write ``timeline.html`` and ``summary.json``."""
+    from dora.runtime.trace import read_jsonl, write_json_atomic, write_text_atomic
+    from planner.schedule import TraceError, check_trace, timeline_html
+
+    events = read_jsonl(output_dir / "trace.jsonl")
+    try:
+        report = check_trace(events, k=k, allow_version_mixing=allow_version_mixing)
+        audit = {
+            "ok": report.ok, "num_trajectories": report.num_trajectories, "num_consumed": report.num_consumed,
+            "mixed": len(report.mixed), "unfinished_at_end": len(report.unfinished_at_end),
+            "staleness_histogram": [list(p) for p in report.staleness_histogram],
+            "violations": [{"constraint": v.constraint, "traj": v.traj, "step": v.step, "message": v.message}
+                           for v in report.violations[:50]],
+            "num_violations": len(report.violations),
+        }
+        write_text_atomic(output_dir / "timeline.html", timeline_html(events, title=f"dora apply — {title}"))
+    except TraceError as exc:
+        audit = {"ok": False, "num_trajectories": 0, "num_consumed": 0, "num_violations": len(exc.problems),
+                 "violations": [{"constraint": "trace", "traj": "", "step": None, "message": p}
+                                for p in exc.problems[:50]]}
+    write_json_atomic(output_dir / "summary.json", {"summary": summary, "audit": audit})
+    return JobResult(summary=summary, audit=audit, output_dir=output_dir)
+
+
+def report(result: JobResult, console: Any) -> int:
+    """Print the summary and the audit; the exit code (violations are loud and fail the run)."""
+    from dora.runtime.display import render_summary
+
+    console.print(render_summary(result.summary, result.audit))
+    if not result.ok:
+        for v in result.audit["violations"][:10]:
+            console.print(f"  [red]{v['constraint']}[/red]: {v['message']}", highlight=False)
+        console.print(f"[bold red]audit failed[/bold red]: {result.audit['num_violations']} violation(s); "
+                      f"see {result.output_dir / 'trace.jsonl'} and {result.output_dir / 'summary.json'}")
+        return EXIT_FAILED
+    console.print(f"outputs in {result.output_dir}/ (trace.jsonl, metrics.jsonl, timeline.html, summary.json)",
+                  highlight=False)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    ap = argparse.ArgumentParser(prog="python -m dora.runtime.driver", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, type=Path, help="runtime.json written by lowering")
+    ap.add_argument("--no-live", action="store_true", help="plain per-step lines instead of the live panel")
+    args = ap.parse_args(argv)
+    console = Console(stderr=True, highlight=False)
+    try:
+        rc = RuntimeConfig.from_json(args.config.read_text(encoding="utf-8"))
+    except (OSError, RuntimeConfigError) as exc:
+        console.print(f"[bold red]error[/bold red]: {args.config}: {exc}")
+        return EXIT_BAD_CONFIG
+    try:
+        result = run_job(rc, console=console, live=not args.no_live)
+    except RuntimeConfigError as exc:
+        console.print(f"[bold red]error[/bold red]: {args.config}: {exc}")
+        return EXIT_BAD_CONFIG
+    except KeyboardInterrupt:
+        console.print(f"interrupted: actors stopped, trace flushed to {rc.output_dir}/trace.jsonl")
+        return EXIT_INTERRUPTED
+    return report(result, console)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

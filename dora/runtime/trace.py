@@ -1,0 +1,260 @@
+"""Run outputs: the event trace, per-step metrics, and atomically written summary files.
+
+``trace.jsonl`` holds one JSON object per line in the ``planner.schedule`` event schema (the one the
+simulator records), times ``t`` in seconds since the run's clock started:
+
+=====================  ============================================================================
+``type``               fields
+=====================  ============================================================================
+``admitted``           ``traj``, ``version``, ``rollout_group``
+``run_config``         ``mode``, ``k``, ``allow_version_mixing``, ``num_rollout_groups``, ``slots_per_group``
+``finished``           ``traj``, ``rollout_group``, ``num_tokens``, ``spans`` ``[[version, n], ...]``
+``weights_load_started`` ``rollout_group``, ``version``, ``source``
+``weights_loaded``     ``rollout_group``, ``version``
+``migrated``           ``src``, ``dst``, ``trajs``
+``train_step``         ``step``, ``start_t``, ``consumed`` (trajectory ids), ``produced_version``
+``weights_published``  ``version``
+``unfinished_at_end``  ``traj``, ``finished`` (whether it had finished but was never consumed)
+=====================  ============================================================================
+
+The trace and the metrics are append-only and flushed per record: after a crash or Ctrl-C they hold
+exactly what happened up to that point, which is what an audit of a partial run should see.
+Whole-file outputs (summary, timeline) are written to a temporary file and renamed, so a reader
+never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+
+class JsonlWriter:
+    """Append JSON objects, one per line, flushed after each (see the module doc for why)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = path.open("w", encoding="utf-8")
+        self.count = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            raise RuntimeError(f"{self.path} is closed")
+        self._file.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
+        self._file.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+
+
+class TraceWriter(JsonlWriter):
+    """``trace.jsonl``: stamps every event with the run clock ``t`` (seconds) it is given."""
+
+    def event(self, t_s: float, kind: str, **fields: Any) -> None:
+        self.write({"t": round(t_s, 6), "type": kind, **fields})
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every record of a JSON-lines file (a truncated last line, from a killed writer, is skipped)."""
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- metrics
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One line of ``metrics.jsonl``. Times in seconds on the run clock; tokens are response tokens.
+
+    Interval figures cover ``(previous step's end, this step's end]``: ``rollout_occupancy`` is
+    occupied slot-seconds over ``slots x workers x interval``; ``rollout_share`` is the mean over
+    workers of the time with at least one sequence in flight over the interval (in ``sync`` this
+    is rollout time over step time). ``mean_staleness`` is ``step - version - 1`` averaged over the
+    batch (the constraint's own measure: 0 is on-policy).
+    """
+
+    step: int
+    start_s: float
+    end_s: float
+    step_time_s: float
+    train_time_s: float
+    reward_mean: float
+    exact_fraction: float
+    loss: float
+    grad_norm: float
+    is_weight_mean: float
+    is_weight_max: float
+    is_weight_clip_frac: float
+    ppo_clip_frac: float
+    mean_staleness: float
+    max_staleness: int
+    num_sequences: int
+    trained_tokens: int
+    forward_tokens: int
+    mean_response_tokens: float
+    generated_tokens: int
+    rollout_occupancy: float
+    rollout_share: float
+    live_versions: tuple[int, ...]
+    engine_versions: tuple[int, ...]
+    cum_generated_tokens: int
+    cum_busy_slot_s: float
+    cum_busy_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key, value in out.items():
+            if isinstance(value, float):
+                out[key] = round(value, 6)
+            elif isinstance(value, tuple):
+                out[key] = list(value)
+        return out
+
+
+def _sums(counters: Sequence[Any]) -> tuple[float, float, int]:
+    """(busy slot-seconds, busy seconds, generated tokens) summed over the workers that reported."""
+    live = [c for c in counters if c is not None]
+    return (sum(c.busy_slot_s for c in live), sum(c.busy_s for c in live), sum(c.generated_tokens for c in live))
+
+
+@dataclass(kw_only=True)
+class RunStats:
+    """The controller's running tally: per-step records plus what the live display shows."""
+
+    num_workers: int
+    slots_per_worker: int
+    total_steps: int
+    mode: str
+    steps: list[StepRecord] = field(default_factory=list)
+    warmup_steps: int = 0
+    warmup_s: float = 0.0
+    weight_loads: int = 0
+    migrated: int = 0
+    mixed_trajectories: int = 0
+    finished_trajectories: int = 0
+    unfinished_at_end: int = 0
+    now_s: float = 0.0
+    end_s: float | None = None
+    live_versions: tuple[int, ...] = (0,)
+    engine_versions: tuple[int, ...] = ()
+    max_live_versions: int = 1
+    in_flight: int = 0
+    occupancy_now: float = 0.0
+    generated_tokens: int = 0
+    busy_slot_s: float = 0.0
+    busy_s: float = 0.0
+
+    def observe(self, now_s: float, counters: Sequence[Any], live: tuple[int, ...], engines: tuple[int, ...]) -> None:
+        """Refresh the live figures (called between events, a few times a second)."""
+        self.now_s = now_s
+        self.live_versions, self.engine_versions = live, engines
+        self.max_live_versions = max(self.max_live_versions, len(live))
+        reported = [c for c in counters if c is not None]
+        self.in_flight = sum(c.num_active for c in reported)
+        self.occupancy_now = min(1.0, self.in_flight / (self.num_workers * self.slots_per_worker))
+        self.busy_slot_s, self.busy_s, self.generated_tokens = _sums(counters)
+
+    def step_finished(
+        self, *, step: int, start_s: float, end_s: float, metrics: Any, rewards: Sequence[float],
+        versions: Sequence[int], counters: Sequence[Any], live: tuple[int, ...], engines: tuple[int, ...],
+    ) -> StepRecord:
+        self.observe(end_s, counters, live, engines)
+        prev_end = self.steps[-1].end_s if self.steps else 0.0
+        prev = self.steps[-1] if self.steps else None
+        interval = max(end_s - prev_end, 1e-9)
+        d_slot = self.busy_slot_s - (prev.cum_busy_slot_s if prev else 0.0)
+        d_busy = self.busy_s - (prev.cum_busy_s if prev else 0.0)
+        d_gen = self.generated_tokens - (prev.cum_generated_tokens if prev else 0)
+        staleness = [step - v - 1 for v in versions]
+        record = StepRecord(
+            step=step, start_s=start_s, end_s=end_s, step_time_s=interval, train_time_s=metrics.train_time_s,
+            reward_mean=metrics.reward_mean, exact_fraction=sum(r == 1.0 for r in rewards) / len(rewards),
+            loss=metrics.loss, grad_norm=metrics.grad_norm, is_weight_mean=metrics.is_weight_mean,
+            is_weight_max=metrics.is_weight_max, is_weight_clip_frac=metrics.is_weight_clip_frac,
+            ppo_clip_frac=metrics.ppo_clip_frac, mean_staleness=sum(staleness) / len(staleness),
+            max_staleness=max(staleness), num_sequences=metrics.num_sequences,
+            trained_tokens=metrics.num_trained_tokens, forward_tokens=metrics.num_forward_tokens,
+            mean_response_tokens=metrics.num_trained_tokens / metrics.num_sequences, generated_tokens=d_gen,
+            rollout_occupancy=d_slot / (self.num_workers * self.slots_per_worker * interval),
+            rollout_share=d_busy / (self.num_workers * interval), live_versions=live, engine_versions=engines,
+            cum_generated_tokens=self.generated_tokens, cum_busy_slot_s=self.busy_slot_s, cum_busy_s=self.busy_s,
+        )
+        self.steps.append(record)
+        return record
+
+    def summary(self) -> dict[str, Any]:
+        """Run-level figures. Steady state = from the end of step 1 to the end of the last step."""
+        s = self.steps
+        out: dict[str, Any] = {
+            "mode": self.mode, "steps": len(s), "total_steps": self.total_steps,
+            "wall_s": self.end_s if self.end_s is not None else self.now_s,
+            "warmup_steps": self.warmup_steps, "warmup_s": self.warmup_s, "weight_loads": self.weight_loads,
+            "migrated_trajectories": self.migrated, "mixed_trajectories": self.mixed_trajectories,
+            "unfinished_at_end": self.unfinished_at_end, "max_live_versions": self.max_live_versions,
+            "rollout_workers": self.num_workers, "slots_per_worker": self.slots_per_worker,
+        }
+        if not s:
+            return out
+        steady = s[1:] if len(s) > 1 else s
+        t0 = s[0].end_s if len(s) > 1 else 0.0
+        base = s[0] if len(s) > 1 else None
+        span = max(s[-1].end_s - t0, 1e-9)
+        tokens = [r.trained_tokens for r in s]
+        seqs = [r.num_sequences for r in s]
+        k = max(1, len(s) // 5)
+        out.update({
+            "steady_step_time_s": span / len(steady),
+            "steady_trained_tokens_per_s": sum(r.trained_tokens for r in steady) / span,
+            "steady_generated_tokens_per_s": (s[-1].cum_generated_tokens - (base.cum_generated_tokens if base else 0)) / span,
+            "steady_rollout_occupancy": (s[-1].cum_busy_slot_s - (base.cum_busy_slot_s if base else 0.0))
+            / (self.num_workers * self.slots_per_worker * span),
+            "steady_rollout_share": (s[-1].cum_busy_s - (base.cum_busy_s if base else 0.0)) / (self.num_workers * span),
+            "mean_staleness": sum(r.mean_staleness * r.num_sequences for r in s) / sum(seqs),
+            "max_staleness": max(r.max_staleness for r in s),
+            "mean_trained_response_tokens": sum(tokens) / sum(seqs),
+            "reward_curve": [round(r.reward_mean, 4) for r in s],
+            "reward_first": sum(r.reward_mean for r in s[:k]) / k,
+            "reward_last": sum(r.reward_mean for r in s[-k:]) / k,
+            "is_weight_mean": sum(r.is_weight_mean * r.trained_tokens for r in s) / sum(tokens),
+            "is_weight_max": max(r.is_weight_max for r in s),
+            "is_weight_clip_frac": sum(r.is_weight_clip_frac * r.trained_tokens for r in s) / sum(tokens),
+        })
+        return out
