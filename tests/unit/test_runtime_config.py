@@ -1,0 +1,97 @@
+"""RuntimeConfig: deterministic JSON, strict parsing with the failing field named, no torch/ray import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_lower_plans import EXAMPLE_SPECS, example_plan, load_example
+
+from dora.lower.runtime import runtime_config
+from dora.runtime.config import FORMAT_VERSION, RuntimeConfig, RuntimeConfigError
+
+
+def _config(stem: str = "dense-8b-h800x64") -> RuntimeConfig:
+    resolved = load_example(stem)
+    return runtime_config(resolved, example_plan(resolved, stem))
+
+
+@pytest.mark.parametrize("stem", EXAMPLE_SPECS)
+def test_round_trip_is_exact_and_deterministic(stem: str) -> None:
+    config = _config(stem)
+    text = config.to_json()
+    assert RuntimeConfig.from_json(text) == config
+    assert RuntimeConfig.from_json(text).to_json() == text
+    assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
+
+
+def test_values_mirror_spec_and_plan() -> None:
+    resolved = load_example("local-tiny")
+    plan = example_plan(resolved, "local-tiny")
+    config = runtime_config(resolved, plan)
+    spec = resolved.spec
+    assert (config.mode, config.max_version_lag, config.rollout_workers) == (plan.mode, 2, plan.rollout.replicas)
+    assert config.versions_per_engine == plan.rollout.versions_per_engine
+    assert config.algorithm.learning_rate == spec.algorithm.learning_rate == 3.0e-4
+    assert config.task is not None and config.task.warmup_steps == 150
+    assert config.response_length.p99_tokens == 96 and config.response_length.kind == "lognormal"
+    assert config.model.name == "tiny-local" and config.model.dtype == "fp32" and config.model.checkpoint is None
+    assert (config.rollout_engine, config.trainer, config.output_dir) == ("torch", "torch", "runs/local-tiny")
+    mla = _config("moe-560b-x4096").model.mla
+    assert mla is not None and mla.kv_lora_rank == 512
+
+
+def _mutated(path: list[str], value) -> str:
+    data = json.loads(_config().to_json())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (["algorithm", "tis_cap"], "2", r"field 'algorithm\.tis_cap': expected a number, got str"),
+    (["steps"], True, r"field 'steps': expected an integer, got bool"),
+    (["steps"], 1.5, r"field 'steps': expected an integer, got float"),
+    (["colocated"], 0, r"field 'colocated': expected true or false, got int"),
+    (["mode"], "async", r"field 'mode': must be one of 'sync', .* got 'async'"),
+    (["model", "num_layers"], KeyError, r"field 'model\.num_layers': missing"),
+    (["model", "mla"], {"kv_lora_rank": 1}, r"field 'model\.mla\.q_lora_rank': missing"),
+    (["prompt_length", "median_tokens"], None, None),  # nullable: accepted
+    (["task"], None, None),
+    (["algorithm", "name"], None, r"field 'algorithm\.name': must be one of 'grpo', 'ppo', got None"),
+    (["algorithm"], None, r"field 'algorithm': expected an object, got null"),
+    (["format_version"], FORMAT_VERSION + 1, r"field 'format_version': this dora reads version 1, got 2"),
+])
+def test_from_json_names_the_bad_field(path, value, message) -> None:
+    text = _mutated(path, value)
+    if message is None:
+        RuntimeConfig.from_json(text)
+        return
+    with pytest.raises(RuntimeConfigError, match=message) as info:
+        RuntimeConfig.from_json(text)
+    assert info.value.field.startswith(path[0])
+
+
+def test_unknown_field_and_bad_document_are_refused() -> None:
+    data = json.loads(_config().to_json())
+    data["algorithm"]["tis_capp"] = 2.0
+    with pytest.raises(RuntimeConfigError, match=r"field 'algorithm\.tis_capp': unknown field \(known: .*tis_cap"):
+        RuntimeConfig.from_json(json.dumps(data))
+    with pytest.raises(RuntimeConfigError, match=r"not JSON"):
+        RuntimeConfig.from_json("{")
+    with pytest.raises(RuntimeConfigError, match=r"expected an object, got list"):
+        RuntimeConfig.from_json("[]")
+
+
+def test_importing_the_config_pulls_neither_torch_nor_ray() -> None:
+    code = ("import sys, dora.runtime.config, dora.lower; "
+            "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
