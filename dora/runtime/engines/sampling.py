@@ -1,0 +1,57 @@
+"""Counter-based sampling: the noise for a token is a pure function of (seed, position, vocab id).
+
+Why not a ``torch.Generator`` per request: one generator call per sequence per
+step is slow in a batch of 128, and a stateful generator cannot follow a request
+that is migrated to another engine or resumed after an abort. Hashing the
+counter instead gives the same tokens however requests are batched, moved or
+resumed, and costs one vectorised pass over ``[batch, vocab]``.
+
+Sampling is Gumbel-max: ``y = argmax_j (log p_j + g_j)`` with
+``g_j = -log(-log(u_j))`` and ``u_j`` uniform on (0, 1), which draws ``y`` from
+``p = softmax(logits / temperature)``. The recorded behaviour log-prob is
+``log p_y`` (nats). Temperature 0 means greedy; its recorded log-prob is then
+taken under ``softmax(logits)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31 keep every product of a 32-bit value below 2**63,
+# so int64 arithmetic never overflows.
+_MULTIPLIERS = (0x2C1B3C6D, 0x297A2D39, 0x7FEB352D)
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """Avalanche a tensor of 32-bit values held in int64 (xor-shift / multiply rounds)."""
+    for mult in _MULTIPLIERS:
+        h = h ^ (h >> 16)
+        h = (h * mult) & _MASK32
+    return h ^ (h >> 15)
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``u[b, j]`` in (0, 1), float64, a function of ``(seeds[b], positions[b], j)`` only."""
+    seeds = seeds.to(torch.int64)
+    key = _mix32(seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) ^ 0x5BD1E995)
+    per_position = _mix32((key ^ (positions.to(torch.int64) * 0x3C6EF372)) & _MASK32)
+    vocab = torch.arange(vocab_size, dtype=torch.int64) * 0x1B873593
+    h = _mix32((per_position[:, None] ^ vocab[None, :]) & _MASK32)
+    return (h.to(torch.float64) + 0.5) / 2.0**32
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return ``(tokens [B] int64, logprobs [B] float32)``.
+
+    ``positions[b]`` is the index of the token being sampled within the response.
+    """
+    greedy = temperatures <= 0
+    scale = torch.where(greedy, torch.ones_like(temperatures), temperatures)
+    logp = torch.log_softmax(logits.float() / scale[:, None], dim=-1)
+    gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
+    gumbel = torch.where(greedy[:, None], torch.zeros_like(gumbel), gumbel)
+    tokens = torch.argmax(logp.double() + gumbel, dim=-1)
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)

@@ -1,0 +1,252 @@
+"""A tiny decoder-only transformer with a slot-indexed KV cache, for CPU rollout and training.
+
+Architecture (pre-norm, as in Llama): token embedding -> ``num_layers`` x
+[RMSNorm -> grouped-query attention with rotary positions -> residual,
+RMSNorm -> GELU MLP -> residual] -> RMSNorm -> LM head (tied to the embedding
+when ``tie_embeddings``). Rotary positions need no parameters, so the model is
+fully described by the catalog fields (layers, hidden, heads, kv heads, head
+dim, ffn, vocab, tie_embeddings) and positions are per sequence, which is what
+lets one row hold several packed sequences.
+
+Three forwards share the same weights and maths:
+
+- ``forward_rows``: rows of tokens with a per-token segment id and position id
+  (block-diagonal causal attention). Training packs many sequences into a row;
+  prefill puts one request per row and writes its keys/values into the cache.
+- ``decode``: one new token for each of ``B`` cache slots, attending to that
+  slot's cached prefix of length ``positions[b]`` (per-slot lengths by masking).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyModelConfig:
+    """Shape of the model; the same fields as the planner's model catalog entry."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    """Must divide ``num_heads`` (grouped-query attention when smaller)."""
+    head_dim: int = 16
+    ffn_size: int = 256
+    vocab_size: int = 64
+    tie_embeddings: bool = True
+    rope_theta: float = 10_000.0
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads({self.num_heads}) % num_kv_heads({self.num_kv_heads}) != 0; "
+                "pick num_kv_heads dividing num_heads"
+            )
+
+    def num_params(self) -> int:
+        """Parameter count: embeddings + layers (attention, MLP, 2 norms) + final norm (+ head)."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        mlp = 2 * h * self.ffn_size + self.ffn_size + h
+        per_layer = attn + mlp + 2 * h
+        head = 0 if self.tie_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * per_layer + h + head
+
+
+class KVCache:
+    """Preallocated keys/values: ``[layers, slots, kv_heads, max_len, head_dim]`` each.
+
+    Slots are owned by the rollout engine; this object only holds memory.
+    """
+
+    def __init__(self, config: TinyModelConfig, *, num_slots: int, max_len: int) -> None:
+        shape = (config.num_layers, num_slots, config.num_kv_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape)
+        self.v = torch.zeros(shape)
+        self.max_len = max_len
+
+    def read_slot(self, slot: int, length: int) -> torch.Tensor:
+        """``[layers, 2, kv_heads, length, head_dim]`` copy of one slot's cached prefix."""
+        return torch.stack([self.k[:, slot, :, :length], self.v[:, slot, :, :length]], dim=1).clone()
+
+    def write_slot(self, slot: int, kv: torch.Tensor) -> None:
+        length = kv.shape[3]
+        self.k[:, slot, :, :length] = kv[:, 0]
+        self.v[:, slot, :, :length] = kv[:, 1]
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
+
+def _rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate ``x[..., head_dim]`` by angle ``position * theta^(-2i/head_dim)`` per channel pair.
+
+    ``positions`` broadcasts against ``x`` without its last dim (we pass it shaped
+    so that the head axis is 1).
+    """
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class _Block(nn.Module):
+    def __init__(self, c: TinyModelConfig) -> None:
+        super().__init__()
+        self.c = c
+        self.attn_norm = nn.RMSNorm(c.hidden_size, eps=1e-6)
+        self.q = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.mlp_norm = nn.RMSNorm(c.hidden_size, eps=1e-6)
+        self.up = nn.Linear(c.hidden_size, c.ffn_size)
+        self.down = nn.Linear(c.ffn_size, c.hidden_size)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.mlp_norm(x))))
+
+    def forward_rows(
+        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x [R, L, hidden]``, ``mask [R, 1, L, L]`` -> (output, k, v) with k/v ``[R, kv_heads, L, d]``."""
+        c = self.c
+        r, n, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q(h).view(r, n, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k(h).view(r, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v(h).view(r, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q = _rotary(q, positions[:, None, :], c.rope_theta)
+        k = _rotary(k, positions[:, None, :], c.rope_theta)
+        group = c.num_heads // c.num_kv_heads
+        kr = k.repeat_interleave(group, dim=1) if group > 1 else k
+        vr = v.repeat_interleave(group, dim=1) if group > 1 else v
+        out = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
+        x = x + self.o(out.transpose(1, 2).reshape(r, n, c.num_heads * c.head_dim))
+        return self._mlp(x), k, v
+
+    def decode(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
+        contiguous: slice | None,
+    ) -> torch.Tensor:
+        """``x [B, hidden]``: write this token's k/v at ``positions`` and attend to ``0..positions[b]``."""
+        c = self.c
+        b = x.shape[0]
+        group = c.num_heads // c.num_kv_heads
+        h = self.attn_norm(x)
+        q = self.q(h).view(b, c.num_heads, c.head_dim)
+        k = self.k(h).view(b, c.num_kv_heads, c.head_dim)
+        v = self.v(h).view(b, c.num_kv_heads, c.head_dim)
+        q = _rotary(q, positions[:, None], c.rope_theta)
+        k = _rotary(k, positions[:, None], c.rope_theta)
+        cache.k[layer, slots, :, positions] = k
+        cache.v[layer, slots, :, positions] = v
+        length = int(positions.max()) + 1
+        # A contiguous slot range is read as a view; scattered slots (several versions
+        # sharing one cache) need a gather, which copies.
+        if contiguous is not None:
+            keys, values = cache.k[layer, contiguous, :, :length], cache.v[layer, contiguous, :, :length]
+        else:
+            keys, values = cache.k[layer, slots, :, :length], cache.v[layer, slots, :, :length]
+        qg = q.view(b, c.num_kv_heads, group, c.head_dim)
+        scores = torch.matmul(qg, keys.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))
+        beyond = torch.arange(length)[None, :] > positions[:, None]
+        scores = scores.masked_fill(beyond[:, None, None, :], float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), values)
+        x = x + self.o(out.reshape(b, c.num_heads * c.head_dim))
+        return self._mlp(x)
+
+
+class TinyTransformer(nn.Module):
+    """The policy. See the module docstring for the architecture."""
+
+    def __init__(self, config: TinyModelConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        self.config = config
+        gen = torch.Generator().manual_seed(seed)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(_Block(config) for _ in range(config.num_layers))
+        self.norm = nn.RMSNorm(config.hidden_size, eps=1e-6)
+        self.lm_head = (
+            None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if p.dim() == 2:
+                    # Residual-branch outputs are scaled down by depth (GPT-2 style) so a random
+                    # start has unit-scale activations.
+                    std = 0.02 / math.sqrt(2 * config.num_layers) if name.endswith(("o.weight", "down.weight")) else 0.02
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+                elif name.endswith("bias"):
+                    p.zero_()
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        return x @ self.embed.weight.T if self.lm_head is None else self.lm_head(x)
+
+    def forward_rows(
+        self,
+        token_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        segment_ids: torch.Tensor,
+        *,
+        cache: KVCache | None = None,
+        cache_slots: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[R, L, vocab]`` for rows of packed sequences.
+
+        Token ``i`` attends to token ``j`` iff both have the same segment id and
+        ``position_ids[j] <= position_ids[i]``; segment id ``-1`` marks row padding
+        (it attends only to itself so no softmax row is empty). With ``cache``,
+        row ``r`` is one sequence whose keys/values go to ``cache_slots[r]``.
+        """
+        r, n = token_ids.shape
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        causal = position_ids[:, None, :] <= position_ids[:, :, None]
+        mask = (same & causal & (segment_ids[:, None, :] >= 0)) | torch.eye(n, dtype=torch.bool)
+        mask = mask[:, None]
+        x = self.embed(token_ids)
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer.forward_rows(x, position_ids, mask)
+            if cache is not None:
+                assert cache_slots is not None
+                idx = torch.tensor(cache_slots)
+                cache.k[i, idx, :, :n] = k
+                cache.v[i, idx, :, :n] = v
+        return self._logits(x)
+
+    def decode(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits ``[B, vocab]`` for one new token per slot; ``positions[b]`` = cached length of ``slots[b]``."""
+        first, count = int(slots[0]), slots.shape[0]
+        contiguous = (
+            slice(first, first + count)
+            if int(slots[-1]) == first + count - 1 and bool((slots.diff() == 1).all())
+            else None
+        )
+        x = self.embed(token_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer.decode(x, positions, cache, i, slots, contiguous)
+        return self._logits(x)
+
+
+def export_weights(model: TinyTransformer) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU copies of the parameters (safe to put in Ray's object store)."""
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+
+
+def model_from_weights(config: TinyModelConfig, weights: dict[str, torch.Tensor]) -> TinyTransformer:
+    model = TinyTransformer(config)
+    model.load_state_dict(weights)
+    model.requires_grad_(False)
+    return model.eval()

@@ -1,0 +1,251 @@
+"""Torch trainer on CPU (the role Megatron plays on GPU): GRPO on packed sequences, AdamW.
+
+Packing: every training sequence (prompt + response) is placed whole into rows
+of ``pack_len`` tokens by first-fit-decreasing; tokens of different sequences in
+a row never attend to each other (block-diagonal causal mask, per-sequence
+position ids), so the only padding is the unfilled tail of each row and the
+cost of a step follows the tokens trained, not ``batch x longest``.
+
+One ``train_step``: advantages per GRPO group -> (if ``num_minibatches > 1``) a
+no-grad forward for the proximal log-probs -> for each minibatch: forward,
+token losses (``grpo.policy_loss``), backward, clip, AdamW step. With one
+minibatch the proximal log-probs are that same forward, detached.
+The step publishes version ``v + 1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dora.runtime.engines.base import ScoredTrajectory, TrainMetrics
+from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer, export_weights
+from dora.runtime.grpo import LossStats, OffPolicyCorrection, group_advantages, policy_loss
+from dora.runtime.tasks import LengthSampler, TaskConfig, warmup_examples
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    model: TinyModelConfig
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float = 1.0
+    off_policy_correction: OffPolicyCorrection = "tis"
+    is_weight_cap: float | None = 2.0
+    """``C``: truncation of ``pi_prox / mu`` (TIS; optional for decoupled PPO)."""
+    ppo_clip_eps: float = 0.2
+    num_minibatches: int = 1
+    """Optimiser steps per ``train_step``; > 1 makes the PPO clip (and proximal forward) matter."""
+    temperature: float = 1.0
+    """Must equal the rollout temperature: log-probs are of ``softmax(logits / temperature)``."""
+    pack_len: int = 256
+    """Tokens per packed row (a longer sequence gets a row of its own length)."""
+    num_threads: int = 1
+    seed: int = 0
+    """Initial weights (when none are given) — version 0."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedRows:
+    """Rows of packed sequences and where each sequence's trained tokens sit."""
+
+    token_ids: torch.Tensor
+    """``[R, L]``"""
+    position_ids: torch.Tensor
+    segment_ids: torch.Tensor
+    """``-1`` marks the unfilled tail of a row."""
+    logit_index: torch.Tensor
+    """``[N]`` flat index into ``[R * L]`` of the logits predicting each trained token."""
+    target_ids: torch.Tensor
+    """``[N]`` the trained tokens, sequences in input order."""
+
+
+def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int) -> PackedRows:
+    """Pack ``(prompt_ids, response_ids)`` pairs; the response tokens are the trained ones."""
+    order = sorted(range(len(sequences)), key=lambda i: -(len(sequences[i][0]) + len(sequences[i][1])))
+    rows: list[list[int]] = []  # sequence indices per row
+    fill: list[int] = []
+    for i in order:
+        n = len(sequences[i][0]) + len(sequences[i][1])
+        for r, used in enumerate(fill):
+            if used + n <= pack_len:
+                rows[r].append(i)
+                fill[r] += n
+                break
+        else:
+            rows.append([i])
+            fill.append(n)
+    width = max(max(fill), 1) if fill else 1
+    tokens = torch.zeros(len(rows), width, dtype=torch.int64)
+    positions = torch.zeros(len(rows), width, dtype=torch.int64)
+    segments = torch.full((len(rows), width), -1, dtype=torch.int64)
+    where: dict[int, tuple[int, int]] = {}
+    for r, members in enumerate(rows):
+        offset = 0
+        for seg, i in enumerate(members):
+            prompt, response = sequences[i]
+            n = len(prompt) + len(response)
+            tokens[r, offset : offset + n] = torch.tensor(prompt + response)
+            positions[r, offset : offset + n] = torch.arange(n)
+            segments[r, offset : offset + n] = seg
+            where[i] = (r, offset)
+            offset += n
+    index, targets = [], []
+    for i, (prompt, response) in enumerate(sequences):
+        r, offset = where[i]
+        first = r * width + offset + len(prompt) - 1
+        index.extend(range(first, first + len(response)))
+        targets.extend(response)
+    return PackedRows(
+        token_ids=tokens, position_ids=positions, segment_ids=segments,
+        logit_index=torch.tensor(index, dtype=torch.int64), target_ids=torch.tensor(targets, dtype=torch.int64),
+    )
+
+
+def token_logprobs(model: TinyTransformer, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
+    """``[N]`` log-probs (nats) of the trained tokens under ``softmax(logits / temperature)``."""
+    logits = model.forward_rows(packed.token_ids, packed.position_ids, packed.segment_ids)
+    picked = logits.reshape(-1, logits.shape[-1])[packed.logit_index]
+    logp = torch.log_softmax(picked.float() / temperature, dim=-1)
+    return logp.gather(1, packed.target_ids[:, None]).squeeze(1)
+
+
+class TorchTrainer:
+    """Implements ``Trainer`` (see ``base.py``)."""
+
+    def __init__(self, config: TrainerConfig, *, initial_weights: dict[str, torch.Tensor] | None = None) -> None:
+        torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.model = TinyTransformer(config.model, seed=config.seed)
+        if initial_weights is not None:
+            self.model.load_state_dict(initial_weights)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.learning_rate, betas=config.adam_betas,
+            weight_decay=config.weight_decay,
+        )
+        self.version = 0
+        self.step = 0
+
+    def export_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        return self.version, export_weights(self.model)
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "model": export_weights(self.model), "optimizer": self.optimizer.state_dict(),
+            "step": self.step, "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.model.load_state_dict(state["model"])  # type: ignore[arg-type]
+        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        self.step = int(state["step"])  # type: ignore[call-overload]
+        self.version = int(state["version"])  # type: ignore[call-overload]
+
+    def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
+        if not batch:
+            raise ValueError("train_step needs a non-empty batch")
+        start = time.perf_counter()
+        cfg = self.config
+        advantages = group_advantages([s.reward for s in batch], [s.group_id for s in batch])
+        chunks = [list(range(len(batch)))[m :: cfg.num_minibatches] for m in range(cfg.num_minibatches)]
+        chunks = [c for c in chunks if c]
+        packed = [pack([(batch[i].trajectory.prompt_ids, batch[i].trajectory.response_ids) for i in c], cfg.pack_len)
+                  for c in chunks]
+        proximal: list[torch.Tensor | None] = [None] * len(chunks)
+        if len(chunks) > 1:
+            with torch.no_grad():
+                proximal = [token_logprobs(self.model, p, cfg.temperature) for p in packed]
+        total_tokens = sum(len(s.trajectory.response_ids) for s in batch)
+        loss_total, grad_norm = 0.0, 0.0
+        stats: list[LossStats] = []
+        self.model.train()
+        for chunk, rows, prox in zip(chunks, packed, proximal, strict=True):
+            logp = token_logprobs(self.model, rows, cfg.temperature)
+            behaviour = torch.tensor([lp for i in chunk for lp in batch[i].trajectory.behaviour_logprobs])
+            adv = torch.tensor([advantages[i] for i in chunk for _ in batch[i].trajectory.response_ids])
+            loss_sum, st = policy_loss(
+                logp, logp.detach() if prox is None else prox, behaviour, adv,
+                correction=cfg.off_policy_correction, clip_eps=cfg.ppo_clip_eps, is_weight_cap=cfg.is_weight_cap,
+            )
+            loss = loss_sum / total_tokens
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+            self.optimizer.step()
+            loss_total += float(loss.detach())
+            stats.append(st)
+        self.model.eval()
+        staleness = [self.version - s.trajectory.version for s in batch]
+        self.version += 1
+        self.step += 1
+        n_tok = sum(s.num_tokens for s in stats)
+        return TrainMetrics(
+            version=self.version,
+            loss=loss_total,
+            num_sequences=len(batch),
+            num_trained_tokens=total_tokens,
+            num_forward_tokens=sum(s.trajectory.num_tokens for s in batch),
+            reward_mean=sum(s.reward for s in batch) / len(batch),
+            is_weight_mean=sum(s.is_weight_sum for s in stats) / n_tok,
+            is_weight_max=max(s.is_weight_max for s in stats),
+            is_weight_clip_frac=sum(s.is_weight_clipped for s in stats) / n_tok,
+            ppo_clip_frac=sum(s.ppo_clipped for s in stats) / n_tok,
+            mean_staleness=sum(staleness) / len(staleness),
+            max_staleness=max(staleness),
+            grad_norm=grad_norm,
+            train_time_s=time.perf_counter() - start,
+        )
+
+    def supervised_step(self, examples: list[tuple[tuple[int, ...], tuple[int, ...]]], optimizer: torch.optim.Optimizer) -> float:
+        """One cross-entropy step (token mean over response tokens) — the warm-up; no version bump."""
+        self.model.train()
+        logp = token_logprobs(self.model, pack(examples, self.config.pack_len))
+        loss = -logp.mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        optimizer.step()
+        self.model.eval()
+        return float(loss.detach())
+
+
+def warm_up(
+    trainer: TorchTrainer,
+    task: TaskConfig,
+    lengths: LengthSampler,
+    *,
+    seed: int,
+    learning_rate: float = 3e-3,
+    cache_dir: Path | None = None,
+) -> list[float]:
+    """Supervised warm-up of ``trainer.model`` on the task's correct answers (version stays 0).
+
+    Returns the per-step losses (empty when the weights came from the cache).
+    The cache file name is a hash of everything that determines the result, so a
+    changed model, task, length distribution, seed or rate never reuses stale weights.
+    """
+    key = repr((trainer.config.model, task, lengths, seed, learning_rate, trainer.config.pack_len))
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"warmup-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+        if path.exists():
+            trainer.model.load_state_dict(torch.load(path, weights_only=True))
+            return []
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=learning_rate, betas=(0.9, 0.99))
+    losses = [
+        trainer.supervised_step(warmup_examples(task, lengths, rng, task.warmup_batch_size), optimizer)
+        for _ in range(task.warmup_steps)
+    ]
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(export_weights(trainer.model), tmp)
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    return losses

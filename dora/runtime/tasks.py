@@ -1,0 +1,113 @@
+"""Verifiable tasks a tiny model can learn on CPU: prompts, rewards and warm-up data.
+
+Task ``count``: the prompt is ``[BOS, a, b, SEP]`` with ``a <= b`` number
+tokens; the correct response is ``a, a+1, ..., b, EOS``. The response length
+``L = b - a + 2`` (numbers plus EOS) is drawn from the workload's response-length
+distribution (``planner.workload.LengthDistribution``), so the rollout engine
+sees the same long tail the planner predicts. A length of 1 is raised to 2 (a
+response holds at least one number) and lengths are capped at
+``min(max_tokens, number_tokens + 1)``.
+
+Reward (verifiable, in [0, 1]): the length of the longest correct prefix of the
+response divided by ``max(L, len(response))``: 1 for an exact answer, partial
+credit for counting correctly for a while (a dense signal GRPO can climb). The
+``len(response)`` in the denominator makes overrunning (counting past ``b``
+instead of stopping) cost as much as the extra tokens; without it the policy
+learns never to stop, which is cheap in reward and maximally long.
+
+Vocabulary: ``BOS = 0``, ``EOS = 1``, ``SEP = 2``, number ``n`` is token ``3 + n``
+for ``0 <= n < number_tokens``; ``vocab_size = 3 + number_tokens``.
+
+Everything is a pure function of its inputs and a ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+BOS, EOS, SEP = 0, 1, 2
+FIRST_NUMBER_TOKEN = 3
+
+
+class LengthSampler(Protocol):
+    """What the task needs from ``planner.workload.LengthDistribution``."""
+
+    max_tokens: int
+
+    def sample(self, rng: random.Random) -> int: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """The task a run learns. The spec layer mirrors these fields."""
+
+    name: Literal["count"] = "count"
+    number_tokens: int = 189
+    """Distinct numbers; must be ``>= max_tokens - 1`` of the length distribution. Vocab = 3 + this."""
+    warmup_steps: int = 40
+    """Supervised steps on correct answers before RL, so a random model starts imperfect, not hopeless."""
+    warmup_batch_size: int = 32
+    """Sequences per supervised warm-up step."""
+
+    def __post_init__(self) -> None:
+        if self.number_tokens < 2:
+            raise ValueError(f"number_tokens({self.number_tokens}) must be >= 2")
+        if self.warmup_steps < 0 or self.warmup_batch_size < 1:
+            raise ValueError(
+                f"warmup_steps({self.warmup_steps}) must be >= 0 and warmup_batch_size({self.warmup_batch_size}) >= 1"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST_NUMBER_TOKEN + self.number_tokens
+
+    @property
+    def eos_token_id(self) -> int:
+        return EOS
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prompt:
+    """One task instance."""
+
+    prompt_id: str
+    prompt_ids: tuple[int, ...]
+    target_ids: tuple[int, ...]
+    """The correct response, EOS included; ``len(target_ids)`` is the drawn length ``L``."""
+
+
+def make_prompt(config: TaskConfig, lengths: LengthSampler, rng: random.Random, prompt_id: str) -> Prompt:
+    """Draw ``L`` from ``lengths``, then a start ``a`` uniform over the numbers that fit."""
+    max_len = min(lengths.max_tokens, config.number_tokens + 1)
+    length = min(max(lengths.sample(rng), 2), max_len)
+    count = length - 1
+    start = rng.randrange(config.number_tokens - count + 1)
+    numbers = tuple(FIRST_NUMBER_TOKEN + start + i for i in range(count))
+    return Prompt(
+        prompt_id=prompt_id,
+        prompt_ids=(BOS, numbers[0], numbers[-1], SEP),
+        target_ids=(*numbers, EOS),
+    )
+
+
+def make_prompts(config: TaskConfig, lengths: LengthSampler, rng: random.Random, n: int, *, prefix: str = "p") -> list[Prompt]:
+    return [make_prompt(config, lengths, rng, f"{prefix}{i}") for i in range(n)]
+
+
+def score(prompt: Prompt, response_ids: tuple[int, ...] | list[int]) -> float:
+    """Longest correct prefix of ``response_ids`` over ``max(len(target), len(response))``; 1.0 iff exact."""
+    correct = 0
+    for got, want in zip(response_ids, prompt.target_ids, strict=False):
+        if got != want:
+            break
+        correct += 1
+    return correct / max(len(prompt.target_ids), len(response_ids))
+
+
+def warmup_examples(
+    config: TaskConfig, lengths: LengthSampler, rng: random.Random, n: int
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """``n`` supervised pairs ``(prompt_ids, correct response)`` from the task's own distribution."""
+    return [(p.prompt_ids, p.target_ids) for p in make_prompts(config, lengths, rng, n, prefix="w")]
