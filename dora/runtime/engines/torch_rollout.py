@@ -210,6 +210,10 @@ class TorchRolloutEngine:
     def active_request_ids(self) -> tuple[str, ...]:
         return tuple(s.request.request_id for s in self._slots)
 
+    def in_flight_requests(self) -> list[GenerationRequest]:
+        """Requests holding a slot (slot order) then those waiting (arrival order)."""
+        return [s.request for s in (*self._slots, *self._waiting)]
+
     # ----- the engine loop --------------------------------------------------------------------
     def step(self) -> list[FinishedTrajectory]:
         decoding = list(self._slots)

@@ -15,6 +15,7 @@ The step publishes version ``v + 1``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import random
 import time
@@ -136,8 +137,9 @@ class TorchTrainer:
         return self.version, export_weights(self.model)
 
     def state_dict(self) -> dict[str, object]:
+        """A snapshot: the optimiser's state dict references its live moment tensors, so it is copied."""
         return {
-            "model": export_weights(self.model), "optimizer": self.optimizer.state_dict(),
+            "model": export_weights(self.model), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "step": self.step, "version": self.version,
         }
 

@@ -1,0 +1,195 @@
+"""Trainer and GRPO maths: packing, advantages, off-policy losses by hand, versions and checkpoints."""
+
+import math
+
+import pytest
+import torch
+
+from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, ScoredTrajectory, Trainer
+from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer
+from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
+from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig, pack, token_logprobs, warm_up
+from dora.runtime.grpo import group_advantages, policy_loss
+from dora.runtime.tasks import TaskConfig
+from planner.workload import LengthDistribution
+
+torch.set_num_threads(1)
+
+MODEL = TinyModelConfig(vocab_size=20, num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=2, head_dim=16, ffn_size=64)
+SEQS = [((0, 3, 4), (5, 6, 7, 1)), ((0, 9), (2,)), ((0, 8, 8, 8), (4, 4, 4, 4, 4, 4, 1)), ((0, 2), (3, 1))]
+
+
+def test_pack_wastes_no_tokens_and_matches_per_sequence_logprobs() -> None:
+    model = TinyTransformer(MODEL, seed=0).eval()
+    packed = pack(list(SEQS), pack_len=12)
+    used = int((packed.segment_ids >= 0).sum())
+    assert used == sum(len(p) + len(r) for p, r in SEQS)
+    # Sequence lengths 7, 3, 11, 4; first-fit-decreasing into rows of 12: {11}, {7, 4}, {3}.
+    assert packed.token_ids.shape == (3, 11 + 0)  # rows are as wide as the fullest row, not pack_len
+    assert packed.segment_ids.tolist()[1] == [0] * 7 + [1] * 4
+    with torch.no_grad():
+        together = token_logprobs(model, packed, temperature=0.8)
+        one_by_one = torch.cat([token_logprobs(model, pack([s], 12), temperature=0.8) for s in SEQS])
+    torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=0)
+    assert packed.target_ids.tolist() == [t for _, r in SEQS for t in r]
+
+
+def test_packed_loss_equals_token_weighted_per_sequence_loss() -> None:
+    model = TinyTransformer(MODEL, seed=1)
+    adv = [0.5, -1.0, 2.0, 0.3]
+    behaviour_shift = -0.2  # mu a bit below pi: w = e^0.2 for every token
+
+    def loss_of(seqs: list, advs: list[float]) -> torch.Tensor:
+        logp = token_logprobs(model, pack(seqs, 12))
+        a = torch.tensor([x for (_, r), x in zip(seqs, advs, strict=True) for _ in r])
+        total, _ = policy_loss(logp, logp.detach(), logp.detach() + behaviour_shift, a, correction="tis", is_weight_cap=5.0)
+        return total
+
+    n_tokens = sum(len(r) for _, r in SEQS)
+    packed_loss = loss_of(list(SEQS), adv) / n_tokens
+    per_sequence = sum(loss_of([s], [a]) for s, a in zip(SEQS, adv, strict=True)) / n_tokens
+    torch.testing.assert_close(packed_loss, per_sequence, atol=1e-6, rtol=0)
+    # Hand value: at pi = pi_prox the ratio is 1, so l_t = -min(e^0.2, 5) * A.
+    expected = -math.exp(0.2) * sum(a * len(r) for (_, r), a in zip(SEQS, adv, strict=True)) / n_tokens
+    assert float(packed_loss.detach()) == pytest.approx(expected, rel=1e-6)
+
+
+def test_group_advantages_by_hand() -> None:
+    rewards = [1.0, 0.0, 0.5, 0.5, 0.2, 0.9, 0.9]
+    groups = ["a", "a", "b", "b", "c", "d", "d"]
+    adv = group_advantages(rewards, groups)
+    # group a: mean 0.5, population std 0.5 -> +-1; b and d have equal rewards, c is alone -> 0.
+    assert adv == pytest.approx([1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0], abs=1e-5)
+    adv3 = group_advantages([0.0, 0.3, 0.9], ["g"] * 3)
+    mean, std = 0.4, math.sqrt(((0.4) ** 2 + 0.1**2 + 0.5**2) / 3)
+    assert adv3 == pytest.approx([(r - mean) / std for r in (0.0, 0.3, 0.9)], rel=1e-5)
+    with pytest.raises(ValueError, match=r"len\(rewards\)\(2\) != len\(group_ids\)\(1\)"):
+        group_advantages([1.0, 2.0], ["a"])
+
+
+def _loss_and_grad(correction: str, logp: list[float], prox: list[float], mu: list[float], adv: list[float],
+                   cap: float | None) -> tuple[float, list[float], object]:
+    x = torch.tensor(logp, requires_grad=True)
+    total, stats = policy_loss(x, torch.tensor(prox), torch.tensor(mu), torch.tensor(adv),
+                               correction=correction, clip_eps=0.2, is_weight_cap=cap)
+    total.backward()
+    return float(total.detach()), x.grad.tolist(), stats
+
+
+def test_tis_by_hand() -> None:
+    # Token 1: w = e^1 = 2.718 > C = 2 (truncated); token 2: w = e^-0.5 = 0.607. Ratio r = e^0.1 / e^0.
+    logp, prox, mu, adv = [0.1, 0.0], [0.0, 0.0], [-1.0, 0.5], [1.0, -2.0]
+    total, grad, stats = _loss_and_grad("tis", logp, prox, mu, adv, 2.0)
+    w2 = math.exp(-0.5)
+    assert total == pytest.approx(-2.0 * math.exp(0.1) * 1.0 - w2 * 1.0 * -2.0, rel=1e-6)
+    assert grad == pytest.approx([-2.0 * math.exp(0.1), w2 * 2.0], rel=1e-6)  # d(-c r A)/dlogp = -c r A
+    assert stats.is_weight_clipped == 1 and stats.ppo_clipped == 0
+    assert stats.is_weight_max == pytest.approx(math.e, rel=1e-6)
+    assert stats.is_weight_sum == pytest.approx(math.e + w2, rel=1e-6)
+
+
+def test_decoupled_ppo_by_hand() -> None:
+    # Token 1: r = e^0.5 = 1.65 > 1.2 with A > 0 -> clipped, constant, no gradient.
+    # Token 2: r = e^-0.5 = 0.61 < 0.8 with A > 0 -> min picks r A (unclipped), gradient flows.
+    # Behaviour weights w = pi_prox / mu = e^0.3 and e^-0.1, uncapped.
+    logp, prox, mu, adv = [0.5, -0.5], [0.0, 0.0], [-0.3, 0.1], [1.0, 1.0]
+    total, grad, stats = _loss_and_grad("decoupled-ppo", logp, prox, mu, adv, None)
+    w1, w2 = math.exp(0.3), math.exp(-0.1)
+    assert total == pytest.approx(-w1 * 1.2 - w2 * math.exp(-0.5), rel=1e-6)
+    assert grad == pytest.approx([0.0, -w2 * math.exp(-0.5)], rel=1e-6)
+    assert stats.ppo_clipped == 1 and stats.is_weight_clipped == 0
+    # With a cap of 1.0 the first weight is truncated.
+    total_capped, _, stats = _loss_and_grad("decoupled-ppo", logp, prox, mu, adv, 1.0)
+    assert total_capped == pytest.approx(-1.0 * 1.2 - w2 * math.exp(-0.5), rel=1e-6)
+    assert stats.is_weight_clipped == 1
+
+
+def test_none_is_plain_ppo_and_ignores_behaviour() -> None:
+    logp, prox, adv = [0.5, -0.5], [0.0, 0.0], [-1.0, 1.0]
+    a, ga, _ = _loss_and_grad("none", logp, prox, [-3.0, 3.0], adv, 2.0)
+    b, gb, stats = _loss_and_grad("none", logp, prox, [0.0, 0.0], adv, 2.0)
+    # A < 0 with r = 1.65: min(-1.65, -1.2) = -1.65 unclipped; A > 0 with r = 0.61: unclipped too.
+    assert a == b == pytest.approx(math.exp(0.5) - math.exp(-0.5), rel=1e-6)
+    assert ga == gb and stats.ppo_clipped == 0 and stats.is_weight_clipped == 0
+    with pytest.raises(ValueError, match="needs is_weight_cap"):
+        _loss_and_grad("tis", logp, prox, prox, adv, None)
+
+
+def _rollout(weights: dict[str, torch.Tensor], version: int, n: int) -> list[FinishedTrajectory]:
+    engine = TorchRolloutEngine(RolloutConfig(model=MODEL, eos_token_id=1, max_num_seqs=n, max_model_len=24))
+    engine.load_weights(version, weights)
+    for i in range(n):
+        engine.add_request(GenerationRequest(request_id=f"r{i}", prompt_ids=(0, 3 + i % 2), version=version,
+                                             max_new_tokens=12, seed=i))
+    out: list[FinishedTrajectory] = []
+    while engine.num_active() or engine.num_waiting():
+        out.extend(engine.step())
+    return sorted(out, key=lambda t: t.request_id)
+
+
+def _scored(trajs: list[FinishedTrajectory]) -> list[ScoredTrajectory]:
+    # Reward: fraction of token 5 in the response (a learnable preference), two prompts = two groups.
+    return [ScoredTrajectory(trajectory=t, reward=t.response_ids.count(5) / len(t.response_ids),
+                             group_id=str(t.prompt_ids)) for t in trajs]
+
+
+@pytest.mark.parametrize("correction", ["none", "tis", "decoupled-ppo"])
+def test_train_step_versions_staleness_and_on_policy_weights(correction: str) -> None:
+    trainer = TorchTrainer(TrainerConfig(model=MODEL, off_policy_correction=correction, num_minibatches=2, seed=3))
+    assert isinstance(trainer, Trainer)
+    v0, w0 = trainer.export_weights()
+    assert v0 == 0 and all(t.is_contiguous() and t.device.type == "cpu" for t in w0.values())
+    fresh = _scored(_rollout(w0, 0, 8))
+    m1 = trainer.train_step(fresh)
+    # On-policy: the engine's behaviour log-probs equal the trainer's, so w = 1 to float precision.
+    assert m1.version == 1 and m1.mean_staleness == 0.0 and m1.max_staleness == 0
+    assert m1.is_weight_mean == pytest.approx(1.0, abs=1e-4) and m1.is_weight_max < 1.001
+    assert m1.num_trained_tokens == sum(len(s.trajectory.response_ids) for s in fresh)
+    assert m1.num_forward_tokens == m1.num_trained_tokens + sum(len(s.trajectory.prompt_ids) for s in fresh)
+    # Replaying version-0 data to a version-1 trainer: staleness 1 and weights no longer exactly 1.
+    m2 = trainer.train_step(fresh)
+    assert m2.version == 2 and m2.mean_staleness == 1.0
+    assert abs(m2.is_weight_mean - 1.0) > 1e-4 or m2.is_weight_max > 1.001
+
+
+def test_training_raises_the_reward_direction() -> None:
+    trainer = TorchTrainer(TrainerConfig(model=MODEL, learning_rate=5e-3, seed=4))
+    model = trainer.model
+    probe = pack([((0, 3), (5,)), ((0, 4), (5,))], 12)
+    with torch.no_grad():
+        before = float(token_logprobs(model, probe).mean())
+    for _ in range(8):
+        v, w = trainer.export_weights()
+        trainer.train_step(_scored(_rollout(w, v, 16)))
+    with torch.no_grad():
+        after = float(token_logprobs(model, probe).mean())
+    assert after > before + 0.5, (before, after)
+
+
+def test_state_dict_round_trip_continues_identically() -> None:
+    config = TrainerConfig(model=MODEL, seed=5)
+    a = TorchTrainer(config)
+    batch = _scored(_rollout(a.export_weights()[1], 0, 6))
+    a.train_step(batch)
+    b = TorchTrainer(TrainerConfig(model=MODEL, seed=99))
+    b.load_state_dict(a.state_dict())
+    assert b.version == 1 and b.step == 1
+    ma, mb = a.train_step(batch), b.train_step(batch)
+    assert ma.loss == mb.loss and ma.version == mb.version == 2
+    for key, value in a.export_weights()[1].items():
+        assert torch.equal(value, b.export_weights()[1][key])
+
+
+def test_warm_up_is_cached_by_content(tmp_path) -> None:
+    task = TaskConfig(number_tokens=17, warmup_steps=3, warmup_batch_size=4)
+    lengths = LengthDistribution.lognormal(median=4, p99=12, max_tokens=16)
+    a = TorchTrainer(TrainerConfig(model=MODEL, seed=0))
+    losses = warm_up(a, task, lengths, seed=1, cache_dir=tmp_path)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    b = TorchTrainer(TrainerConfig(model=MODEL, seed=0))
+    assert warm_up(b, task, lengths, seed=1, cache_dir=tmp_path) == []
+    for key, value in a.export_weights()[1].items():
+        assert torch.equal(value, b.export_weights()[1][key])
+    assert a.version == b.version == 0
+    c = TorchTrainer(TrainerConfig(model=MODEL, seed=0))
+    assert len(warm_up(c, task, lengths, seed=2, cache_dir=tmp_path)) == 3  # another seed: not the cached file
