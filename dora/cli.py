@@ -17,6 +17,12 @@ from dora import __version__
 EXAMPLES = """\
 examples:
   dora validate specs/*.yaml            check specs; every problem with its YAML path and line
+  dora plan specs/dense-32b-h800x128.yaml
+                                        dry run: chosen placement, mode, predicted cost, considered plans
+  dora plan SPEC --out plans/x          write plan.json, report, timeline, schedule graph, launch/ artifacts
+  dora plan SPEC --against plans/x/plan.json --detailed-exitcode
+                                        exit 0 if the plan is unchanged, 2 if it changed, 1 on error
+  dora diff old.yaml new.yaml           what changes in placement and predictions (specs or plan.json files)
   dora schema > dora-spec.schema.json   JSON Schema of the spec language, for editors
 """
 
@@ -47,7 +53,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             status = EXIT_INVALID
             results.append({"file": file, "valid": False, "problems": [d.to_json() for d in exc.diagnostics]})
             if not args.json:
-                _print_spec_error(exc)
+                print_spec_error(exc)
             continue
         results.append({"file": file, "valid": True, "spec_hash": resolved.spec_hash})
         if not args.json:
@@ -59,7 +65,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return status
 
 
-def _print_spec_error(exc) -> None:
+def print_spec_error(exc) -> None:
     from dora.spec.diagnostics import format_path
 
     con = _err_console()
@@ -86,6 +92,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dora.plan_cmd import cmd_plan as run
+
+    return run(args, _out_console(), _err_console())
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from dora.plan_cmd import cmd_diff as run
+
+    return run(args, _out_console(), _err_console())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dora",
@@ -100,6 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("specs", nargs="+", metavar="SPEC")
     p.add_argument("--json", action="store_true", help="machine-readable results")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="plan a spec: placement, mode, staleness, predicted cost (a dry run)")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--out", metavar="DIR", help="write plan.json, report.txt, timeline.html, schedule.*, launch/")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of the report")
+    p.add_argument("--calibration", metavar="FILE", help="calibration JSON from `dora calibrate`")
+    p.add_argument("--against", metavar="PLAN_JSON", help="compare with a previous plan.json and show the diff")
+    p.add_argument("--detailed-exitcode", action="store_true",
+                   help="with --against: exit 0 when unchanged, 2 when the plan changed, 1 on error")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("diff", help="compare two specs or plan files, Terraform-style")
+    p.add_argument("old", metavar="OLD")
+    p.add_argument("new", metavar="NEW")
+    p.add_argument("--detailed-exitcode", action="store_true", help="exit 2 when there are changes")
+    p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the spec language")
     p.set_defaults(func=cmd_schema)

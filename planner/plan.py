@@ -91,7 +91,7 @@ class Predictions:
     rollout_occupancy: float
     """Mean fraction of rollout slots busy."""
     rollout_share: float
-    """Fraction of a step's critical path spent generating (sync: generation time / step time)."""
+    """Fraction of a synchronous step spent generating (from the best simulated sync plan)."""
     trainer_utilization: float
     weight_sync_s: float
     mean_staleness: float

@@ -58,23 +58,27 @@ def cost_model_timing(
     train_pp: int,
     train_dp: int,
     train_ep: int = 1,
+    train_cp: int = 1,
+    train_recompute: str = "none",
     colocated: bool = False,
     dtype_bytes: float = 2,
     micro_batch_tokens: int | None = 16384,
     extra_forward_passes: int = 1,
     calib: Calibration = DEFAULT_CALIBRATION,
+    accelerators_per_node: int | None = None,
 ) -> CostModelTiming:
     """Timing for ``num_rollout_groups`` replicas of ``rollout_tp`` devices and a ``tp x pp x dp`` trainer.
 
     ``extra_forward_passes=1`` charges the old-logprob forward pass of GRPO-style training.
     """
     rollout = make_rollout_cost_model(arch, rollout_acc, tp=rollout_tp, ep=rollout_ep, dtype_bytes=dtype_bytes,
-                                      calib=calib)
+                                      calib=calib, accelerators_per_node=accelerators_per_node)
     train = TrainCostModel(arch=arch, acc=train_acc, tp=train_tp, pp=train_pp, dp=train_dp, ep=train_ep,
-                           micro_batch_tokens=micro_batch_tokens, extra_forward_passes=extra_forward_passes,
-                           dtype_bytes=dtype_bytes, calib=calib)
+                           cp=train_cp, micro_batch_tokens=micro_batch_tokens,
+                           extra_forward_passes=extra_forward_passes, recompute=train_recompute,  # type: ignore[arg-type]
+                           dtype_bytes=dtype_bytes, calib=calib, accelerators_per_node=accelerators_per_node)
     sync = weight_sync_time_s(
-        arch, src_acc=train_acc, dst_acc=rollout_acc, src_devices=train_tp * train_pp * train_dp,
+        arch, src_acc=train_acc, dst_acc=rollout_acc, src_devices=train_tp * train_pp * train_dp * train_cp,
         dst_devices=num_rollout_groups * rollout_tp, dst_tp=rollout_tp, colocated=colocated, src_tp=train_tp,
         src_pp=train_pp, src_ep=train_ep, dst_ep=rollout_ep, src_dtype_bytes=dtype_bytes,
         dst_dtype_bytes=dtype_bytes, calib=calib,

@@ -1,0 +1,171 @@
+"""`dora plan` and `dora diff`: plan a spec, print the report, write the plan directory, compare plans.
+
+Exit codes follow Terraform: 0 success (or, with --detailed-exitcode, no changes against --against), 2 changes
+present (--detailed-exitcode) or invalid input, 1 any error. With --detailed-exitcode every error is 1, so 2
+always means "the plan changed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dora.planning import CalibrationFileError, InfeasibleError, Planned, load_calibration, make_plan
+from dora.report import plan_diff, plan_report_text, render_diff, render_plan
+from dora.spec import ResolvedSpec, SpecError, load_spec
+from planner.plan import FORMAT_VERSION, Plan
+from planner.schedule import check_trace
+from planner.schedule.export import graph_to_dot, graph_to_json, timeline_html
+from planner.schedule.graph import build_schedule_graph
+from planner.search.core import Space, scale_for, sim_steps_for, simulate_candidate
+
+DISPLAY_SAMPLES = 6000
+"""Trajectories in the plan's timeline/graph simulation (large plans are drawn at a reduced scale)."""
+
+
+class PlanFileError(Exception):
+    pass
+
+
+def read_plan_file(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanFileError(f"plan file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanFileError(f"plan file '{path}' is not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlanFileError(f"plan file '{path}' must hold a JSON object")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PlanFileError(f"plan file '{path}' has format_version {version!r}; this dora reads {FORMAT_VERSION} "
+                            "— re-run `dora plan` with this version")
+    try:
+        Plan.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise PlanFileError(f"plan file '{path}' is malformed: {exc}") from None
+    return data
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def schedule_artifacts(planned: Planned) -> dict[str, str]:
+    """Simulate the chosen plan with its trace (reduced scale for big plans), audit it, and export it."""
+    inputs, chosen = planned.inputs, planned.outcome.chosen
+    space = Space(inputs)
+    steps = sim_steps_for(inputs)
+    replicas = chosen.screened.placement.replicas
+    scaled = scale_for(inputs, replicas, steps)
+    while scaled.factor > 0 and inputs.batch_samples * steps / scaled.factor > DISPLAY_SAMPLES and scaled.replicas > 1:
+        scaled = type(scaled)(replicas=max(1, scaled.replicas // 2),
+                              prompts_per_step=max(1, scaled.prompts_per_step // 2),
+                              factor=inputs.prompts_per_step / max(1, scaled.prompts_per_step // 2))
+    sim = simulate_candidate(space, chosen.screened, steps=steps, scale=scaled, record_events=True)
+    events = list(sim.events or ())
+    report = check_trace(events, k=chosen.screened.k, allow_version_mixing=inputs.allow_version_mixing)
+    if not report.ok:
+        raise RuntimeError(f"the chosen schedule violates its constraints: {report.violations[:3]}")
+    graph = build_schedule_graph(events)
+    note = "" if scaled.factor == 1 else f" (drawn at 1/{scaled.factor:.0f} scale: {scaled.replicas} replicas)"
+    return {
+        "timeline.html": timeline_html(events, title=f"dora plan: {planned.plan.spec_name} — {planned.plan.mode}{note}"),
+        "schedule.json": graph_to_json(graph) + "\n",
+        "schedule.dot": graph_to_dot(graph),
+    }
+
+
+def write_plan_dir(resolved: ResolvedSpec, planned: Planned, out: Path) -> list[Path]:
+    from dora.lower import write_launch_artifacts
+
+    files = {"plan.json": planned.plan.to_json(), "report.txt": plan_report_text(planned.plan)}
+    files.update(schedule_artifacts(planned))
+    written = []
+    for name, text in sorted(files.items()):
+        _atomic_write(out / name, text)
+        written.append(out / name)
+    written += write_launch_artifacts(resolved, planned.plan, out)
+    return written
+
+
+def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
+    from dora.cli import print_spec_error
+    from dora.lower import LoweringError
+
+    error_code = 1 if args.detailed_exitcode else 2
+    try:
+        resolved = load_spec(args.spec)
+        calibration = load_calibration(args.calibration)
+        old = read_plan_file(args.against) if args.against else None
+    except SpecError as exc:
+        print_spec_error(exc)
+        return error_code
+    except (CalibrationFileError, PlanFileError) as exc:
+        err_console.print(f"[bold red]error[/bold red]: {exc}", markup=True, highlight=False)
+        return error_code
+    try:
+        planned = make_plan(resolved, calibration)
+    except InfeasibleError as exc:
+        err_console.print(f"[bold red]error[/bold red]: nothing fits — {exc}", markup=True, highlight=False)
+        if exc.closest is not None:
+            err_console.print(f"  closest candidate: {exc.closest.what}\n  it lacks: {exc.closest.reason}",
+                              markup=False, highlight=False)
+        err_console.print("  to fix: add accelerators, use a larger accelerator, lower the response cap, or a "
+                          "smaller model", markup=False, highlight=False)
+        return 1
+    plan = planned.plan
+    if args.json:
+        print(plan.to_json(), end="")
+    else:
+        out_console.print(render_plan(plan))
+    if args.out:
+        try:
+            written = write_plan_dir(resolved, planned, Path(args.out))
+        except LoweringError as exc:
+            err_console.print(f"[bold red]error[/bold red]: cannot lower the plan: {exc}", markup=True)
+            return error_code
+        if not args.json:
+            out_console.print(f"\nwrote {len(written)} files to {args.out}/ (plan.json, report.txt, timeline.html, "
+                              "schedule.json/.dot, launch/)", markup=False, highlight=False)
+    if old is not None:
+        changes = plan_diff(old, plan.to_dict())
+        if not args.json:
+            out_console.print("\n".join(render_diff(changes, args.against, args.spec)), markup=False, highlight=False)
+        if args.detailed_exitcode:
+            return 2 if changes else 0
+    return 0
+
+
+def _plan_dict(path: str) -> dict[str, Any]:
+    if path.endswith(".json"):
+        return read_plan_file(path)
+    return make_plan(load_spec(path)).plan.to_dict()
+
+
+def cmd_diff(args: argparse.Namespace, out_console, err_console) -> int:
+    from dora.cli import print_spec_error
+
+    try:
+        old, new = _plan_dict(args.old), _plan_dict(args.new)
+    except SpecError as exc:
+        print_spec_error(exc)
+        return 1
+    except (PlanFileError, InfeasibleError) as exc:
+        err_console.print(f"[bold red]error[/bold red]: {exc}", markup=True, highlight=False)
+        return 1
+    changes = plan_diff(old, new)
+    out_console.print("\n".join(render_diff(changes, args.old, args.new)), markup=False, highlight=False)
+    return 2 if (changes and args.detailed_exitcode) else 0

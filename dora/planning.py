@@ -1,0 +1,140 @@
+"""From a resolved spec to a Plan: build the planner's inputs, run the search, assemble the plan.
+
+This is the seam between the spec layer (files, YAML) and the pure planner: everything the planner needs is
+passed explicitly, and the planner never sees the spec object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from dora import __version__
+from dora.spec import ResolvedSpec
+from dora.spec.models import ALL_MODES
+from planner.architecture import DTYPE_BYTES
+from planner.calibration import DEFAULT_CALIBRATION, Calibration
+from planner.hardware import get_accelerator, with_overrides
+from planner.plan import Plan
+from planner.search import InfeasibleError, Pins, SearchInputs, SearchOutcome, build_plan, search
+from planner.search.core import Screen, Space, _placements, mode_ks
+
+GB = 1e9
+VLLM_MAX_NUM_SEQS = 256
+"""vLLM's default cap on concurrently scheduled sequences per engine (EngineArgs.max_num_seqs)."""
+CPU_MAX_NUM_SEQS = 64
+"""The torch CPU engine's slot cap: beyond ~64 sequences a 2-core decode step is compute-bound."""
+
+
+class CalibrationFileError(Exception):
+    pass
+
+
+def load_calibration(path: str | None) -> Calibration:
+    if path is None:
+        return DEFAULT_CALIBRATION
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CalibrationFileError(f"calibration file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CalibrationFileError(f"calibration file '{path}' is not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CalibrationFileError(f"calibration file '{path}' must hold a JSON object")
+    values = data.get("calibration", data)
+    try:
+        return Calibration.from_dict(values)
+    except (TypeError, ValueError) as exc:
+        raise CalibrationFileError(f"calibration file '{path}': {exc}") from None
+
+
+def _extra_forward_passes(resolved: ResolvedSpec) -> int:
+    a = resolved.spec.algorithm
+    passes = 1  # old / proximal log-probs over the batch
+    if a.kl_coef > 0:
+        passes += 1  # reference model
+    passes += 3 * (a.ppo_epochs - 1)
+    if a.name == "ppo":
+        passes += 4  # a same-size critic: forward, backward, value inference
+    return passes
+
+
+def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION,
+                  *, unpinned: bool = False) -> SearchInputs:
+    spec = resolved.spec
+    c = spec.cluster
+    acc = get_accelerator(c.accelerator)
+    if c.scale_up_bandwidth_gb_per_s or c.scale_out_bandwidth_gb_per_s:
+        acc = with_overrides(
+            acc,
+            scale_up_bandwidth_bytes_per_s=c.scale_up_bandwidth_gb_per_s * GB if c.scale_up_bandwidth_gb_per_s else None,
+            scale_out_bandwidth_bytes_per_s=(c.scale_out_bandwidth_gb_per_s * GB
+                                             if c.scale_out_bandwidth_gb_per_s else None))
+    st = spec.staleness
+    if st.mode == "auto":
+        modes = tuple(m for m in ALL_MODES if m != "partial-rollout" or st.allow_version_mixing)
+    else:
+        modes = (st.mode,)
+    pins = Pins()
+    if spec.placement != "auto" and not unpinned:
+        p = spec.placement
+        pins = Pins(colocated=p.colocated, rollout_accelerators=p.rollout.accelerators, rollout_tp=p.rollout.tp,
+                    rollout_ep=p.rollout.ep, versions_per_engine=p.rollout.versions_per_engine,
+                    train_accelerators=p.train.accelerators, train_tp=p.train.tp, train_pp=p.train.pp,
+                    train_ep=p.train.ep, train_dp=p.train.dp, train_cp=p.train.cp)
+    return SearchInputs(
+        arch=resolved.arch, accelerator=acc, nodes=c.nodes, accelerators_per_node=c.accelerators_per_node,
+        dtype_bytes=DTYPE_BYTES[spec.model.dtype], prompts_per_step=spec.workload.prompts_per_step,
+        samples_per_prompt=spec.workload.samples_per_prompt, prompt_lengths=resolved.prompt_lengths,
+        response_lengths=resolved.response_lengths, steps=spec.workload.steps, max_version_lag=st.max_version_lag,
+        modes=modes, allow_version_mixing=st.allow_version_mixing,
+        extra_forward_passes=_extra_forward_passes(resolved),
+        gpu_memory_utilization=spec.runtime.gpu_memory_utilization,
+        max_num_seqs_cap=CPU_MAX_NUM_SEQS if c.accelerator == "cpu" else VLLM_MAX_NUM_SEQS,
+        pins=pins, price_per_accelerator_hour_usd=c.price_per_accelerator_hour_usd, objective=spec.objective,
+        seed=spec.runtime.seed, calibration=calibration)
+
+
+def _pinned_slowdown(resolved: ResolvedSpec, calibration: Calibration, outcome: SearchOutcome) -> float | None:
+    """How much slower the pinned placement's best screen estimate is than the unpinned best (None: no pins)."""
+    if resolved.spec.placement == "auto":
+        return None
+    inputs = search_inputs(resolved, calibration, unpinned=True)
+    space = Space(inputs)
+    screen = Screen(space)
+    best = max((screen.evaluate(p, m, k).trained_tokens_per_s for p in _placements(space, screen)
+                for m, k in mode_ks(inputs, p.colocated)), default=None)
+    pinned = outcome.screened[0].trained_tokens_per_s
+    return None if best is None else max(0.0, 1 - pinned / best)
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    plan: Plan
+    outcome: SearchOutcome
+    inputs: SearchInputs
+
+
+def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION) -> Planned:
+    """Search and assemble the plan; raises ``InfeasibleError`` when nothing fits."""
+    inputs = search_inputs(resolved, calibration)
+    outcome = search(inputs)
+    plan = build_plan(outcome, inputs, dora_version=__version__, spec_name=resolved.spec.name,
+                      spec_file=_portable(resolved.file), spec_hash=resolved.spec_hash,
+                      pinned_slowdown=_pinned_slowdown(resolved, calibration, outcome))
+    return Planned(plan=plan, outcome=outcome, inputs=inputs)
+
+
+def _portable(file: str) -> str:
+    """The spec path as a relative, '/'-separated string (no absolute paths in plan files)."""
+    p = Path(file)
+    if p.is_absolute():
+        try:
+            p = p.relative_to(Path.cwd())
+        except ValueError:
+            p = Path(p.name)
+    return p.as_posix()
+
+
+__all__ = ["CalibrationFileError", "InfeasibleError", "Planned", "load_calibration", "make_plan", "search_inputs"]

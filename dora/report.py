@@ -1,0 +1,186 @@
+"""Rendering a Plan for people: the `dora plan` report (rich), and Terraform-style diffs of two plans.
+
+Everything printed is read from the Plan (computed by the planner); nothing here computes a prediction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from planner.plan import Plan
+
+_GIB = float(1 << 30)
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _rate(x: float) -> str:
+    for unit, div in (("M", 1e6), ("K", 1e3)):
+        if x >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.1f}"
+
+
+def placement_lines(plan: Plan) -> list[str]:
+    r, t = plan.rollout, plan.train
+    kind = "colocated (rollout and training time-share every accelerator)" if plan.colocated else \
+        f"disaggregated: {r.accelerators} rollout + {t.accelerators} training accelerators"
+    train = f"tp={t.tp} pp={t.pp} dp={t.dp}" + (f" ep={t.ep}" if t.ep > 1 else "") + (f" cp={t.cp}" if t.cp > 1 else "")
+    return [
+        f"mode          {plan.mode} (staleness budget used k={plan.max_version_lag}"
+        f"{', version mixing allowed' if plan.allow_version_mixing else ''})",
+        f"placement     {kind}",
+        f"rollout       {r.replicas} engine replicas x {r.accelerators_per_replica} accelerators "
+        f"(tp={r.tp}{f' ep={r.ep}' if r.ep > 1 else ''}), {r.max_num_seqs} sequences each, "
+        f"max_model_len {r.max_model_len}, {r.versions_per_engine} version(s) per engine",
+        f"training      {t.accelerators} accelerators: {train}, {t.num_microbatches} microbatches of "
+        f"{t.micro_batch_tokens} tokens{', full recompute' if t.recompute else ''}",
+    ]
+
+
+def _predictions_table(plan: Plan) -> Table:
+    p = plan.predictions
+    tab = Table(title="Predicted (simulated)", show_header=False, box=None, pad_edge=False)
+    tab.add_column(style="bold")
+    tab.add_column()
+    rows = [
+        ("step time", _dur(p.step_time_s)),
+        ("trained tokens/s", _rate(p.trained_tokens_per_s)),
+        ("generated tokens/s", _rate(p.generated_tokens_per_s)),
+        ("samples/s", f"{p.samples_per_s:.2f}"),
+        ("speedup vs best sync plan", f"{p.speedup_vs_sync:.2f}x"),
+        ("bubble fraction", f"{100 * p.bubble_fraction:.0f}%"),
+        ("rollout slot occupancy", f"{100 * p.rollout_occupancy:.0f}%"),
+        ("rollout share of a sync step", f"{100 * p.rollout_share:.0f}%"),
+        ("trainer utilization", f"{100 * p.trainer_utilization:.0f}%"),
+        ("weight sync per version", _dur(p.weight_sync_s)),
+        ("mean staleness / live versions", f"{p.mean_staleness:.2f} / up to {p.max_live_versions}"),
+        ("time for all steps", _dur(p.total_time_s)),
+        ("accelerator-hours", f"{p.accelerator_hours:,.1f}"),
+        ("cost", f"${p.cost_usd:,.0f}" if p.cost_usd is not None else "(no price in the spec)"),
+    ]
+    for k, v in rows:
+        tab.add_row(k, v)
+    return tab
+
+
+def _memory_table(plan: Plan) -> Table:
+    tab = Table(title="Memory per accelerator", title_justify="left")
+    for col in ("side", "uses", "of", "headroom", "breakdown"):
+        tab.add_column(col)
+    for m in plan.memory:
+        parts = ", ".join(f"{k} {v / _GIB:.1f}" for k, v in sorted(m.detail.items()) if v)
+        tab.add_row(m.side, f"{m.need_bytes / _GIB:.1f} GiB", f"{m.have_bytes / _GIB:.1f} GiB",
+                    f"{100 * m.headroom_fraction:.0f}%", f"{parts} (GiB)")
+    return tab
+
+
+def _considered_table(plan: Plan) -> Table:
+    tab = Table(title="Considered plans", title_justify="left")
+    for col in ("candidate", "stage", "trained tok/s", "CHOSEN", "why"):
+        tab.add_column(col, overflow="fold")
+    for c in plan.considered:
+        tab.add_row(escape(c.label), c.stage,
+                    _rate(c.trained_tokens_per_s) if c.trained_tokens_per_s is not None else "-",
+                    "✔" if c.status == "chosen" else "", escape(c.reason))
+    return tab
+
+
+def render_plan(plan: Plan) -> Group:
+    head = Text(f"dora plan: {plan.spec_name}  ({plan.spec_file}, spec {plan.spec_hash[:12]})", style="bold")
+    calib = Text(f"calibration: {plan.calibration_source} ({plan.calibration_fingerprint})", style="dim")
+    parts: list[Any] = [head, calib, Text(""), *[Text(line) for line in placement_lines(plan)], Text(""),
+                        _predictions_table(plan), Text(""), _memory_table(plan), Text(""), _considered_table(plan)]
+    if plan.warnings:
+        parts.append(Text(""))
+        parts.extend(Text(f"warning: {w}", style="yellow") for w in plan.warnings)
+    return Group(*parts)
+
+
+def plan_report_text(plan: Plan, width: int = 120) -> str:
+    """The report as plain text (deterministic: fixed width, no colour) for report.txt."""
+    console = Console(width=width, record=True, file=_Null(), color_system=None, force_terminal=False)
+    console.print(render_plan(plan))
+    return console.export_text()
+
+
+class _Null:
+    def write(self, _: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------- diffs
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k in sorted(value):
+            out.update(_flatten(value[k], f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+DIFF_SECTIONS = ("mode", "max_version_lag", "colocated", "allow_version_mixing", "rollout", "train", "predictions",
+                 "memory", "warnings", "spec_hash", "calibration_fingerprint", "catalog_fingerprint", "format_version",
+                 "dora_version")
+"""What a plan diff shows; the considered-candidates table is context, not part of the plan's decision."""
+
+
+def plan_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
+    """(symbol, path, old, new) for every changed leaf: '~' changed, '+' added, '-' removed."""
+    a = _flatten({k: old.get(k) for k in DIFF_SECTIONS if k in old})
+    b = _flatten({k: new.get(k) for k in DIFF_SECTIONS if k in new})
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key not in a:
+            out.append(("+", key, None, b[key]))
+        elif key not in b:
+            out.append(("-", key, a[key], None))
+        elif a[key] != b[key]:
+            out.append(("~", key, a[key], b[key]))
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def render_diff(changes: list[tuple[str, str, Any, Any]], old_name: str, new_name: str) -> list[str]:
+    if not changes:
+        return [f"No changes. {new_name} plans the same as {old_name}."]
+    lines = [f"dora diff {old_name} -> {new_name}", ""]
+    for sym, path, a, b in changes:
+        if sym == "~":
+            rel = ""
+            if isinstance(a, int | float) and isinstance(b, int | float) and a and not isinstance(a, bool):
+                rel = f"  ({100 * (b - a) / abs(a):+.1f}%)"
+            lines.append(f"  ~ {path}: {_fmt(a)} -> {_fmt(b)}{rel}")
+        elif sym == "+":
+            lines.append(f"  + {path}: {_fmt(b)}")
+        else:
+            lines.append(f"  - {path}: {_fmt(a)}")
+    n = {s: sum(1 for c in changes if c[0] == s) for s in "~+-"}
+    lines += ["", f"Plan: {n['+']} to add, {n['~']} to change, {n['-']} to remove."]
+    return lines

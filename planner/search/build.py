@@ -1,0 +1,153 @@
+"""Assemble the deterministic ``Plan`` from a search outcome: placement, predictions, memory, candidates, warnings."""
+
+from __future__ import annotations
+
+from planner import architecture, hardware
+from planner.plan import (
+    FORMAT_VERSION,
+    Candidate,
+    MemoryReport,
+    Plan,
+    Predictions,
+    RolloutPlan,
+    TrainPlan,
+)
+from planner.search.core import SearchOutcome, Simulated
+from planner.search.inputs import SearchInputs
+from planner.search.screen import Screened
+
+MAX_CONSIDERED_ROWS = 16
+_GIB = float(1 << 30)
+
+
+def _catalog_fingerprint() -> str:
+    return f"{hardware.catalog_fingerprint()}-{architecture.catalog_fingerprint()}"
+
+
+def _mean_staleness(s: Simulated) -> float:
+    hist = s.sim.staleness_histogram
+    total = sum(n for _, n in hist)
+    return sum(k * n for k, n in hist) / total if total else 0.0
+
+
+def _rollout_share(outcome: SearchOutcome) -> float:
+    """Share of a synchronous step spent generating, from the best simulated sync plan (1 - trainer busy)."""
+    ref = outcome.best_sync or outcome.chosen
+    return max(0.0, 1.0 - ref.sim.train_busy_fraction)
+
+
+def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candidate, ...]:
+    chosen = outcome.chosen
+    best = chosen.trained_tokens_per_s
+    rows: list[Candidate] = []
+    sim_labels = {s.screened.label for s in outcome.finalists}
+
+    def row(c: Screened, *, stage: str, tps: float | None, status: str, reason: str) -> Candidate:
+        p = c.placement
+        return Candidate(label=c.label, mode=c.mode, max_version_lag=c.k, colocated=p.colocated,
+                         rollout_accelerators=p.rollout_accelerators, train_accelerators=p.train.accelerators,
+                         stage=stage, trained_tokens_per_s=tps, status=status, reason=reason)  # type: ignore[arg-type]
+
+    for s in outcome.finalists:
+        if s is chosen:
+            rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="chosen",
+                            reason="highest simulated trained tokens/s"))
+            continue
+        slower = 1 - s.trained_tokens_per_s / best if best else 0.0
+        if slower <= 0.01 and s.screened.k > chosen.screened.k:
+            reason = f"ties within 1% but needs staleness k={s.screened.k} > {chosen.screened.k}"
+        else:
+            reason = f"slower by {100 * slower:.1f}% (simulated)"
+        rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))
+    screen_best = outcome.screened[0].trained_tokens_per_s
+    for c in outcome.screened:
+        if len(rows) >= MAX_CONSIDERED_ROWS - 4:
+            break
+        if c.label in sim_labels:
+            continue
+        slower = 1 - c.trained_tokens_per_s / screen_best
+        rows.append(row(c, stage="screen", tps=c.trained_tokens_per_s, status="rejected",
+                        reason=f"slower by {100 * slower:.1f}% (screen, not simulated)"))
+    for r in outcome.rejections[:3]:
+        rows.append(Candidate(label=r.what, mode=chosen.screened.mode, max_version_lag=0, colocated=False,
+                              rollout_accelerators=0, train_accelerators=0, stage="screen",
+                              trained_tokens_per_s=None, status="rejected", reason=r.reason))
+    for mode, why in outcome.modes_not_allowed[:1]:
+        rows.append(Candidate(label=f"any placement {mode}", mode=mode, max_version_lag=inputs.max_version_lag,  # type: ignore[arg-type]
+                              colocated=False, rollout_accelerators=0, train_accelerators=0, stage="screen",
+                              trained_tokens_per_s=None, status="rejected", reason=why))
+    return tuple(rows)
+
+
+def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) -> tuple[str, ...]:
+    out = []
+    c = outcome.chosen
+    if inputs.calibration.source == "catalog defaults":
+        out.append("uncalibrated: every efficiency factor is a catalog default (see `dora plan --json` "
+                   "calibration); published planners see 10-25% error before calibration")
+    if c.screened.mode in ("streaming", "bounded-async") and c.sim.steps:
+        waits = [st.trainer_wait_s for st in c.sim.steps[1:]] or [c.sim.steps[0].trainer_wait_s]
+        wait = sum(waits) / len(waits)
+        if wait > 0.1 * c.sim.step_time_s:
+            out.append(f"the staleness budget k={c.screened.k} stalls the trainer {100 * wait / c.sim.step_time_s:.0f}% "
+                       "of each step waiting for the oldest version's tail; a larger k or a lower response cap "
+                       "would remove it")
+    if outcome.best_sync is not None and preds.rollout_share < 0.5 and c.screened.mode != "sync":
+        out.append(f"rollout is only {100 * preds.rollout_share:.0f}% of a synchronous step: asynchronous modes "
+                   "can hide little; training dominates")
+    return tuple(out)
+
+
+def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: str, spec_name: str, spec_file: str,
+               spec_hash: str, pinned_slowdown: float | None = None) -> Plan:
+    c = outcome.chosen
+    s, p = c.sim, c.screened.placement
+    n = inputs.total_accelerators
+    lbar = inputs.response_lengths.mean_tokens()
+    steady = s.step_time_s
+    first = s.steps[0].duration_s if s.steps else steady
+    total_time = first + max(0, inputs.steps - 1) * steady
+    acc_hours = n * total_time / 3600.0
+    price = inputs.price_per_accelerator_hour_usd
+    baseline = outcome.best_sync.trained_tokens_per_s if outcome.best_sync else c.trained_tokens_per_s
+    sync_t = c.screened.sync_s
+    preds = Predictions(
+        step_time_s=steady, generated_tokens_per_s=c.samples_per_s * lbar, trained_tokens_per_s=c.trained_tokens_per_s,
+        samples_per_s=c.samples_per_s, bubble_fraction=s.bubble_fraction,
+        rollout_occupancy=s.rollout_slot_occupancy, rollout_share=_rollout_share(outcome),
+        trainer_utilization=s.train_busy_fraction, weight_sync_s=sync_t, mean_staleness=_mean_staleness(c),
+        max_live_versions=s.max_live_versions, total_time_s=total_time, accelerator_hours=acc_hours,
+        cost_usd=acc_hours * price if price is not None else None,
+        speedup_vs_sync=c.trained_tokens_per_s / baseline if baseline else 1.0,
+    )
+    ro, tr = p.rollout, p.train
+    rollout = RolloutPlan(
+        accelerators=p.rollout_accelerators, tp=ro.tp, ep=ro.ep, replicas=p.replicas, accelerators_per_replica=ro.tp,
+        max_num_seqs=ro.slots, max_model_len=inputs.max_context_tokens,
+        versions_per_engine=inputs.pins.versions_per_engine or 1,
+        gpu_memory_utilization=inputs.gpu_memory_utilization, kv_capacity_tokens=ro.memory.kv_capacity_tokens)
+    train = TrainPlan(accelerators=tr.accelerators, tp=tr.tp, pp=tr.pp, ep=tr.ep, dp=tr.dp, cp=tr.cp,
+                      num_microbatches=max(1, round(inputs.batch_samples * (lbar + inputs.prompt_lengths.mean_tokens())
+                                                    / (tr.dp * tr.micro_batch_tokens))),
+                      micro_batch_tokens=tr.micro_batch_tokens, recompute=tr.recompute != "none")
+    rm, tm = ro.memory, tr.memory
+    memory = (
+        MemoryReport(side="rollout", need_bytes=rm.usable_bytes_per_device, have_bytes=inputs.accelerator.hbm_bytes,
+                     detail={"weights": rm.weights_bytes_per_device, "extra_versions": rm.extra_version_bytes_per_device,
+                             "kv_cache": rm.kv_bytes_per_device, "reserved": rm.reserved_bytes_per_device}),
+        MemoryReport(side="train", need_bytes=tm.total_bytes, have_bytes=tm.capacity_bytes,
+                     detail={"params": tm.params_bytes, "grads": tm.grads_bytes, "optimizer": tm.optimizer_bytes,
+                             "activations": tm.activations_bytes, "reserved": tm.reserved_bytes}),
+    )
+    warnings = list(_warnings(outcome, inputs, preds))
+    if pinned_slowdown is not None and pinned_slowdown > 0.02:
+        warnings.append(f"the pinned placement is {100 * pinned_slowdown:.0f}% slower than the best unpinned plan "
+                        "(screen estimate); remove pins to let the planner choose")
+    return Plan(
+        format_version=FORMAT_VERSION, dora_version=dora_version, spec_name=spec_name, spec_file=spec_file,
+        spec_hash=spec_hash, catalog_fingerprint=_catalog_fingerprint(),
+        calibration_fingerprint=inputs.calibration.fingerprint(), calibration_source=inputs.calibration.source,
+        seed=inputs.seed, objective=inputs.objective, mode=c.screened.mode, max_version_lag=c.screened.k,
+        allow_version_mixing=inputs.allow_version_mixing, colocated=p.colocated, rollout=rollout, train=train,
+        memory=memory, predictions=preds, considered=_candidate_rows(outcome, inputs), warnings=tuple(warnings),
+    )

@@ -1,0 +1,257 @@
+"""The two-stage search: screen every candidate analytically, simulate the most promising few.
+
+Stage 1 enumerates placements (colocated time-sharing, and disaggregated splits x rollout engine layout x the
+fastest fitting training layout for the split) and every (mode, k) the spec allows, scoring each with
+``planner.search.screen``. Disaggregated splits start on a coarse grid and are refined around the best ones.
+Stage 2 runs the discrete-event simulator (the same policy objects the runtime drives) on the finalists: the
+screen's best few overall, the best of each mode, and the best synchronous plans (the speedup baseline). The
+chosen plan is the finalist with the highest simulated trained tokens/s; ties (within 1%) go to lower staleness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.policies import PolicyConfig
+from planner.policies.config import Mode
+from planner.search.inputs import SearchInputs
+from planner.search.screen import Placement, Screen, Screened
+from planner.search.space import Rejection, Space
+from planner.sim import SimResult, StepTiming, simulate
+from planner.sim.costmodel import cost_model_timing
+from planner.workload import Workload
+
+TIE_FRACTION = 0.01
+"""Simulated throughputs within 1% are a tie, broken towards lower staleness (fresher data), then the mode that
+keeps every constraint with the least machinery (``MODE_PREFERENCE``), then the label."""
+MODE_PREFERENCE = ("streaming", "one-step-off", "bounded-async", "sync", "partial-rollout")
+"""Streaming neither drains nor interrupts; bounded-async drains engines at every update; partial-rollout mixes."""
+
+
+class InfeasibleError(Exception):
+    """Nothing fits; carries the closest candidate and what it lacks."""
+
+    def __init__(self, message: str, closest: Rejection | None):
+        super().__init__(message)
+        self.closest = closest
+
+
+@dataclass(frozen=True, kw_only=True)
+class Simulated:
+    screened: Screened
+    sim: SimResult
+    sim_steps: int
+    scale: float = 1.0
+    """The simulation ran about 1/scale of the replicas and of the batch (see ``scale_for``); rates scale back."""
+
+    @property
+    def trained_tokens_per_s(self) -> float:
+        return self.sim.tokens_per_s * self.scale
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.sim.samples_per_s * self.scale
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOutcome:
+    chosen: Simulated
+    best_sync: Simulated | None
+    finalists: tuple[Simulated, ...]
+    screened: tuple[Screened, ...]
+    """Every screened candidate, best first."""
+    rejections: tuple[Rejection, ...]
+    modes_not_allowed: tuple[tuple[str, str], ...]
+    """(mode, why) for modes the spec's constraints exclude."""
+
+
+def mode_ks(inputs: SearchInputs, colocated: bool) -> list[tuple[Mode, int]]:
+    k = inputs.max_version_lag
+    out: list[tuple[Mode, int]] = []
+    for mode in inputs.modes:
+        if colocated and mode != "sync":
+            continue
+        if mode == "sync":
+            out.append((mode, 0))
+        elif mode == "one-step-off":
+            if k >= 1:
+                out.append((mode, 1))
+        elif k >= 1:
+            out.extend((mode, kk) for kk in range(1, k + 1))
+    return out
+
+
+def _placements(space: Space, screen: Screen) -> list[Placement]:
+    inp = space.inp
+    n = inp.total_accelerators
+    pins = inp.pins
+    out: list[Placement] = []
+    for ro in space.rollout_options:
+        if pins.colocated is not False and n % ro.tp == 0 and not (
+                pins.rollout_accelerators and pins.rollout_accelerators != n):
+            train = space.best_train(n)
+            if train is not None:
+                out.append(Placement(colocated=True, rollout=ro, rollout_accelerators=n, train=train))
+        if pins.colocated is True or n < 2:
+            continue
+        sizes = space.train_sizes(ro.tp)
+        disagg = _disaggregated(space, ro, sizes)
+        if disagg and not (pins.train_accelerators or pins.rollout_accelerators):
+            best = max(disagg, key=lambda p: (screen.evaluate(p, "streaming" if inp.max_version_lag else "sync",
+                                                               min(1, inp.max_version_lag)).trained_tokens_per_s))
+            disagg += _disaggregated(space, ro, [t for t in space.refine_sizes(best.train.accelerators, ro.tp)
+                                                 if t not in sizes])
+        out.extend(disagg)
+    return out
+
+
+def _disaggregated(space: Space, ro, sizes: list[int]) -> list[Placement]:
+    inp = space.inp
+    out = []
+    for t in sizes:
+        r = inp.pins.rollout_accelerators or inp.total_accelerators - t
+        if r % ro.tp or r < ro.tp or r + t > inp.total_accelerators:
+            continue
+        train = space.best_train(t)
+        if train is not None:
+            out.append(Placement(colocated=False, rollout=ro, rollout_accelerators=r, train=train))
+    return out
+
+
+SIM_SAMPLES_BUDGET = 60_000
+"""Trajectories one finalist's simulation may generate; larger runs are simulated at a reduced scale."""
+SEARCH_SAMPLES_BUDGET = 400_000
+"""Trajectories all finalists together may generate (about 3-4 s of simulation on one core)."""
+MIN_SCALED_BATCH = 4096
+"""A scaled batch keeps at least this many samples, so its longest response still reaches the same tail quantile
+(for the example MoE specs, ~10 samples of 4096 hit the 64K cap): the sync tail is not understated."""
+
+
+def sim_steps_for(inputs: SearchInputs) -> int:
+    """Enough steps for the pipeline to reach steady state (k + 4)."""
+    return max(3, min(inputs.steps, max(6, inputs.max_version_lag + 4)))
+
+
+@dataclass(frozen=True)
+class Scaled:
+    replicas: int
+    prompts_per_step: int
+    factor: float
+    """Full batch / simulated batch: rates are multiplied by it, the trainer is charged for the full batch."""
+
+
+def scale_for(inputs: SearchInputs, replicas: int, steps: int) -> Scaled:
+    """Reduced-scale simulation for very large specs.
+
+    Rollout replicas are identical and share one admission queue, so R/f replicas serving P/f prompt groups, with
+    the trainer charged for the full batch, follow the same step-time dynamics as the whole cluster as long as the
+    scaled batch still samples the tail (``MIN_SCALED_BATCH``). The prompt count is scaled by exactly the replica
+    ratio actually used, so the slots-per-prompt balance is unchanged.
+    """
+    f = max(1.0, inputs.batch_samples * steps / SIM_SAMPLES_BUDGET)
+    f = min(f, max(1.0, inputs.batch_samples / MIN_SCALED_BATCH), float(replicas))
+    r = max(1, round(replicas / f))
+    if r == replicas:
+        return Scaled(replicas=replicas, prompts_per_step=inputs.prompts_per_step, factor=1.0)
+    prompts = max(1, round(inputs.prompts_per_step * r / replicas))
+    return Scaled(replicas=r, prompts_per_step=prompts, factor=inputs.prompts_per_step / prompts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ScaledTrainTiming:
+    """The trainer of the full cluster, fed 1/scale of the batch: charge it for the whole batch."""
+
+    inner: StepTiming
+    scale: float
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:
+        s = self.scale
+        return self.inner.train_step_s(round(num_tokens * s), sum_sq_seq_len * s, round(num_seqs * s))
+
+
+def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled | None = None,
+                       record_events: bool = False) -> SimResult:
+    inp, p = space.inp, c.placement
+    timing: StepTiming = cost_model_timing(
+        inp.arch, rollout_acc=inp.accelerator, train_acc=inp.accelerator, rollout_tp=p.rollout.tp,
+        rollout_ep=p.rollout.ep, num_rollout_groups=p.replicas, train_tp=p.train.tp, train_pp=p.train.pp,
+        train_dp=p.train.dp, train_ep=p.train.ep, train_cp=p.train.cp, train_recompute=p.train.recompute,
+        colocated=p.colocated, dtype_bytes=inp.dtype_bytes, micro_batch_tokens=p.train.micro_batch_tokens,
+        extra_forward_passes=inp.extra_forward_passes, calib=inp.calibration,
+        accelerators_per_node=inp.accelerators_per_node)
+    scale = scale or Scaled(replicas=p.replicas, prompts_per_step=inp.prompts_per_step, factor=1.0)
+    if scale.factor != 1.0:
+        timing = _ScaledTrainTiming(inner=timing, scale=scale.factor)  # type: ignore[assignment]
+    mixing = inp.allow_version_mixing and c.mode in ("bounded-async", "partial-rollout")
+    config = PolicyConfig(
+        mode=c.mode, max_version_lag=c.k, num_rollout_groups=scale.replicas, slots_per_group=p.rollout.slots,
+        prompts_per_step=scale.prompts_per_step, samples_per_prompt=inp.samples_per_prompt,
+        total_steps=steps, allow_version_mixing=inp.allow_version_mixing, update="interrupt" if mixing else "drain",
+        colocated=p.colocated)
+    workload = Workload(response_length=inp.response_lengths, prompt_tokens=max(1, round(space.prompt_mean)))
+    return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,
+                    accelerators_per_group=p.rollout.tp,
+                    train_accelerators=max(1, round(p.train.accelerators * scale.replicas / p.replicas)))
+
+
+def _pick_finalists(screened: list[Screened], limit: int, per_mode: bool) -> list[Screened]:
+    chosen: dict[str, Screened] = {}
+
+    def add(c: Screened | None) -> None:
+        if c is not None and c.label not in chosen:
+            chosen[c.label] = c
+
+    for c in screened[:limit]:
+        add(c)
+    if per_mode:
+        for mode in sorted({c.mode for c in screened}):
+            add(next((c for c in screened if c.mode == mode), None))
+    add(next((c for c in screened if c.mode == "sync" and c.placement.colocated), None))
+    add(next((c for c in screened if c.mode == "sync" and not c.placement.colocated), None))
+    return list(chosen.values())
+
+
+def _rank_key(s: Simulated, best: float) -> tuple:
+    within_tie = s.trained_tokens_per_s >= best * (1 - TIE_FRACTION)
+    tie_break = (s.screened.k, MODE_PREFERENCE.index(s.screened.mode)) if within_tie else (0, 0)
+    return (not within_tie, *tie_break, -s.trained_tokens_per_s, s.screened.label)
+
+
+def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bool = False) -> SearchOutcome:
+    """Plan the spec: see the module docstring. ``exhaustive`` simulates every screened candidate (tests)."""
+    space = Space(inputs)
+    screen = Screen(space)
+    placements = _placements(space, screen)
+    screened = sorted((screen.evaluate(p, mode, k) for p in placements for mode, k in mode_ks(inputs, p.colocated)),
+                      key=lambda c: (-c.trained_tokens_per_s, c.label))
+    rejections = tuple(sorted(space.rejections, key=lambda r: (r.need_over_have, r.what)))
+    if not screened:
+        closest = rejections[0] if rejections else None
+        detail = f"closest: {closest.what}: {closest.reason}" if closest else "no layout divides the accelerators"
+        raise InfeasibleError(f"no placement fits {inputs.arch.name} on {inputs.total_accelerators} x "
+                              f"{inputs.accelerator.name}; {detail}", closest)
+    steps = sim_steps_for(inputs)
+    per_sim = min(inputs.batch_samples * steps, SIM_SAMPLES_BUDGET)
+    if finalists is None:
+        finalists = max(2, min(12, SEARCH_SAMPLES_BUDGET // per_sim - 4))
+    picked = screened if exhaustive else _pick_finalists(screened, finalists, per_mode=finalists >= 6)
+    sims = []
+    for c in picked:
+        scaled = scale_for(inputs, c.placement.replicas, steps)
+        sims.append(Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled),
+                              sim_steps=steps, scale=scaled.factor))
+    best = max(s.trained_tokens_per_s for s in sims)
+    sims.sort(key=lambda s: _rank_key(s, best))
+    syncs = [s for s in sims if s.screened.mode == "sync"]
+    excluded = []
+    if "partial-rollout" not in inputs.modes and not inputs.allow_version_mixing:
+        excluded.append(("partial-rollout", "violates consistency: resumes trajectories on new weights; the spec "
+                                            "forbids version mixing"))
+    if inputs.max_version_lag == 0:
+        excluded.extend((m, "violates staleness: needs k >= 1, the budget is 0")
+                        for m in ("one-step-off", "bounded-async", "streaming"))
+    return SearchOutcome(chosen=sims[0], best_sync=syncs[0] if syncs else None, finalists=tuple(sims),
+                         screened=tuple(screened), rejections=rejections, modes_not_allowed=tuple(excluded))

@@ -1,0 +1,78 @@
+"""What the search needs to know: a pure, frozen description of one planning problem.
+
+The dora spec layer builds a ``SearchInputs`` from a resolved spec; the planner never sees YAML or files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.architecture import ModelArch
+from planner.calibration import DEFAULT_CALIBRATION, Calibration
+from planner.hardware import Accelerator
+from planner.policies.config import Mode
+from planner.workload import LengthDistribution
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pins:
+    """Placement fields the user pinned; None means 'search it'."""
+
+    colocated: bool | None = None
+    rollout_accelerators: int | None = None
+    rollout_tp: int | None = None
+    rollout_ep: int | None = None
+    versions_per_engine: int | None = None
+    train_accelerators: int | None = None
+    train_tp: int | None = None
+    train_pp: int | None = None
+    train_ep: int | None = None
+    train_dp: int | None = None
+    train_cp: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in self.__dict__.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchInputs:
+    arch: ModelArch
+    accelerator: Accelerator
+    """Catalog entry, with the spec's link-bandwidth overrides applied."""
+    nodes: int
+    accelerators_per_node: int
+    dtype_bytes: float
+    prompts_per_step: int
+    samples_per_prompt: int
+    prompt_lengths: LengthDistribution
+    response_lengths: LengthDistribution
+    steps: int
+    max_version_lag: int
+    """The staleness budget k."""
+    modes: tuple[Mode, ...]
+    """Modes the spec allows (all constraint-keeping ones for `auto`)."""
+    allow_version_mixing: bool
+    extra_forward_passes: int
+    """Forward-pass equivalents per step beyond one forward+backward: proximal/old log-probs (1), reference model
+    (+1 with a KL term), more PPO epochs (+3 each), a same-size PPO critic (+4: its forward, backward and values)."""
+    gpu_memory_utilization: float
+    max_num_seqs_cap: int
+    """Upper bound on continuous-batching slots per engine (vLLM's max_num_seqs default is 256)."""
+    pins: Pins
+    price_per_accelerator_hour_usd: float | None
+    objective: str
+    seed: int
+    calibration: Calibration = DEFAULT_CALIBRATION
+
+    @property
+    def total_accelerators(self) -> int:
+        return self.nodes * self.accelerators_per_node
+
+    @property
+    def batch_samples(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.prompt_lengths.max_tokens + self.response_lengths.max_tokens

@@ -1,0 +1,133 @@
+"""The analytic screen: a closed-form step time for every (placement, mode, k) candidate.
+
+Notation (seconds unless noted): N = samples per step, Lbar = mean response, Lmax = expected longest of N
+responses (the 1 - 1/(N+1) quantile, capped at the generation limit), R = rollout replicas, S = slots each,
+t(B) = decode step time of one replica at batch B and the mean context, T_train = training step,
+T_pub = trainer-side publish (gather/convert), T_load = replica weight load.
+
+    T_thr   = N * Lbar / (R * S / t(S))             generation at full occupancy (no tail)
+    T_tail  = Lmax * t(max(1, S/8))                 the longest response, decoded while its replica drains
+    T_gen   = max(T_thr, T_tail) + T_prefill        a synchronous batch in one wave (N <= R*S)
+            = T_thr + T_tail + T_prefill            several waves: long samples admitted last run past the rest
+    sync        T = T_gen + T_train + T_pub + T_load          (colocated: on all accelerators, + engine reload)
+    one-step-off T = max(T_gen, T_train + T_pub) + T_load
+    bounded-async (drain)  T = max(T_thr + T_tail / (k+1), T_train + T_pub) + T_load
+    partial-rollout / bounded-async (interrupt)  T = max(T_thr, T_train + T_pub) + T_load
+    streaming   T = max(T_thr, T_train + T_pub, Lmax * t(S) / (k+1)) + T_load / R
+The last streaming term is the staleness bound: a tail trajectory of the oldest live version must finish within
+k+1 steps or the trainer waits for it. Streaming loads weights peer to peer onto a few replicas at a time, so
+only a 1/R share of a load is exposed. The screen only ranks candidates; the simulator measures the best few.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.policies.config import Mode
+from planner.rollout_cost import RolloutCostModel, make_rollout_cost_model
+from planner.search.space import RolloutOption, Space, TrainOption
+from planner.weight_sync import WeightSyncTime, weight_sync_time_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    colocated: bool
+    rollout: RolloutOption
+    rollout_accelerators: int
+    train: TrainOption
+
+    @property
+    def replicas(self) -> int:
+        return self.rollout_accelerators // self.rollout.tp
+
+    @property
+    def label(self) -> str:
+        kind = "coloc" if self.colocated else "disagg"
+        r = f"R{self.rollout_accelerators}({self.rollout.label}x{self.replicas})"
+        t = f"T{self.train.accelerators}({self.train.label})"
+        return f"{kind} {r} {t}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Screened:
+    placement: Placement
+    mode: Mode
+    k: int
+    step_time_s: float
+    trained_tokens_per_s: float
+    gen_s: float
+    train_s: float
+    sync_s: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.placement.label} {self.mode} k={self.k}"
+
+
+class Screen:
+    """Caches per-layout cost models so screening thousands of candidates stays cheap."""
+
+    def __init__(self, space: Space):
+        self.space = space
+        self._rollout: dict[tuple[int, int], RolloutCostModel] = {}
+        self._sync: dict[tuple, WeightSyncTime] = {}
+
+    def rollout_model(self, opt: RolloutOption) -> RolloutCostModel:
+        key = (opt.tp, opt.ep)
+        if key not in self._rollout:
+            inp = self.space.inp
+            self._rollout[key] = make_rollout_cost_model(
+                inp.arch, inp.accelerator, tp=opt.tp, ep=opt.ep, dtype_bytes=inp.dtype_bytes,
+                calib=inp.calibration, accelerators_per_node=inp.accelerators_per_node)
+        return self._rollout[key]
+
+    def weight_sync(self, p: Placement) -> WeightSyncTime:
+        t = p.train
+        key = (p.colocated, p.rollout.tp, p.rollout.ep, p.rollout_accelerators, t.accelerators, t.tp, t.pp, t.ep)
+        if key not in self._sync:
+            inp = self.space.inp
+            self._sync[key] = weight_sync_time_s(
+                inp.arch, src_acc=inp.accelerator, dst_acc=inp.accelerator, src_devices=t.accelerators,
+                dst_devices=p.rollout_accelerators, dst_tp=p.rollout.tp, colocated=p.colocated, src_tp=t.tp,
+                src_pp=t.pp, src_ep=t.ep, dst_ep=p.rollout.ep, src_dtype_bytes=inp.dtype_bytes,
+                dst_dtype_bytes=inp.dtype_bytes, calib=inp.calibration)
+        return self._sync[key]
+
+    def expected_max_response(self) -> float:
+        n = self.space.inp.batch_samples
+        return float(self.space.inp.response_lengths.quantile(1.0 - 1.0 / (n + 1)))
+
+    def evaluate(self, p: Placement, mode: Mode, k: int) -> Screened:
+        sp, inp = self.space, self.space.inp
+        model = self.rollout_model(p.rollout)
+        slots = p.rollout.slots
+        ctx = sp.ctx_avg
+        t_full = model.decode_step_s(slots, slots * ctx)
+        t_drain = model.decode_step_s(max(1, slots // 8), max(1, slots // 8) * ctx)
+        n, lbar = inp.batch_samples, sp.response_mean
+        l_max = self.expected_max_response()
+        t_thr = n * lbar * t_full / (p.replicas * slots)
+        t_tail = l_max * t_drain
+        prefill = model.prefill_s(int(slots * sp.prompt_mean)) * n / (p.replicas * slots)
+        waves = n / (p.replicas * slots)
+        # one wave: the tail overlaps the batch; several waves: long samples admitted in the last wave run past it
+        t_gen = (max(t_thr, t_tail) if waves <= 1 else t_thr + t_tail) + prefill
+        sync = self.weight_sync(p)
+        t_pub = sync.gather_s + sync.convert_s
+        t_load = sync.total_s - t_pub
+        t_train = p.train.step_s
+        if mode == "sync":
+            step = t_gen + t_train + t_pub + t_load
+        elif mode == "one-step-off":
+            step = max(t_gen, t_train + t_pub) + t_load
+        elif mode == "bounded-async":
+            if inp.allow_version_mixing:
+                step = max(t_thr + prefill, t_train + t_pub) + t_load
+            else:
+                step = max(t_thr + prefill + t_tail / (k + 1), t_train + t_pub) + t_load
+        elif mode == "partial-rollout":
+            step = max(t_thr + prefill, t_train + t_pub) + t_load
+        else:  # streaming
+            step = max(t_thr + prefill, t_train + t_pub, l_max * t_full / (k + 1)) + t_load / p.replicas
+        return Screened(placement=p, mode=mode, k=k, step_time_s=step, trained_tokens_per_s=n * lbar / step,
+                        gen_s=t_gen, train_s=t_train, sync_s=t_pub + t_load)

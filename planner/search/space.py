@@ -1,0 +1,250 @@
+"""The search space: engine layouts for rollout, parallel layouts for training, and accelerator splits.
+
+Everything here is enumeration plus the memory checks that prune it; nothing is timed yet.
+
+Rollout replica: ``tp`` accelerators, experts split by TP (``ep = 1``) or one whole expert set per rank
+(``ep = tp``, vLLM's expert parallel). Slots per replica (continuous-batching sequences) are bounded by the KV
+capacity at the time-averaged context of a sequence:
+    ctx_avg = P + E[L^2] / (2 E[L])     (a sequence of length L spends time proportional to L, during which its
+                                         context grows from P to P + L: the length-biased mean of P + l/2)
+    slots   = min(max_num_seqs_cap, floor(kv_capacity_tokens / ctx_avg))
+and the replica must hold at least one sequence of the full context ``P_max + L_max``.
+
+Training: ``tp * pp * cp * dp = T`` with tp dividing the KV heads (GQA; attention heads for MLA) and at most one
+node, pp dividing the layers, cp > 1 only for long contexts, ep dividing the experts and ``tp * dp * cp``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from planner.rollout_cost import RolloutMemory, rollout_instance_memory
+from planner.search.inputs import SearchInputs
+from planner.train_cost import TrainCostModel, TrainMemory, train_memory_per_device
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def powers_of_two_upto(n: int) -> list[int]:
+    out, p = [], 1
+    while p <= n:
+        out.append(p)
+        p *= 2
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutOption:
+    tp: int
+    ep: int
+    slots: int
+    memory: RolloutMemory
+
+    @property
+    def label(self) -> str:
+        return f"tp{self.tp}" + (f"ep{self.ep}" if self.ep > 1 else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOption:
+    accelerators: int
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    cp: int
+    micro_batch_tokens: int
+    recompute: str
+    step_s: float
+    memory: TrainMemory
+
+    @property
+    def label(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rejection:
+    what: str
+    reason: str
+    need_over_have: float
+    """How far from fitting (1.0 = exactly fits); ranks the 'closest' infeasible candidate."""
+
+
+class Space:
+    """Lazily computed, cached pieces of the search space for one ``SearchInputs``."""
+
+    def __init__(self, inputs: SearchInputs):
+        self.inp = inputs
+        self.rejections: list[Rejection] = []
+        self._train_cache: dict[int, TrainOption | None] = {}
+
+    # ------------------------------------------------------------------ workload moments
+    @cached_property
+    def response_mean(self) -> float:
+        return self.inp.response_lengths.mean_tokens()
+
+    @cached_property
+    def response_sq_mean(self) -> float:
+        """E[L^2] by quadrature over quantiles (the distribution is truncated, so this is finite)."""
+        dist = self.inp.response_lengths
+        n = 400
+        return sum(dist.quantile((i + 0.5) / n) ** 2 for i in range(n)) / n
+
+    @cached_property
+    def prompt_mean(self) -> float:
+        return self.inp.prompt_lengths.mean_tokens()
+
+    @cached_property
+    def ctx_avg(self) -> float:
+        return self.prompt_mean + self.response_sq_mean / (2 * self.response_mean)
+
+    @cached_property
+    def step_tokens(self) -> float:
+        """Prompt + response tokens one training step processes."""
+        return self.inp.batch_samples * (self.prompt_mean + self.response_mean)
+
+    @cached_property
+    def step_sum_sq(self) -> float:
+        p = self.prompt_mean
+        return self.inp.batch_samples * (p * p + 2 * p * self.response_mean + self.response_sq_mean)
+
+    # ------------------------------------------------------------------ rollout
+    @cached_property
+    def rollout_options(self) -> tuple[RolloutOption, ...]:
+        inp, arch, pins = self.inp, self.inp.arch, self.inp.pins
+        extra = (pins.versions_per_engine or 1) - 1
+        heads = arch.num_attention_heads
+        max_tp = min(inp.total_accelerators, 4 * inp.accelerators_per_node)
+        tps = [pins.rollout_tp] if pins.rollout_tp else [t for t in powers_of_two_upto(max_tp) if heads % t == 0]
+        out: list[RolloutOption] = []
+        for tp in tps:
+            eps = [1, tp] if arch.is_moe and tp > 1 else [1]
+            if pins.rollout_ep:
+                eps = [pins.rollout_ep] if pins.rollout_ep in eps else []
+            for ep in eps:
+                if arch.is_moe and ep > 1 and arch.num_experts % ep:
+                    continue
+                mem = rollout_instance_memory(
+                    arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
+                    gpu_memory_utilization=inp.gpu_memory_utilization, extra_versions=extra,
+                    context_tokens=inp.max_context_tokens, calib=inp.calibration)
+                if not mem.fits:
+                    ratio = mem.needed_bytes_per_device / max(mem.usable_bytes_per_device, 1.0)
+                    self.rejections.append(Rejection(what=f"rollout tp{tp}" + (f"ep{ep}" if ep > 1 else ""),
+                                                     reason=mem.message, need_over_have=ratio))
+                    continue
+                slots = min(inp.max_num_seqs_cap, int(mem.kv_capacity_tokens // self.ctx_avg))
+                slots = max(slots, 1)
+                if slots < inp.samples_per_prompt:
+                    self.rejections.append(Rejection(
+                        what=f"rollout tp{tp}", need_over_have=inp.samples_per_prompt / slots,
+                        reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples needs "
+                                f"{inp.samples_per_prompt} slots, KV cache holds {slots} at the mean context "
+                                f"{self.ctx_avg:.0f} tokens")))
+                    continue
+                out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ training
+    def _train_layouts(self, accelerators: int) -> list[tuple[int, int, int, int, int]]:
+        inp, arch, pins = self.inp, self.inp.arch, self.inp.pins
+        shard_heads = arch.num_attention_heads if arch.mla is not None else arch.num_kv_heads
+        long_ctx = inp.max_context_tokens > 16384
+        tps = [t for t in powers_of_two_upto(min(inp.accelerators_per_node, accelerators)) if shard_heads % t == 0]
+        pps = [p for p in divisors(arch.num_layers) if p <= 32]
+        cps = [c for c in (1, 2, 4, 8) if c == 1 or long_ctx]
+        out = []
+        for tp in ([pins.train_tp] if pins.train_tp else tps):
+            for pp in ([pins.train_pp] if pins.train_pp else pps):
+                for cp in ([pins.train_cp] if pins.train_cp else cps):
+                    if accelerators % (tp * pp * cp):
+                        continue
+                    dp = accelerators // (tp * pp * cp)
+                    if pins.train_dp and dp != pins.train_dp:
+                        continue
+                    if arch.is_moe:
+                        eps = [e for e in divisors(arch.num_experts) if (tp * dp * cp) % e == 0 and e <= 64]
+                        if pins.train_ep:
+                            eps = [pins.train_ep] if pins.train_ep in eps else []
+                        # the largest few EP sizes: smaller ones only add expert replicas and memory
+                        eps = sorted(eps)[-3:]
+                    else:
+                        eps = [1]
+                    out.extend((tp, pp, cp, dp, ep) for ep in eps)
+        return out
+
+    def best_train(self, accelerators: int) -> TrainOption | None:
+        """Fastest training layout on ``accelerators`` that fits in memory (cached per size)."""
+        if accelerators in self._train_cache:
+            return self._train_cache[accelerators]
+        inp = self.inp
+        best: TrainOption | None = None
+        closest: tuple[float, str] | None = None
+        for tp, pp, cp, dp, ep in self._train_layouts(accelerators):
+            mbt = max(8192, math.ceil(inp.max_context_tokens / cp))
+            for recompute in ("none", "full"):
+                mem = train_memory_per_device(
+                    inp.arch, inp.accelerator, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, micro_batch_tokens=mbt,
+                    recompute=recompute, dtype_bytes=inp.dtype_bytes, calib=inp.calibration)  # type: ignore[arg-type]
+                if not mem.fits:
+                    ratio = mem.total_bytes / max(mem.capacity_bytes, 1.0)
+                    if closest is None or ratio < closest[0]:
+                        closest = (ratio, f"train {accelerators} ({tp=} {pp=} {dp=} {ep=} {cp=}): {mem.message}")
+                    continue
+                model = TrainCostModel(
+                    arch=inp.arch, acc=inp.accelerator, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, micro_batch_tokens=mbt,
+                    extra_forward_passes=inp.extra_forward_passes, recompute=recompute,  # type: ignore[arg-type]
+                    dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
+                    accelerators_per_node=inp.accelerators_per_node)
+                step_s = model.train_step_s(self.step_tokens, self.step_sum_sq, inp.batch_samples)
+                option = TrainOption(accelerators=accelerators, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp,
+                                     micro_batch_tokens=mbt, recompute=recompute, step_s=step_s, memory=mem)
+                if best is None or (step_s, option.label) < (best.step_s, best.label):
+                    best = option
+                break  # recompute only when needed to fit
+        if best is None and closest is not None:
+            self.rejections.append(Rejection(what=f"train on {accelerators}", reason=closest[1],
+                                             need_over_have=closest[0]))
+        self._train_cache[accelerators] = best
+        return best
+
+    # ------------------------------------------------------------------ splits
+    def train_sizes(self, replica: int) -> list[int]:
+        """Candidate training sizes for a disaggregated split with rollout replicas of ``replica`` accelerators.
+
+        Whole nodes when the cluster has several; every feasible size on a single node. Large clusters get a
+        coarse grid (about 48 points, denser at small training shares) that ``refine_sizes`` sharpens.
+        """
+        inp = self.inp
+        n, g = inp.total_accelerators, inp.accelerators_per_node
+        pins = inp.pins
+        if pins.train_accelerators:
+            sizes = [pins.train_accelerators]
+        elif pins.rollout_accelerators:
+            sizes = [n - pins.rollout_accelerators]
+        else:
+            unit = g if inp.nodes > 1 else 1
+            sizes = list(range(unit, n, unit))
+            if len(sizes) > 48:
+                sizes = sorted({sizes[min(len(sizes) - 1, round((len(sizes) - 1) * (i / 47) ** 1.5))]
+                                for i in range(48)})
+        return [t for t in sizes if 0 < t < n and (n - t) % replica == 0 and (n - t) >= replica]
+
+    def refine_sizes(self, around: int, replica: int) -> list[int]:
+        inp = self.inp
+        if inp.pins.train_accelerators or inp.pins.rollout_accelerators:
+            return []
+        unit = inp.accelerators_per_node if inp.nodes > 1 else 1
+        n = inp.total_accelerators
+        out = [around + d * unit for d in range(-6, 7) if d]
+        return [t for t in out if 0 < t < n and (n - t) % replica == 0 and (n - t) >= replica]
