@@ -1,0 +1,82 @@
+"""`dora plan` / `dora diff` end to end: golden plan files, the plan directory, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dora.cli import main
+from conftest import REPO
+
+GOLDEN = REPO / "tests" / "golden" / "plans"
+SPECS = REPO / "specs"
+GOLDEN_SPECS = ["local-tiny", "dense-8b-h800x64", "dense-32b-h800x128"]
+
+
+def _run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dora.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("stem", GOLDEN_SPECS)
+def test_plan_json_golden(stem: str, update_golden: bool, capsys: pytest.CaptureFixture[str],
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import assert_golden
+
+    monkeypatch.chdir(REPO)
+    assert main(["plan", f"specs/{stem}.yaml", "--json"]) == 0
+    out = capsys.readouterr().out
+    json.loads(out)
+    assert_golden(GOLDEN / f"{stem}.plan.json", out, update_golden)
+
+
+def test_plan_dir_and_detailed_exitcode(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    proc = _run("plan", "specs/local-tiny.yaml", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("plan.json", "report.txt", "timeline.html", "schedule.json", "schedule.dot", "launch/runtime.json",
+                 "launch/launch.sh"):
+        assert (out / name).is_file(), name
+    assert "<svg" in (out / "timeline.html").read_text()
+    again = tmp_path / "again"
+    assert _run("plan", "specs/local-tiny.yaml", "--out", str(again)).returncode == 0
+    assert (again / "plan.json").read_bytes() == (out / "plan.json").read_bytes()
+
+    same = _run("plan", "specs/local-tiny.yaml", "--against", str(out / "plan.json"), "--detailed-exitcode")
+    assert same.returncode == 0 and "No changes" in same.stdout
+    changed_spec = tmp_path / "changed.yaml"
+    changed_spec.write_text((SPECS / "local-tiny.yaml").read_text().replace("steps: 40", "steps: 20"))
+    changed = _run("plan", str(changed_spec), "--against", str(out / "plan.json"), "--detailed-exitcode")
+    assert changed.returncode == 2, changed.stderr
+    assert "~ predictions.total_time_s" in changed.stdout and "to change" in changed.stdout
+    broken = _run("plan", "specs/local-tiny.yaml", "--against", str(tmp_path / "nope.json"), "--detailed-exitcode")
+    assert broken.returncode == 1 and "does not exist" in broken.stderr
+
+
+def test_diff_two_specs(tmp_path: Path) -> None:
+    bigger = tmp_path / "bigger.yaml"
+    bigger.write_text((SPECS / "local-tiny.yaml").read_text().replace("steps: 40", "steps: 80"))
+    proc = _run("diff", "specs/local-tiny.yaml", str(bigger), "--detailed-exitcode")
+    assert proc.returncode == 2, proc.stderr
+    assert "Plan: 0 to add" in proc.stdout
+
+
+def test_infeasible_plan_exits_nonzero_without_traceback(tmp_path: Path) -> None:
+    spec = tmp_path / "huge.yaml"
+    spec.write_text((SPECS / "moe-235b-h800x512.yaml").read_text().replace("nodes: 64", "nodes: 1").replace(
+        "accelerator: h800", "accelerator: a100-80g"))
+    proc = _run("plan", str(spec))
+    assert proc.returncode == 1
+    assert "nothing fits" in proc.stderr and "closest candidate" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_plan_file_format_version(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps({"format_version": 99}))
+    proc = _run("plan", "specs/local-tiny.yaml", "--against", str(bad))
+    assert proc.returncode == 2 and "format_version 99" in proc.stderr

@@ -1,0 +1,99 @@
+"""The plan search: optimality against exhaustive simulation, pins, modes, infeasibility, determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dora.planning import make_plan, search_inputs
+from dora.spec import load_spec, load_spec_text
+from planner.search import InfeasibleError, search
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = REPO / "specs"
+
+SMALL_GPU = """
+name: small-gpu
+model: {preset: qwen3-8b}
+cluster: {accelerator: h100, nodes: 2, accelerators_per_node: 8}
+workload:
+  prompts_per_step: 32
+  samples_per_prompt: 8
+  prompt_length: {median_tokens: 200, p99_tokens: 600, max_tokens: 1024}
+  response_length: {median_tokens: 600, p99_tokens: 6000, max_tokens: 8192}
+  steps: 20
+staleness: {max_version_lag: 2}
+runtime: {rollout_engine: vllm, trainer: megatron}
+"""
+
+
+def _resolved(text: str, **replace: str):
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    return load_spec_text(text, "test.yaml", SPECS)
+
+
+@pytest.mark.parametrize("case", ["local-tiny", "small-gpu"])
+def test_chosen_within_3_percent_of_exhaustive_best(case: str) -> None:
+    resolved = load_spec(str(SPECS / "local-tiny.yaml")) if case == "local-tiny" else _resolved(SMALL_GPU)
+    inputs = search_inputs(resolved)
+    chosen = search(inputs).chosen
+    exhaustive = search(inputs, exhaustive=True)
+    best = max(s.trained_tokens_per_s for s in exhaustive.finalists)
+    assert len(exhaustive.finalists) == len(exhaustive.screened) > 4
+    assert chosen.trained_tokens_per_s >= 0.97 * best, (chosen.screened.label, exhaustive.chosen.screened.label)
+
+
+def test_plan_is_deterministic() -> None:
+    resolved = _resolved(SMALL_GPU)
+    assert make_plan(resolved).plan.to_json() == make_plan(resolved).plan.to_json()
+
+
+def test_pinned_fields_restrict_the_space() -> None:
+    pinned = make_plan(_resolved(SMALL_GPU + "placement:\n  colocated: true\n  rollout: {tp: 2}\n")).plan
+    assert pinned.colocated and pinned.rollout.tp == 2 and pinned.mode == "sync"
+    free = make_plan(_resolved(SMALL_GPU)).plan
+    assert not free.colocated
+    assert any("pinned placement is" in w for w in pinned.warnings)
+
+
+def test_fixed_mode_and_zero_budget() -> None:
+    one = make_plan(_resolved(SMALL_GPU, **{"{max_version_lag: 2}": "{max_version_lag: 1, mode: one-step-off}"}))
+    assert one.plan.mode == "one-step-off"
+    sync = make_plan(_resolved(SMALL_GPU, **{"{max_version_lag: 2}": "{max_version_lag: 0}"})).plan
+    assert sync.mode == "sync" and sync.max_version_lag == 0
+    assert {c.mode for c in search(search_inputs(_resolved(SMALL_GPU, **{"{max_version_lag: 2}": "{max_version_lag: 0}"})))
+            .screened} == {"sync"}
+
+
+def test_partial_rollout_only_with_mixing() -> None:
+    modes = {c.mode for c in search(search_inputs(_resolved(SMALL_GPU))).screened}
+    assert "partial-rollout" not in modes and "streaming" in modes
+    mixed = _resolved(SMALL_GPU, **{"{max_version_lag: 2}": "{max_version_lag: 2, allow_version_mixing: true}"})
+    assert "partial-rollout" in {c.mode for c in search(search_inputs(mixed)).screened}
+
+
+def test_infeasible_names_closest_candidate() -> None:
+    text = (SPECS / "moe-235b-h800x512.yaml").read_text().replace("nodes: 64", "nodes: 1").replace(
+        "accelerator: h800", "accelerator: a100-80g")
+    with pytest.raises(InfeasibleError) as info:
+        make_plan(load_spec_text(text, "x.yaml", SPECS))
+    assert info.value.closest is not None
+    assert "does not fit: needs" in str(info.value)
+
+
+def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
+    plan = make_plan(load_spec(str(SPECS / "dense-32b-h800x128.yaml"))).plan
+    assert plan.mode == "streaming"
+    assert plan.predictions.speedup_vs_sync > 1.1
+    chosen = [c for c in plan.considered if c.status == "chosen"]
+    assert len(chosen) == 1 and chosen[0].mode == "streaming"
+    assert any(c.mode == "sync" and c.stage == "simulated" for c in plan.considered)
+
+
+def test_memory_reports_fit() -> None:
+    plan = make_plan(load_spec(str(SPECS / "dense-8b-h800x64.yaml"))).plan
+    for m in plan.memory:
+        assert 0 < m.need_bytes <= m.have_bytes
