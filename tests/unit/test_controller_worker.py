@@ -1,0 +1,147 @@
+"""The rollout worker (in-process, no Ray) and the run statistics the controller keeps.
+
+The worker's guarantees the controller relies on: messages are numbered in order, an export hands
+over every in-flight request with its KV cache plus the finishes not yet polled, a migrated request
+produces exactly the tokens it would have produced unmigrated, and a resumed (partial-rollout)
+request records a second version span.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dora.runtime.actors import RolloutWorker, WorkerMessage
+from dora.runtime.engines.base import GenerationRequest
+from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer, export_weights
+from dora.runtime.engines.torch_rollout import RolloutConfig
+from dora.runtime.trace import RunStats
+
+MODEL = TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=2, head_dim=16, ffn_size=64,
+                        vocab_size=40)
+# EOS outside the vocabulary: never sampled, so every response runs to exactly max_new_tokens.
+CONFIG = RolloutConfig(model=MODEL, eos_token_id=10_000, max_num_seqs=8, max_model_len=64)
+
+
+def _weights(seed: int):
+    return export_weights(TinyTransformer(MODEL, seed=seed))
+
+
+def _requests(n: int, *, version: int = 0, max_new_tokens: int = 30) -> list[GenerationRequest]:
+    return [GenerationRequest(request_id=f"g0/{i}", prompt_ids=(0, 5 + i, 9, 2), version=version,
+                              max_new_tokens=max_new_tokens, seed=1000 + i) for i in range(n)]
+
+
+def _drain(worker: RolloutWorker, want: int, messages: list[WorkerMessage], timeout_s: float = 30.0) -> dict:
+    finished = {t.request_id: t for m in messages for t in m.finished}
+    deadline = time.monotonic() + timeout_s
+    while len(finished) < want:
+        assert time.monotonic() < deadline, f"only {len(finished)}/{want} finished"
+        msg = worker.poll(0.2)
+        messages.append(msg)
+        finished.update((t.request_id, t) for t in msg.finished)
+    return finished
+
+
+@pytest.fixture
+def workers():
+    made: list[RolloutWorker] = []
+
+    def make(index: int) -> RolloutWorker:
+        w = RolloutWorker(CONFIG, index=index)
+        w.load_weights(0, _weights(0))
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.stop()
+
+
+def test_poll_returns_every_finish_once_with_increasing_sequence_numbers(workers):
+    w = workers(0)
+    w.start_clock()
+    w.add_requests(_requests(6, max_new_tokens=12))
+    messages: list[WorkerMessage] = []
+    finished = _drain(w, 6, messages)
+    assert sorted(finished) == [f"g0/{i}" for i in range(6)]
+    assert [m.seq for m in messages] == list(range(1, len(messages) + 1))
+    assert sum(len(m.finished) for m in messages) == 6
+    assert all(len(t.response_ids) == 12 and t.version_spans == ((0, 12),) for t in finished.values())
+    c = w.counters()
+    assert c.generated_tokens == 72
+    assert 0 < c.busy_s <= c.wall_s
+    assert c.busy_slot_s <= CONFIG.max_num_seqs * c.busy_s + 1e-9
+
+
+def test_migrated_requests_continue_with_identical_tokens(workers):
+    reference, src, dst = workers(0), workers(1), workers(2)
+    reference.add_requests(_requests(4))
+    expected = _drain(reference, 4, [])
+    src.add_requests(_requests(4))
+    while src.counters().generated_tokens < 20:  # let them get some tokens (and KV) in
+        time.sleep(0.005)
+    reply = src.export_requests()
+    assert reply.export_reply and reply.seq >= 1
+    moved_ids = {m.request.request_id for m in reply.exported}
+    assert moved_ids | {t.request_id for t in reply.finished} == {f"g0/{i}" for i in range(4)}
+    assert all(m.kv_cache is not None for m in reply.exported if m.response_ids)
+    assert src.counters().num_active == 0
+    dst.import_requests(list(reply.exported))
+    got = _drain(dst, len(moved_ids), [])
+    for rid in moved_ids:
+        assert got[rid].response_ids == expected[rid].response_ids, rid
+        assert got[rid].behaviour_logprobs == pytest.approx(expected[rid].behaviour_logprobs, abs=1e-5)
+        assert got[rid].version_spans == ((0, 30),)
+
+
+def test_resume_in_flight_records_a_second_version_span(workers):
+    w = workers(0)
+    w.add_requests(_requests(2, max_new_tokens=40))
+    while w.counters().generated_tokens < 10:
+        time.sleep(0.005)
+    w.load_weights(1, _weights(1), resume_in_flight=True)
+    finished = _drain(w, 2, [])
+    for t in finished.values():
+        (v0, n0), (v1, n1) = t.version_spans
+        assert (v0, v1) == (0, 1) and n0 >= 1 and n0 + n1 == 40
+
+
+def test_load_without_resume_refuses_an_engine_with_requests_in_flight(workers):
+    w = workers(0)
+    w.add_requests(_requests(2, max_new_tokens=60))
+    with pytest.raises(RuntimeError, match="in flight and resume_in_flight=False"):
+        w.load_weights(1, _weights(1))
+
+
+def _counters(slot_s: float, busy_s: float, gen: int) -> SimpleNamespace:
+    return SimpleNamespace(busy_slot_s=slot_s, busy_s=busy_s, generated_tokens=gen, num_active=4, wall_s=0.0)
+
+
+def _metrics(tokens: int, n: int) -> SimpleNamespace:
+    return SimpleNamespace(train_time_s=0.1, reward_mean=0.5, loss=0.0, grad_norm=1.0, is_weight_mean=1.0,
+                           is_weight_max=1.2, is_weight_clip_frac=0.0, ppo_clip_frac=0.0, num_sequences=n,
+                           num_trained_tokens=tokens, num_forward_tokens=tokens + 4 * n)
+
+
+def test_step_records_use_interval_deltas_and_the_staleness_definition_of_the_checker():
+    stats = RunStats(num_workers=2, slots_per_worker=4, total_steps=3, mode="streaming")
+    common = dict(live=(0, 1), engines=(0, 1))
+    r1 = stats.step_finished(step=1, start_s=1.0, end_s=2.0, metrics=_metrics(40, 4), rewards=[1.0, 0, 0, 0],
+                             versions=[0, 0, 0, 0], counters=[_counters(6, 2, 50), _counters(2, 1, 30)], **common)
+    r2 = stats.step_finished(step=2, start_s=2.5, end_s=3.0, metrics=_metrics(20, 4), rewards=[0.5] * 4,
+                             versions=[0, 0, 1, 1], counters=[_counters(8, 2.5, 70), _counters(4, 1.5, 40)], **common)
+    assert r1.rollout_occupancy == pytest.approx(8 / (2 * 4 * 2.0))
+    assert r1.exact_fraction == 0.25 and r1.mean_staleness == 0.0
+    assert r2.step_time_s == pytest.approx(1.0)
+    assert r2.generated_tokens == 30
+    assert r2.rollout_occupancy == pytest.approx(4 / (2 * 4 * 1.0))
+    assert r2.rollout_share == pytest.approx(1.0 / 2)
+    assert r2.mean_staleness == pytest.approx(0.5) and r2.max_staleness == 1
+    s = stats.summary()
+    assert s["steady_trained_tokens_per_s"] == pytest.approx(20 / 1.0)
+    assert s["steady_generated_tokens_per_s"] == pytest.approx(30 / 1.0)
+    assert s["mean_trained_response_tokens"] == pytest.approx(60 / 8)
+    assert s["reward_curve"] == [0.5, 0.5]
