@@ -85,18 +85,33 @@ class KVCache:
         self.v[:, dst, :, :length] = self.v[:, src, :, :length]
 
 
-def _rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate ``x[..., head_dim]`` by angle ``position * theta^(-2i/head_dim)`` per channel pair.
-
-    ``positions`` broadcasts against ``x`` without its last dim (we pass it shaped
-    so that the head axis is 1).
-    """
-    half = x.shape[-1] // 2
+def _rotary_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin`` of ``position * theta^(-2i/head_dim)`` for each channel pair ``i``: shape ``[*positions, d/2]``."""
+    half = head_dim // 2
     inv_freq = theta ** (-torch.arange(half, dtype=torch.float32) / half)
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
-    cos, sin = angles.cos(), angles.sin()
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs ``(x_i, x_{i + d/2})`` of ``x[..., head_dim]`` by the tabled angles."""
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+@dataclass(frozen=True)
+class _DecodeContext:
+    """Per-call tensors shared by every layer of one batched decode (computed once, not per layer)."""
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    contiguous: slice | None
+    length: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    additive_mask: torch.Tensor
+    """``[B, 1, 1, length]``: 0 where a slot's key is within its prefix, -inf beyond."""
 
 
 class _Block(nn.Module):
@@ -116,7 +131,7 @@ class _Block(nn.Module):
         return x + self.down(F.gelu(self.up(self.mlp_norm(x))))
 
     def forward_rows(
-        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x [R, L, hidden]``, ``mask [R, 1, L, L]`` -> (output, k, v) with k/v ``[R, kv_heads, L, d]``."""
         c = self.c
@@ -125,8 +140,7 @@ class _Block(nn.Module):
         q = self.q(h).view(r, n, c.num_heads, c.head_dim).transpose(1, 2)
         k = self.k(h).view(r, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = self.v(h).view(r, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        q = _rotary(q, positions[:, None, :], c.rope_theta)
-        k = _rotary(k, positions[:, None, :], c.rope_theta)
+        q, k = _rotate(q, *rope), _rotate(k, *rope)
         group = c.num_heads // c.num_kv_heads
         kr = k.repeat_interleave(group, dim=1) if group > 1 else k
         vr = v.repeat_interleave(group, dim=1) if group > 1 else v
@@ -134,33 +148,27 @@ class _Block(nn.Module):
         x = x + self.o(out.transpose(1, 2).reshape(r, n, c.num_heads * c.head_dim))
         return self._mlp(x), k, v
 
-    def decode(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, layer: int, slots: torch.Tensor,
-        contiguous: slice | None,
-    ) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, cache: KVCache, layer: int, ctx: _DecodeContext) -> torch.Tensor:
         """``x [B, hidden]``: write this token's k/v at ``positions`` and attend to ``0..positions[b]``."""
         c = self.c
         b = x.shape[0]
         group = c.num_heads // c.num_kv_heads
         h = self.attn_norm(x)
-        q = self.q(h).view(b, c.num_heads, c.head_dim)
-        k = self.k(h).view(b, c.num_kv_heads, c.head_dim)
+        q = _rotate(self.q(h).view(b, c.num_heads, c.head_dim), ctx.cos, ctx.sin)
+        k = _rotate(self.k(h).view(b, c.num_kv_heads, c.head_dim), ctx.cos, ctx.sin)
         v = self.v(h).view(b, c.num_kv_heads, c.head_dim)
-        q = _rotary(q, positions[:, None], c.rope_theta)
-        k = _rotary(k, positions[:, None], c.rope_theta)
-        cache.k[layer, slots, :, positions] = k
-        cache.v[layer, slots, :, positions] = v
-        length = int(positions.max()) + 1
+        cache.k[layer, ctx.slots, :, ctx.positions] = k
+        cache.v[layer, ctx.slots, :, ctx.positions] = v
         # A contiguous slot range is read as a view; scattered slots (several versions
         # sharing one cache) need a gather, which copies.
-        if contiguous is not None:
-            keys, values = cache.k[layer, contiguous, :, :length], cache.v[layer, contiguous, :, :length]
+        if ctx.contiguous is not None:
+            keys = cache.k[layer, ctx.contiguous, :, : ctx.length]
+            values = cache.v[layer, ctx.contiguous, :, : ctx.length]
         else:
-            keys, values = cache.k[layer, slots, :, :length], cache.v[layer, slots, :, :length]
+            keys = cache.k[layer, :, :, : ctx.length].index_select(0, ctx.slots)
+            values = cache.v[layer, :, :, : ctx.length].index_select(0, ctx.slots)
         qg = q.view(b, c.num_kv_heads, group, c.head_dim)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))
-        beyond = torch.arange(length)[None, :] > positions[:, None]
-        scores = scores.masked_fill(beyond[:, None, None, :], float("-inf"))
+        scores = torch.matmul(qg, keys.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim)) + ctx.additive_mask
         out = torch.matmul(torch.softmax(scores, dim=-1), values)
         x = x + self.o(out.reshape(b, c.num_heads * c.head_dim))
         return self._mlp(x)
@@ -215,8 +223,9 @@ class TinyTransformer(nn.Module):
         mask = (same & causal & (segment_ids[:, None, :] >= 0)) | torch.eye(n, dtype=torch.bool)
         mask = mask[:, None]
         x = self.embed(token_ids)
+        cos, sin = _rotary_tables(position_ids[:, None, :], self.config.head_dim, self.config.rope_theta)
         for i, layer in enumerate(self.layers):
-            x, k, v = layer.forward_rows(x, position_ids, mask)
+            x, k, v = layer.forward_rows(x, (cos, sin), mask)
             if cache is not None:
                 assert cache_slots is not None
                 idx = torch.tensor(cache_slots)
@@ -234,9 +243,16 @@ class TinyTransformer(nn.Module):
             if int(slots[-1]) == first + count - 1 and bool((slots.diff() == 1).all())
             else None
         )
+        length = int(positions.max()) + 1
+        beyond = torch.arange(length)[None, :] > positions[:, None]
+        cos, sin = _rotary_tables(positions[:, None], self.config.head_dim, self.config.rope_theta)
+        ctx = _DecodeContext(
+            slots=slots, positions=positions, contiguous=contiguous, length=length, cos=cos, sin=sin,
+            additive_mask=torch.zeros(beyond.shape).masked_fill_(beyond, float("-inf"))[:, None, None, :],
+        )
         x = self.embed(token_ids)
         for i, layer in enumerate(self.layers):
-            x = layer.decode(x, positions, cache, i, slots, contiguous)
+            x = layer.decode(x, cache, i, ctx)
         return self._logits(x)
 
 
