@@ -385,5 +385,8 @@ class Controller:
                 ray.get(w.actor.stop.remote(), timeout=10)
             except Exception:  # a worker that died or hangs must not block shutdown
                 pass
+        # Release the actors' CPU reservations now: on a shared Ray instance the next run needs them.
+        for actor in [w.actor for w in self._workers] + ([self._trainer] if self._trainer is not None else []):
+            ray.kill(actor)
         self.trace.close()
         self.metrics_out.close()
