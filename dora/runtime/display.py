@@ -54,7 +54,7 @@ def render(stats: RunStats, title: str) -> Panel:
                                     f"step {last.step_time_s:.2f}s (rollout share {last.rollout_share:.0%})")
     versions = ", ".join(f"v{v}" for v in stats.live_versions)
     engines = " ".join(f"v{v}" for v in stats.engine_versions)
-    table.add_row("versions", f"live {versions}   workers serve [{engines}]")
+    table.add_row("versions", f"live {versions}   workers serve {engines}")
     occ = f"now {stats.occupancy_now:.0%}"
     if last is not None:
         occ += f"   last step {last.rollout_occupancy:.0%}"

@@ -145,3 +145,23 @@ def test_step_records_use_interval_deltas_and_the_staleness_definition_of_the_ch
     assert s["steady_generated_tokens_per_s"] == pytest.approx(30 / 1.0)
     assert s["mean_trained_response_tokens"] == pytest.approx(60 / 8)
     assert s["reward_curve"] == [0.5, 0.5]
+
+
+def test_live_panel_and_summary_render_the_figures_a_user_watches():
+    from rich.console import Console
+
+    from dora.runtime.display import render, render_summary
+
+    stats = RunStats(num_workers=2, slots_per_worker=4, total_steps=3, mode="streaming")
+    for step, end in ((1, 2.0), (2, 3.0)):
+        stats.step_finished(step=step, start_s=end - 0.5, end_s=end, metrics=_metrics(40, 4), rewards=[1.0, 0, 0, 0],
+                            versions=[step - 1] * 4, counters=[_counters(1.2 * step, 0.4 * step, 50 * step)] * 2,
+                            live=(step - 1, step), engines=(step, step - 1))
+    console = Console(record=True, width=140, force_terminal=False)
+    console.print(render(stats, "run"))
+    text = console.export_text()
+    for needle in ("2 / 3", "0.500 (exact 25%)", "live v1, v2", "workers serve v2 v1", "eta", "1s"):
+        assert needle in text, needle
+    audit = {"ok": False, "violations": [{"constraint": "integrity"}], "num_consumed": 8}
+    console.print(render_summary(stats.summary(), audit))
+    assert "1 VIOLATION(S)" in console.export_text()

@@ -1,0 +1,174 @@
+"""sync vs one-step-off vs streaming on the local spec, same seeds, side by side (real runs on local Ray).
+
+For each mode and seed this runs the whole job (``dora.runtime.driver.run_job``) on one shared local
+Ray instance and prints, per mode (mean over seeds, with the min-max spread when several seeds ran):
+trained and generated tokens/s in steady state, rollout slot occupancy, step time and its rollout
+share, mean staleness, mean trained response length (and its gap to sync's), reward first -> last,
+the audit verdict, and the prediction for the same configuration.
+
+Length bias: a streaming step trains whoever finished first, so its steps are shorter; compare
+*trained tokens* per second, and check that the mean trained response length over the run stays
+within 5% of sync's (every admitted trajectory is trained eventually, so it should).
+
+PREDICTED columns come from ``planner.sim.simulate`` with the cost-model timing of the spec's
+accelerator (``planner.sim.costmodel``) -- a stand-in until ``dora plan``'s search result is wired in
+(``predict`` is the one function to replace).
+
+    python bench/local_modes.py                          # the spec as written, seed 0
+    python bench/local_modes.py --seeds 0 1 --steps 30   # shorter, two seeds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console
+
+from dora.apply import ApplyOverrides, runtime_config_for
+from dora.runtime.config import RuntimeConfig
+from dora.runtime.display import sparkline
+from dora.spec import SpecError, load_spec
+
+TARGET_OCCUPANCY = 0.90
+TARGET_SPEEDUP = 1.3
+LENGTH_TOLERANCE = 0.05
+
+
+def predict(resolved: Any, rc: RuntimeConfig) -> dict[str, float] | str:
+    """The simulator's prediction for ``rc`` (or why there is none)."""
+    try:
+        from planner.hardware import ACCELERATORS
+        from planner.policies import PolicyConfig
+        from planner.sim import simulate
+        from planner.sim.costmodel import cost_model_timing
+        from planner.workload import Workload
+
+        acc = ACCELERATORS[rc.accelerator]
+        timing = cost_model_timing(resolved.arch, rollout_acc=acc, train_acc=acc, rollout_tp=1,
+                                   num_rollout_groups=rc.rollout_workers, train_tp=1, train_pp=1, train_dp=1,
+                                   dtype_bytes=4, accelerators_per_node=resolved.spec.cluster.accelerators_per_node)
+        config = PolicyConfig(mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
+                              slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
+                              samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
+                              allow_version_mixing=rc.allow_version_mixing)
+        workload = Workload(prompt_tokens=4, response_length=resolved.response_lengths)
+        sim = simulate(config, workload, timing, seed=rc.seed, record_events=False)
+        return {"trained_tokens_per_s": sim.tokens_per_s, "occupancy": sim.rollout_slot_occupancy,
+                "step_time_s": sim.step_time_s}
+    except Exception as exc:  # a prediction is informative only; never let it stop the measured bench
+        return f"n/a ({type(exc).__name__}: {exc})"
+
+
+def _fmt(values: list[float], spec: str) -> str:
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return format(mean, spec)
+    return f"{format(mean, spec)} [{format(min(values), spec)}-{format(max(values), spec)}]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default="specs/local-tiny.yaml")
+    ap.add_argument("--modes", nargs="+", default=["sync", "one-step-off", "streaming"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--rollout-workers", type=int, default=None)
+    ap.add_argument("--max-num-seqs", type=int, default=None)
+    ap.add_argument("--prompts-per-step", type=int, default=None, help="override the spec (tuning)")
+    ap.add_argument("--samples-per-prompt", type=int, default=None, help="override the spec (tuning)")
+    ap.add_argument("--learning-rate", type=float, default=None, help="override the spec (tuning)")
+    ap.add_argument("--out-dir", default="runs/bench-local-modes")
+    args = ap.parse_args()
+    console = Console(highlight=False, width=max(160, Console().width))
+    try:
+        resolved = load_spec(args.spec)
+    except SpecError as exc:
+        console.print(f"error: {exc}")
+        return 2
+
+    import ray
+
+    from dora.runtime.driver import run_job
+
+    results: dict[str, list[dict[str, Any]]] = {}
+    predictions: dict[str, dict[str, float] | str] = {}
+    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        for mode in args.modes:
+            for seed in args.seeds:
+                over = ApplyOverrides(mode=mode, steps=args.steps, rollout_workers=args.rollout_workers,
+                                      max_num_seqs=args.max_num_seqs, output_dir=f"{args.out_dir}/{mode}-s{seed}")
+                rc = runtime_config_for(resolved, over)
+                algorithm = rc.algorithm
+                if args.learning_rate is not None:
+                    algorithm = replace(algorithm, learning_rate=args.learning_rate)
+                rc = replace(rc, seed=seed, algorithm=algorithm,
+                             prompts_per_step=args.prompts_per_step or rc.prompts_per_step,
+                             samples_per_prompt=args.samples_per_prompt or rc.samples_per_prompt)
+                predictions.setdefault(mode, predict(resolved, rc))
+                console.print(f"[bold]{mode}[/bold] seed {seed}: {rc.rollout_workers}x{rc.max_num_seqs} slots, "
+                              f"{rc.prompts_per_step}x{rc.samples_per_prompt} per step, {rc.steps} steps ...")
+                result = run_job(rc, console=console, live=False)
+                results.setdefault(mode, []).append({**result.summary, "audit_ok": result.ok})
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    finally:
+        ray.shutdown()
+    _print_table(console, results, predictions)
+    return 0
+
+
+def _print_table(console: Console, results: dict[str, list[dict[str, Any]]],
+                 predictions: dict[str, dict[str, float] | str]) -> None:
+    from rich.table import Table
+
+    t = Table(title="local modes (measured; mean [min-max] over seeds)")
+    for col in ("mode", "trained tok/s", "generated tok/s", "occupancy", "step s", "rollout share", "staleness",
+                "resp len (vs sync)", "reward first->last", "audit", "PREDICTED tok/s | occ | step s"):
+        t.add_column(col)
+    sync = results.get("sync")
+    sync_len = statistics.fmean(r["mean_trained_response_tokens"] for r in sync) if sync else None
+    for mode, runs in results.items():
+        def col(key: str, runs: list[dict[str, Any]] = runs) -> list[float]:
+            return [float(r[key]) for r in runs]
+
+        length = statistics.fmean(col("mean_trained_response_tokens"))
+        gap = f" ({length / sync_len - 1:+.1%})" if sync_len else ""
+        pred = predictions.get(mode)
+        pred_s = pred if isinstance(pred, str) else (
+            f"{pred['trained_tokens_per_s']:.0f} | {pred['occupancy']:.0%} | {pred['step_time_s']:.2f}")
+        t.add_row(mode, _fmt(col("steady_trained_tokens_per_s"), ".0f"), _fmt(col("steady_generated_tokens_per_s"), ".0f"),
+                  _fmt(col("steady_rollout_occupancy"), ".0%"), _fmt(col("steady_step_time_s"), ".2f"),
+                  _fmt(col("steady_rollout_share"), ".0%"), _fmt(col("mean_staleness"), ".2f"),
+                  f"{length:.1f}{gap}", f"{_fmt(col('reward_first'), '.3f')} -> {_fmt(col('reward_last'), '.3f')}",
+                  "ok" if all(r["audit_ok"] for r in runs) else "FAILED", pred_s)
+    console.print(t)
+    for mode, runs in results.items():
+        curve = [statistics.fmean(c) for c in zip(*(r["reward_curve"] for r in runs), strict=False)]
+        console.print(f"reward {mode:>13}: {sparkline(curve, width=80)}  "
+                      f"{' '.join(f'{x:.2f}' for x in curve[:: max(1, len(curve) // 10)])}")
+    if sync and "streaming" in results:
+        st = results["streaming"]
+        speedup = statistics.fmean(r["steady_trained_tokens_per_s"] for r in st) / statistics.fmean(
+            r["steady_trained_tokens_per_s"] for r in sync)
+        occ = statistics.fmean(r["steady_rollout_occupancy"] for r in st)
+        gap = statistics.fmean(r["mean_trained_response_tokens"] for r in st) / (sync_len or 1) - 1
+        share = statistics.fmean(r["steady_rollout_share"] for r in sync)
+        checks = [
+            (f"streaming occupancy {occ:.0%} >= {TARGET_OCCUPANCY:.0%}", occ >= TARGET_OCCUPANCY),
+            (f"streaming trained tok/s {speedup:.2f}x sync >= {TARGET_SPEEDUP}x", speedup >= TARGET_SPEEDUP),
+            (f"trained length gap {gap:+.1%} within {LENGTH_TOLERANCE:.0%}", abs(gap) <= LENGTH_TOLERANCE),
+            (f"sync rollout share {share:.0%} >= 50%", share >= 0.5),
+        ]
+        for text, ok in checks:
+            console.print(f"  [{'green' if ok else 'red'}]{'PASS' if ok else 'MISS'}[/] {text}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
