@@ -35,13 +35,14 @@ def _quantile(values: list[int], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--prompts-per-step", type=int, default=8)
+    ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--correction", default="tis", choices=["none", "tis", "decoupled-ppo"])
     ap.add_argument("--warmup-steps", type=int, default=TaskConfig().warmup_steps)
+    ap.add_argument("--warmup-smoothing", type=float, default=TaskConfig().warmup_label_smoothing)
     ap.add_argument("--median", type=float, default=8.0)
     ap.add_argument("--p99", type=float, default=80.0)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -49,7 +50,7 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=None, help="cache the warm-up weights here")
     args = ap.parse_args()
 
-    task = TaskConfig(warmup_steps=args.warmup_steps)
+    task = TaskConfig(warmup_steps=args.warmup_steps, warmup_label_smoothing=args.warmup_smoothing)
     lengths = LengthDistribution.lognormal(median=args.median, p99=args.p99, max_tokens=args.max_tokens)
     model = TinyModelConfig(vocab_size=task.vocab_size)
     max_model_len = 4 + args.max_tokens + 1

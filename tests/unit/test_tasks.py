@@ -80,3 +80,5 @@ def test_config_validation_names_the_field() -> None:
         TaskConfig(number_tokens=1)
     with pytest.raises(ValueError, match=r"warmup_steps\(-1\)"):
         TaskConfig(warmup_steps=-1)
+    with pytest.raises(ValueError, match=r"warmup_label_smoothing\(1.0\)"):
+        TaskConfig(warmup_label_smoothing=1.0)

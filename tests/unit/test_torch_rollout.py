@@ -174,6 +174,7 @@ def test_version_lifecycle_errors() -> None:
     with pytest.raises(ValueError, match=r"wants version 3, engine hosts \(0,\)"):
         engine.add_request(_request(0, version=3))
     engine.add_request(_request(0))
+    assert [r.request_id for r in engine.in_flight_requests()] == ["r0"] and engine.num_waiting() == 1
     with pytest.raises(RuntimeError, match="cannot drop version 0: 1 requests"):
         engine.drop_version(0)
     _drain(engine)

@@ -193,3 +193,17 @@ def test_warm_up_is_cached_by_content(tmp_path) -> None:
     assert a.version == b.version == 0
     c = TorchTrainer(TrainerConfig(model=MODEL, seed=0))
     assert len(warm_up(c, task, lengths, seed=2, cache_dir=tmp_path)) == 3  # another seed: not the cached file
+
+
+def test_supervised_step_label_smoothing_by_hand() -> None:
+    trainer = TorchTrainer(TrainerConfig(model=MODEL, seed=6))
+    examples = [((0, 3), (4, 5, 1)), ((0, 7, 8), (9, 1))]
+    with torch.no_grad():
+        rows = pack(examples, 12)
+        logits = trainer.model.forward_rows(rows.token_ids, rows.position_ids, rows.segment_ids)
+        logp = torch.log_softmax(logits.reshape(-1, MODEL.vocab_size)[rows.logit_index], dim=-1)
+        e = 0.3
+        expected = -((1 - e) * logp.gather(1, rows.target_ids[:, None]).squeeze(1) + e * logp.mean(-1)).mean()
+    optimizer = torch.optim.SGD(trainer.model.parameters(), lr=0.0)
+    assert trainer.supervised_step(examples, optimizer, label_smoothing=e) == pytest.approx(float(expected), rel=1e-6)
+    assert trainer.version == 0

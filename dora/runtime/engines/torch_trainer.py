@@ -109,11 +109,16 @@ def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int
     )
 
 
-def token_logprobs(model: TinyTransformer, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
-    """``[N]`` log-probs (nats) of the trained tokens under ``softmax(logits / temperature)``."""
+def _trained_log_softmax(model: TinyTransformer, packed: PackedRows, temperature: float) -> torch.Tensor:
+    """``[N, vocab]`` log-softmax of ``logits / temperature`` at the positions predicting trained tokens."""
     logits = model.forward_rows(packed.token_ids, packed.position_ids, packed.segment_ids)
     picked = logits.reshape(-1, logits.shape[-1])[packed.logit_index]
-    logp = torch.log_softmax(picked.float() / temperature, dim=-1)
+    return torch.log_softmax(picked.float() / temperature, dim=-1)
+
+
+def token_logprobs(model: TinyTransformer, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
+    """``[N]`` log-probs (nats) of the trained tokens under ``softmax(logits / temperature)``."""
+    logp = _trained_log_softmax(model, packed, temperature)
     return logp.gather(1, packed.target_ids[:, None]).squeeze(1)
 
 
@@ -204,11 +209,23 @@ class TorchTrainer:
             train_time_s=time.perf_counter() - start,
         )
 
-    def supervised_step(self, examples: list[tuple[tuple[int, ...], tuple[int, ...]]], optimizer: torch.optim.Optimizer) -> float:
-        """One cross-entropy step (token mean over response tokens) — the warm-up; no version bump."""
+    def supervised_step(
+        self,
+        examples: list[tuple[tuple[int, ...], tuple[int, ...]]],
+        optimizer: torch.optim.Optimizer,
+        *,
+        label_smoothing: float = 0.0,
+    ) -> float:
+        """One cross-entropy step on the response tokens (token mean) — the warm-up; no version bump.
+
+        With smoothing ``e`` the target is ``(1 - e) * onehot + e * uniform(vocab)``:
+        ``loss = -(1 - e) * log p_target - e * mean_v log p_v``.
+        """
         self.model.train()
-        logp = token_logprobs(self.model, pack(examples, self.config.pack_len))
-        loss = -logp.mean()
+        packed = pack(examples, self.config.pack_len)
+        logp = _trained_log_softmax(self.model, packed, 1.0)
+        target = logp.gather(1, packed.target_ids[:, None]).squeeze(1)
+        loss = -((1.0 - label_smoothing) * target + label_smoothing * logp.mean(dim=-1)).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
@@ -242,7 +259,8 @@ def warm_up(
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=learning_rate, betas=(0.9, 0.99))
     losses = [
-        trainer.supervised_step(warmup_examples(task, lengths, rng, task.warmup_batch_size), optimizer)
+        trainer.supervised_step(warmup_examples(task, lengths, rng, task.warmup_batch_size), optimizer,
+                                label_smoothing=task.warmup_label_smoothing)
         for _ in range(task.warmup_steps)
     ]
     if path is not None:
