@@ -128,7 +128,7 @@ def _print_table(console: Console, results: dict[str, list[dict[str, Any]]],
                  predictions: dict[str, dict[str, float] | str]) -> None:
     from rich.table import Table
 
-    t = Table(title="local modes (measured; mean [min-max] over seeds)")
+    t = Table(title="local modes (measured; mean (min-max) over seeds)")
     for col in ("mode", "trained tok/s", "generated tok/s", "occupancy", "step s", "rollout share", "staleness",
                 "resp len (vs sync)", "reward first->last", "audit", "PREDICTED tok/s | occ | step s"):
         t.add_column(col)

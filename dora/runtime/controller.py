@@ -75,6 +75,11 @@ class ControllerConfig:
     trainer_num_cpus: float = 0.5
     poll_timeout_s: float = 0.25
     """Longest a worker's poll waits with nothing finished (bounds how stale its counters get)."""
+    poll_linger_s: float = 0.01
+    """After a first finish, how long a poll waits for a group's worth (``samples_per_prompt``) more.
+
+    Measured on 2 cores (streaming, 2x32 slots, 16x8 per step, 30 steps, 2 runs each): 0 ms -> controller
+    CPU 27% of wall, 3.5k trained tok/s; 10 ms -> 19%, 3.8-4.3k tok/s (rollout gets the CPU back)."""
 
     @property
     def max_new_tokens(self) -> int:
@@ -191,7 +196,7 @@ class Controller:
                 self._poll(w)  # re-arm first: the worker keeps reporting while we process
             self._deliver(w, msg)
 
-        self._submit(w.actor.poll.remote(self.config.poll_timeout_s), done)
+        self._submit(w.actor.poll.remote(self.config.poll_timeout_s, self.config.poll_linger_s, self.spp), done)
 
     def _command(self, w: _Worker, call: Callable[[], Any], on_done: Callable[[Any], None]) -> None:
         w.commands.append((call, on_done))
