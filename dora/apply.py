@@ -47,6 +47,10 @@ def runtime_config_for(resolved: Any, overrides: ApplyOverrides) -> RuntimeConfi
     from dora.lower.runtime import CHECKPOINT_DIR, METRICS_FILE, TRACE_FILE, _lengths, _model
     from planner.policies import MODES, PolicyConfig
 
+    for flag, value in (("--steps", overrides.steps), ("--rollout-workers", overrides.rollout_workers),
+                        ("--max-num-seqs", overrides.max_num_seqs)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     spec = resolved.spec
     w, st = spec.workload, spec.staleness
     mode = overrides.mode or (st.mode if st.mode != "auto" else DEFAULT_MODE)
@@ -97,9 +101,9 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     try:
         resolved = load_spec(spec_path)
     except SpecError as exc:
-        from dora.cli import _print_spec_error
+        from dora.cli import print_spec_error
 
-        _print_spec_error(exc)
+        print_spec_error(exc)
         return EXIT_INVALID
     try:
         rc = runtime_config_for(resolved, overrides)
