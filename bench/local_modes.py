@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -113,7 +114,7 @@ def main() -> int:
                 predictions.setdefault(mode, predict(resolved, rc))
                 console.print(f"[bold]{mode}[/bold] seed {seed}: {rc.rollout_workers}x{rc.max_num_seqs} slots, "
                               f"{rc.prompts_per_step}x{rc.samples_per_prompt} per step, {rc.steps} steps ...")
-                result = run_job(rc, console=console, live=False)
+                result = run_job(rc, console=console, live=False, warmup_cache_dir=Path(args.out_dir) / "cache")
                 results.setdefault(mode, []).append({**result.summary, "audit_ok": result.ok})
     except KeyboardInterrupt:
         console.print("interrupted")

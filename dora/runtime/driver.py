@@ -39,11 +39,13 @@ class JobResult:
         return bool(self.audit["ok"])
 
 
-def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_threads: int = 1) -> Any:
+def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_threads: int = 1,
+                      warmup_cache_dir: Path | None = None) -> Any:
     """Resolve the runtime config into the controller's objects (engine, trainer, task, policy configs).
 
     The task defines the vocabulary (numbers plus three specials), so the model's ``vocab_size`` is
     the task's, not the catalog preset's. Sequences fit ``4`` prompt tokens plus the response cap.
+    The warm-up cache defaults to ``<output_dir>/cache``; runs that share a spec and seed can share it.
     """
     from dora.runtime.controller import ControllerConfig
     from dora.runtime.engines.tiny_model import TinyModelConfig
@@ -90,11 +92,12 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
                               is_weight_cap=a.tis_cap, ppo_clip_eps=a.clip_ratio, num_minibatches=a.minibatches_per_step,
                               temperature=a.temperature, num_threads=trainer_threads, seed=rc.seed),
         task=task, response_lengths=lengths, temperature=a.temperature, seed=rc.seed, output_dir=out,
-        warmup_cache_dir=out / "cache", worker_num_cpus=share, trainer_num_cpus=share,
+        warmup_cache_dir=warmup_cache_dir or out / "cache", worker_num_cpus=share, trainer_num_cpus=share,
     )
 
 
-def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_dir: Path = Path()) -> JobResult:
+def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_dir: Path = Path(),
+            warmup_cache_dir: Path | None = None) -> JobResult:
     """Run ``rc`` to the end (Ray started here if needed), audit the trace, write the outputs.
 
     ``KeyboardInterrupt`` propagates after the actors are stopped, the trace is flushed and the Ray
@@ -107,7 +110,7 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
     from dora.runtime.display import LiveDisplay
 
     console = console or Console(stderr=True)
-    config = controller_config(rc, base_dir=base_dir)
+    config = controller_config(rc, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir)
     started = False
     if not ray.is_initialized():
         ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
