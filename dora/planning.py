@@ -90,6 +90,8 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
         response_lengths=resolved.response_lengths, steps=spec.workload.steps, max_version_lag=st.max_version_lag,
         modes=modes, allow_version_mixing=st.allow_version_mixing,
         extra_forward_passes=_extra_forward_passes(resolved),
+        samples_per_minibatch=max(1, spec.workload.prompts_per_step * spec.workload.samples_per_prompt
+                                  // spec.algorithm.minibatches_per_step),
         gpu_memory_utilization=spec.runtime.gpu_memory_utilization,
         max_num_seqs_cap=CPU_MAX_NUM_SEQS if c.accelerator == "cpu" else VLLM_MAX_NUM_SEQS,
         pins=pins, price_per_accelerator_hour_usd=c.price_per_accelerator_hour_usd, objective=spec.objective,

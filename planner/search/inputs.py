@@ -56,6 +56,9 @@ class SearchInputs:
     extra_forward_passes: int
     """Forward-pass equivalents per step beyond one forward+backward: proximal/old log-probs (1), reference model
     (+1 with a KL term), more PPO epochs (+3 each), a same-size PPO critic (+4: its forward, backward and values)."""
+    samples_per_minibatch: int
+    """Samples per optimizer step (batch / minibatches): training data parallelism must divide it, as Megatron's
+    global batch must be a multiple of dp."""
     gpu_memory_utilization: float
     max_num_seqs_cap: int
     """Upper bound on continuous-batching slots per engine (vLLM's max_num_seqs default is 256)."""

@@ -170,7 +170,7 @@ class Space:
                     if accelerators % (tp * pp * cp):
                         continue
                     dp = accelerators // (tp * pp * cp)
-                    if pins.train_dp and dp != pins.train_dp:
+                    if (pins.train_dp and dp != pins.train_dp) or inp.samples_per_minibatch % dp:
                         continue
                     if arch.is_moe:
                         eps = [e for e in divisors(arch.num_experts) if (tp * dp * cp) % e == 0 and e <= 64]
@@ -215,6 +215,11 @@ class Space:
         if best is None and closest is not None:
             self.rejections.append(Rejection(what=f"train on {accelerators}", reason=closest[1],
                                              need_over_have=closest[0]))
+        elif best is None:
+            self.rejections.append(Rejection(
+                what=f"train on {accelerators}", need_over_have=1.0,
+                reason=(f"no layout tp*pp*cp*dp = {accelerators} has a dp dividing the {inp.samples_per_minibatch} "
+                        "samples of an optimizer step (and tp dividing the heads, pp the layers)")))
         self._train_cache[accelerators] = best
         return best
 
@@ -236,8 +241,10 @@ class Space:
             unit = g if inp.nodes > 1 else 1
             sizes = list(range(unit, n, unit))
             if len(sizes) > 48:
-                sizes = sorted({sizes[min(len(sizes) - 1, round((len(sizes) - 1) * (i / 47) ** 1.5))]
-                                for i in range(48)})
+                grid = {sizes[min(len(sizes) - 1, round((len(sizes) - 1) * (i / 47) ** 1.5))] for i in range(48)}
+                # sizes whose data-parallel degree can divide a power-of-two batch (pp may be 3, 5 or 7 x 2^i)
+                grid |= {m * unit * 2 ** i for m in (1, 3, 5, 7) for i in range(20) if m * unit * 2 ** i < n}
+                sizes = sorted(grid)
         return [t for t in sizes if 0 < t < n and (n - t) % replica == 0 and (n - t) >= replica]
 
     def refine_sizes(self, around: int, replica: int) -> list[int]:

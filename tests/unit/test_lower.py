@@ -96,8 +96,8 @@ def test_colocated_plan_shares_one_placement_group() -> None:
     plan = example_plan(resolved, "dense-8b-h800x64")
     plan = dataclasses.replace(
         plan, colocated=True,
-        rollout=dataclasses.replace(plan.rollout, accelerators=64, replicas=32),
-        train=dataclasses.replace(plan.train, accelerators=64, dp=32))
+        rollout=dataclasses.replace(plan.rollout, accelerators=64, tp=2, ep=1, replicas=32, accelerators_per_replica=2),
+        train=dataclasses.replace(plan.train, accelerators=64, tp=2, pp=1, cp=1, ep=1, dp=32))
     files = render_launch(resolved, plan)
     groups = json.loads(files["launch/placement_groups.json"])
     (shared,) = groups["placement_groups"]
@@ -113,8 +113,9 @@ def test_vllm_engine_args_follow_the_plan() -> None:
     files = render_launch(resolved, plan)
     args = json.loads(files["launch/vllm/engine_args.json"])
     assert args["model"] == "Qwen/Qwen3-235B-A22B"
-    assert args["tensor_parallel_size"] == plan.rollout.tp == 8
-    assert args["data_parallel_size"] == 2 and args["enable_expert_parallel"] is True  # ep 16 = tp 8 x dp 2
+    assert args["tensor_parallel_size"] == plan.rollout.tp
+    assert args.get("data_parallel_size", 1) == max(1, plan.rollout.ep // plan.rollout.tp)
+    assert bool(args.get("enable_expert_parallel", False)) == (plan.rollout.ep > 1)
     assert args["max_model_len"] == 2048 + 32768
     assert args["max_num_seqs"] == plan.rollout.max_num_seqs and args["dtype"] == "bfloat16"
     argv = shlex.split(files["launch/vllm/serve.args"])
@@ -141,8 +142,15 @@ def test_vllm_engine_args_follow_the_plan() -> None:
 ])
 def test_inconsistent_plans_are_refused_with_the_arithmetic(change, message: str) -> None:
     resolved = load_example("dense-8b-h800x64")
+    plan = example_plan(resolved, "dense-8b-h800x64")
+    # a fixed, consistent baseline placement, so the planted inconsistencies have known arithmetic
+    baseline = dataclasses.replace(
+        plan, colocated=False,
+        rollout=dataclasses.replace(plan.rollout, accelerators=48, tp=2, ep=1, replicas=24, accelerators_per_replica=2),
+        train=dataclasses.replace(plan.train, accelerators=16, tp=2, pp=1, cp=1, ep=1, dp=8))
+    build_context(resolved, baseline)
     with pytest.raises(LoweringError, match=message):
-        build_context(resolved, change(example_plan(resolved, "dense-8b-h800x64")))
+        build_context(resolved, change(baseline))
 
 
 def test_write_is_atomic_and_replaces_stale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
