@@ -7,6 +7,7 @@ Usage: python bench/plan_speed.py [--repeat N]
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -30,8 +31,6 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
             if proc.returncode != 0:
                 raise SystemExit(f"dora plan {path.name} failed:\n{proc.stderr}")
-            import json
-
             plan = json.loads(proc.stdout)
             chosen = f"{plan['mode']} k={plan['max_version_lag']}, {plan['predictions']['speedup_vs_sync']:.2f}x sync"
             accs = plan["rollout"]["accelerators"] + (0 if plan["colocated"] else plan["train"]["accelerators"])
