@@ -127,6 +127,22 @@ class Calibration:
     cpu_train_step_overhead_s: float = 0.02
     """On `cpu`, replaces train_step_overhead_s.  Rough default; `dora calibrate` measures it."""
 
+    # Optional CPU constants: None means "fall back" (named in each docstring).  They are left out of `to_dict`
+    # while None, so calibration files and plan fingerprints written before they existed stay valid.
+    cpu_prefill_compute_efficiency: float | None = None
+    """On `cpu`, replaces eta_pre (None: `cpu_compute_efficiency`).  A prefill is a few large batched matmuls,
+    while a decode step is dozens of tiny ones, so the two reach very different fractions of the FMA peak on one
+    core; `dora calibrate` fits them separately."""
+
+    cpu_train_compute_efficiency: float | None = None
+    """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed
+    GRPO step.  `dora calibrate` fits it from measured training steps."""
+
+    cpu_weight_reload_fixed_s: float | None = None
+    """On `cpu`, replaces weight_reload_fixed_s (None: keep it): building the engine's model from a received
+    state dict.  The GPU prior (0.5 s engine pause/resume) is two orders of magnitude too slow for the tiny CPU
+    model; `dora calibrate` measures a real publish."""
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             name = field.name
@@ -135,6 +151,8 @@ class Calibration:
                     raise ValueError("Calibration.source must be a non-empty string")
                 continue
             value = getattr(self, name)
+            if value is None and name in _OPTIONAL_FIELDS:
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"Calibration.{name} must be a number, got {value!r}")
             if name.endswith("efficiency") or name.startswith("train_mfu"):
@@ -150,8 +168,9 @@ class Calibration:
                 raise ValueError(f"Calibration.{name} = {value} must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict of every field."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Plain JSON-able dict of every field (optional fields only when set)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if not (f.name in _OPTIONAL_FIELDS and getattr(self, f.name) is None)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
@@ -164,12 +183,11 @@ class Calibration:
 
     def with_overrides(self, **overrides: Any) -> Calibration:
         """Copy with some fields replaced; an unknown name raises ValueError naming it."""
-        merged = self.to_dict()
+        known = {f.name for f in dataclasses.fields(self)}
         for key in overrides:
-            if key not in merged:
+            if key not in known:
                 raise ValueError(f"unknown calibration key {key!r}")
-        merged.update(overrides)
-        return Calibration(**merged)
+        return dataclasses.replace(self, **overrides)
 
     def fingerprint(self) -> str:
         """First 16 hex digits of sha256 over the sorted JSON of `to_dict()`: stable across runs and machines."""
@@ -184,19 +202,26 @@ class Calibration:
         """
         if accelerator_name != "cpu":
             return self
+        prefill = self.cpu_prefill_compute_efficiency or self.cpu_compute_efficiency
+        train = self.cpu_train_compute_efficiency or self.cpu_compute_efficiency
+        reload_s = self.weight_reload_fixed_s if self.cpu_weight_reload_fixed_s is None else self.cpu_weight_reload_fixed_s
         return dataclasses.replace(
             self,
             hbm_bandwidth_efficiency=self.cpu_memory_efficiency,
             decode_compute_efficiency=self.cpu_compute_efficiency,
-            prefill_compute_efficiency=self.cpu_compute_efficiency,
-            train_mfu_dense=self.cpu_compute_efficiency,
-            train_mfu_moe=self.cpu_compute_efficiency,
+            prefill_compute_efficiency=prefill,
+            train_mfu_dense=train,
+            train_mfu_moe=train,
             decode_step_overhead_s=self.cpu_step_overhead_s,
             train_step_overhead_s=self.cpu_train_step_overhead_s,
+            weight_reload_fixed_s=reload_s,
             # The local runtime holds one copy of the tiny model; there is no sizeable reserve to keep.
             rollout_reserved_bytes_per_device=min(self.rollout_reserved_bytes_per_device, 0.25 * _GIB),
             train_reserved_bytes_per_device=min(self.train_reserved_bytes_per_device, 0.25 * _GIB),
         )
 
+
+_OPTIONAL_FIELDS = frozenset({"cpu_prefill_compute_efficiency", "cpu_train_compute_efficiency",
+                              "cpu_weight_reload_fixed_s"})
 
 DEFAULT_CALIBRATION = Calibration()

@@ -1,0 +1,489 @@
+"""`dora calibrate SPEC`: measure the engines a local spec runs, fit the cost model's constants, write the file.
+
+Four micro-benchmarks on the real torch CPU engines, built exactly as the runtime builds them
+(`dora.runtime.driver.controller_config`: same model shape, same vocabulary, one torch thread per actor):
+
+    decode   `TorchRolloutEngine.step()` with B resident sequences of context C (no EOS, so B stays fixed)
+    prefill  the first step of the same engine: B prompts of C tokens (P = B*C tokens, S2 = B*C^2)
+    train    `TorchTrainer.train_step` on packed GRPO batches of n sequences of (prompt + response) tokens
+    publish  trainer export -> pickle round trip (what Ray's object store does) -> `model_from_weights`
+
+Each point is fitted with the cost model's *own* formula, so that the planner reproduces the measurements
+(`planner.rollout_cost`, `planner.train_cost`, `planner.sim.costmodel` on the `cpu` accelerator):
+
+    decode   t(B, C) = max(bytes / (eta_mem BW), flops / (eta_c F)) + t_step
+             grid over (eta_mem, eta_c) in [1e-3, 1], t_step in closed form, minimising sum ((t - y) / y)^2
+    prefill  t(P, S2) = max(bytes / (eta_mem BW), flops / (eta_pre F)) + t_step    (1-D grid over eta_pre)
+    train    t(T, S2) = C(T, S2) / eta_train + R(T) + t_train    (C: compute at eta = 1, R: optimizer, comm);
+             weighted linear least squares in (1 / eta_train, t_train), weights 1 / y
+    publish  t = t_publish + t_load(reload_fixed = 0) + reload_fixed   ->   reload_fixed = median(y) - model
+
+The file (sorted JSON, no timestamps) holds the fitted `Calibration` under "calibration" (what `dora plan
+--calibration FILE` reads), every measured point, each fit's residuals, and the machine description.
+Exit codes: 0 written; 2 invalid spec or a spec whose engines cannot be measured here; 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import pickle
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.calibration import DEFAULT_CALIBRATION, Calibration
+
+FORMAT = "dora-calibration/1"
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grid:
+    """What to measure; `quick()` is a smaller grid for tests and smoke runs."""
+
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    decode_contexts: tuple[int, ...] = (8, 32, 64, 128)
+    decode_steps: int = 12
+    """Decode steps timed per (batch, context) cell and repeat (after the prefill step)."""
+    repeats: int = 3
+    """Repeats of every cell, interleaved over the cells (so a noisy neighbour hits all cells alike)."""
+    train_batches: tuple[tuple[int, int], ...] = ((8, 8), (32, 8), (32, 32), (16, 128), (32, 96), (64, 64))
+    """(sequences, response tokens) per training batch."""
+    train_repeats: int = 4
+    publish_repeats: int = 10
+
+    @classmethod
+    def quick(cls) -> Grid:
+        return cls(decode_batches=(1, 8, 32), decode_contexts=(8, 64), decode_steps=6, repeats=2,
+                   train_batches=((8, 8), (16, 32), (16, 64)), train_repeats=2, publish_repeats=4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    """One measured configuration: its inputs (`x`, named as the cost model's arguments) and seconds."""
+
+    kind: str
+    x: dict[str, float]
+    seconds: float
+    """Median over repeats (decode: over all timed steps of all repeats)."""
+    seconds_min: float
+    seconds_max: float
+    """Min / max of the per-repeat medians: the spread the machine's noise put on this point."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    """Fitted constants of one micro-benchmark and the relative residuals (prediction / measurement - 1)."""
+
+    kind: str
+    constants: dict[str, float]
+    residuals: tuple[float, ...]
+
+    @property
+    def median_abs_error(self) -> float:
+        return statistics.median(abs(r) for r in self.residuals) if self.residuals else 0.0
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((abs(r) for r in self.residuals), default=0.0)
+
+
+# ----- measurement ----------------------------------------------------------------------------------------------
+def _median_spread(per_repeat: list[list[float]]) -> tuple[float, float, float]:
+    medians = [statistics.median(r) for r in per_repeat]
+    return statistics.median(x for r in per_repeat for x in r), min(medians), max(medians)
+
+
+def measure_rollout(rollout_config: Any, weights: dict[str, Any], grid: Grid) -> tuple[list[Point], list[Point]]:
+    """(decode points, prefill points) from the real engine: B requests with C-token prompts per cell."""
+    import torch
+
+    from dora.runtime.engines.base import GenerationRequest
+    from dora.runtime.engines.torch_rollout import TorchRolloutEngine
+
+    vocab = rollout_config.model.vocab_size
+    cells = [(b, c) for b in grid.decode_batches for c in grid.decode_contexts]
+    decode: dict[tuple[int, int], list[list[float]]] = {cell: [] for cell in cells}
+    prefill: dict[tuple[int, int], list[list[float]]] = {cell: [] for cell in cells}
+    for rep in range(grid.repeats):
+        for b, c in cells:
+            # eos_token_id=-1 is never sampled: every sequence stays resident, so the batch stays B.
+            cfg = dataclasses.replace(rollout_config, eos_token_id=-1, max_num_seqs=b,
+                                      max_model_len=c + grid.decode_steps + 2)
+            engine = TorchRolloutEngine(cfg)
+            engine.load_weights(0, weights)
+            gen = torch.Generator().manual_seed(1000 * rep + b * 7 + c)
+            for i in range(b):
+                prompt = tuple(torch.randint(0, vocab, (c,), generator=gen).tolist())
+                engine.add_request(GenerationRequest(request_id=str(i), prompt_ids=prompt, version=0,
+                                                     max_new_tokens=10 * grid.decode_steps, temperature=1.0, seed=i))
+            start = time.perf_counter()
+            engine.step()  # admits and prefills every request (nothing decodes yet)
+            prefill[(b, c)].append([time.perf_counter() - start])
+            samples = []
+            for _ in range(grid.decode_steps):
+                start = time.perf_counter()
+                engine.step()
+                samples.append(time.perf_counter() - start)
+            decode[(b, c)].append(samples)
+    dec, pre = [], []
+    for b, c in cells:
+        med, lo, hi = _median_spread(decode[(b, c)])
+        # Step i attends to c + i cached positions per sequence; the mean over the timed steps.
+        ctx = b * (c + (grid.decode_steps + 1) / 2)
+        dec.append(Point(kind="decode", x={"batch_size": b, "total_context_tokens": ctx}, seconds=med,
+                         seconds_min=lo, seconds_max=hi))
+        med, lo, hi = _median_spread(prefill[(b, c)])
+        pre.append(Point(kind="prefill", x={"num_tokens": b * c, "sum_sq_tokens": b * c * c}, seconds=med,
+                         seconds_min=lo, seconds_max=hi))
+    return dec, pre
+
+
+def measure_train(trainer_config: Any, prompt_tokens: int, grid: Grid) -> list[Point]:
+    """Packed GRPO steps of the real trainer at several (sequences, response tokens) sizes."""
+    import torch
+
+    from dora.runtime.engines.base import FinishedTrajectory, ScoredTrajectory
+    from dora.runtime.engines.torch_trainer import TorchTrainer
+
+    vocab = trainer_config.model.vocab_size
+    points = []
+    for n, resp in grid.train_batches:
+        gen = torch.Generator().manual_seed(n * 1000 + resp)
+        batch = []
+        for i in range(n):
+            prompt = tuple(torch.randint(0, vocab, (prompt_tokens,), generator=gen).tolist())
+            response = tuple(torch.randint(0, vocab, (resp,), generator=gen).tolist())
+            traj = FinishedTrajectory(request_id=str(i), prompt_ids=prompt, response_ids=response,
+                                      behaviour_logprobs=tuple([-math.log(vocab)] * resp),
+                                      version_spans=((0, resp),), finish_reason="stop")
+            batch.append(ScoredTrajectory(trajectory=traj, reward=float(i % 3 == 0), group_id=str(i // 4)))
+        trainer = TorchTrainer(trainer_config)
+        trainer.train_step(batch)  # warm the allocator and autograd
+        times = [trainer.train_step(batch).train_time_s for _ in range(grid.train_repeats)]
+        seq = prompt_tokens + resp
+        points.append(Point(kind="train", x={"tokens": n * seq, "sum_sq_seq_len": n * seq * seq, "num_seqs": n},
+                            seconds=statistics.median(times), seconds_min=min(times), seconds_max=max(times)))
+    return points
+
+
+def measure_publish(model_config: Any, trainer_config: Any, grid: Grid) -> list[Point]:
+    """Trainer export + serialisation round trip + the engine's model build (one new version)."""
+    from dora.runtime.engines.tiny_model import model_from_weights
+    from dora.runtime.engines.torch_trainer import TorchTrainer
+
+    trainer = TorchTrainer(trainer_config)
+    times = []
+    for _ in range(grid.publish_repeats + 1):
+        start = time.perf_counter()
+        _, weights = trainer.export_weights()
+        received = pickle.loads(pickle.dumps(weights, protocol=5))
+        model_from_weights(model_config, received)
+        times.append(time.perf_counter() - start)
+    times = times[1:]
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+    return [Point(kind="publish", x={"bytes": nbytes, "tensors": len(weights)}, seconds=statistics.median(times),
+                  seconds_min=min(times), seconds_max=max(times))]
+
+
+# ----- fitting on the cost model's own formulas -----------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ModelContext:
+    """What the planner passes to the cost formulas for this spec (taken from `dora.planning.search_inputs`)."""
+
+    arch: Any
+    accelerator: Any
+    dtype_bytes: float
+    extra_forward_passes: int
+    micro_batch_tokens: int
+    accelerators_per_node: int
+
+
+def _rollout_model(ctx: ModelContext, calib: Calibration) -> Any:
+    from planner.rollout_cost import make_rollout_cost_model
+
+    return make_rollout_cost_model(ctx.arch, ctx.accelerator, tp=1, dtype_bytes=ctx.dtype_bytes, calib=calib,
+                                   accelerators_per_node=ctx.accelerators_per_node)
+
+
+def _rel_loss(pred: Sequence[float], meas: Sequence[float]) -> float:
+    return sum(((p - y) / y) ** 2 for p, y in zip(pred, meas, strict=True))
+
+
+def _geometric(lo: float, hi: float, n: int) -> list[float]:
+    """n values from hi down to lo, evenly spaced in log (high first: ties go to the higher efficiency)."""
+    return [hi * (lo / hi) ** (i / (n - 1)) for i in range(n)]
+
+
+def _best_offset(roof: Sequence[float], meas: Sequence[float]) -> float:
+    """t0 >= 0 minimising sum ((roof + t0 - y) / y)^2: t0 = sum((y - r) / y^2) / sum(1 / y^2)."""
+    num = sum((y - r) / (y * y) for r, y in zip(roof, meas, strict=True))
+    return max(0.0, num / sum(1 / (y * y) for y in meas))
+
+
+def fit_decode(points: Sequence[Point], ctx: ModelContext, base: Calibration) -> Fit:
+    """(cpu_memory_efficiency, cpu_compute_efficiency, cpu_step_overhead_s) for `decode_step_s`."""
+    meas = [p.seconds for p in points]
+
+    def roofs(eta_m: float, eta_c: float) -> list[float]:
+        cal = base.with_overrides(cpu_memory_efficiency=eta_m, cpu_compute_efficiency=eta_c, cpu_step_overhead_s=0.0)
+        model = _rollout_model(ctx, cal)
+        return [model.decode_step_s(int(p.x["batch_size"]), p.x["total_context_tokens"]) for p in points]
+
+    def search(mems: list[float], comps: list[float], best: tuple[float, float, float, float] | None):
+        for eta_m in mems:
+            for eta_c in comps:
+                r = roofs(eta_m, eta_c)
+                t0 = _best_offset(r, meas)
+                loss = _rel_loss([x + t0 for x in r], meas)
+                if best is None or loss < best[0] * (1 - 1e-9):
+                    best = (loss, eta_m, eta_c, t0)
+        return best
+
+    best = search(_geometric(1e-3, 1.0, 31), _geometric(1e-3, 1.0, 31), None)
+    _, m0, c0, _ = best
+    refine = [1.1 ** k for k in range(5, -6, -1)]
+    best = search([min(1.0, m0 * f) for f in refine], [min(1.0, c0 * f) for f in refine], best)
+    _, eta_m, eta_c, t0 = best
+    pred = [x + t0 for x in roofs(eta_m, eta_c)]
+    return Fit(kind="decode", constants={"cpu_memory_efficiency": eta_m, "cpu_compute_efficiency": eta_c,
+                                         "cpu_step_overhead_s": t0},
+               residuals=tuple(p / y - 1 for p, y in zip(pred, meas, strict=True)))
+
+
+def fit_prefill(points: Sequence[Point], ctx: ModelContext, calib: Calibration) -> Fit:
+    """cpu_prefill_compute_efficiency for `prefill_s`, with the decode fit's memory rate and step overhead."""
+    meas = [p.seconds for p in points]
+
+    def predict(eta: float) -> list[float]:
+        model = _rollout_model(ctx, calib.with_overrides(cpu_prefill_compute_efficiency=eta))
+        return [model.prefill_s(int(p.x["num_tokens"]), p.x["sum_sq_tokens"]) for p in points]
+
+    grid = _geometric(1e-3, 1.0, 61)
+    eta = min(grid, key=lambda e: _rel_loss(predict(e), meas))
+    fine = [min(1.0, eta * 1.05 ** k) for k in range(4, -5, -1)]
+    eta = min(fine, key=lambda e: _rel_loss(predict(e), meas))
+    return Fit(kind="prefill", constants={"cpu_prefill_compute_efficiency": eta},
+               residuals=tuple(p / y - 1 for p, y in zip(predict(eta), meas, strict=True)))
+
+
+def _train_seconds(ctx: ModelContext, calib: Calibration, p: Point) -> float:
+    from planner.train_cost import TrainCostModel
+
+    model = TrainCostModel(arch=ctx.arch, acc=ctx.accelerator, tp=1, pp=1, dp=1,
+                           micro_batch_tokens=ctx.micro_batch_tokens, extra_forward_passes=ctx.extra_forward_passes,
+                           dtype_bytes=ctx.dtype_bytes, calib=calib, accelerators_per_node=ctx.accelerators_per_node)
+    return model.train_step_s(int(p.x["tokens"]), p.x["sum_sq_seq_len"], int(p.x["num_seqs"]))
+
+
+def fit_train(points: Sequence[Point], ctx: ModelContext, calib: Calibration) -> Fit:
+    """(cpu_train_compute_efficiency, cpu_train_step_overhead_s): the step is C/eta + R + t_train, linear in
+    (1/eta, t_train); C and R come from evaluating the formula at eta = 1 and eta = 1/2 with zero overhead."""
+    meas = [p.seconds for p in points]
+    at1 = [_train_seconds(ctx, calib.with_overrides(cpu_train_compute_efficiency=1.0,
+                                                    cpu_train_step_overhead_s=0.0), p) for p in points]
+    at2 = [_train_seconds(ctx, calib.with_overrides(cpu_train_compute_efficiency=0.5,
+                                                    cpu_train_step_overhead_s=0.0), p) for p in points]
+    comp = [b - a for a, b in zip(at1, at2, strict=True)]
+    rest = [a - c for a, c in zip(at1, comp, strict=True)]
+    target = [y - r for y, r in zip(meas, rest, strict=True)]
+    w = [1 / (y * y) for y in meas]  # relative error weights
+    # Normal equations of min sum w (a*C + b - z)^2 over (a, b).
+    scc = sum(wi * c * c for wi, c in zip(w, comp, strict=True))
+    sc1 = sum(wi * c for wi, c in zip(w, comp, strict=True))
+    s11 = sum(w)
+    scz = sum(wi * c * z for wi, c, z in zip(w, comp, target, strict=True))
+    s1z = sum(wi * z for wi, z in zip(w, target, strict=True))
+    det = scc * s11 - sc1 * sc1
+    a, b = ((scz * s11 - sc1 * s1z) / det, (scc * s1z - sc1 * scz) / det) if det > 0 else (0.0, -1.0)
+    if b < 0 or a <= 0:  # overhead must be >= 0: refit the slope alone through t_train = 0
+        b = 0.0
+        a = scz / scc
+    a = max(a, 1.0)  # eta <= 1
+    eta = 1 / a
+    pred = [a * c + r + b for c, r in zip(comp, rest, strict=True)]
+    return Fit(kind="train", constants={"cpu_train_compute_efficiency": eta, "cpu_train_step_overhead_s": b},
+               residuals=tuple(p / y - 1 for p, y in zip(pred, meas, strict=True)))
+
+
+def fit_publish(points: Sequence[Point], ctx: ModelContext, calib: Calibration) -> Fit:
+    """cpu_weight_reload_fixed_s: what the measured publish costs beyond the transfer terms of the formula."""
+    from planner.sim.costmodel import cost_model_timing
+
+    def predicted(cal: Calibration) -> float:
+        t = cost_model_timing(ctx.arch, rollout_acc=ctx.accelerator, train_acc=ctx.accelerator, rollout_tp=1,
+                              num_rollout_groups=1, train_tp=1, train_pp=1, train_dp=1, dtype_bytes=ctx.dtype_bytes,
+                              micro_batch_tokens=ctx.micro_batch_tokens, calib=cal,
+                              accelerators_per_node=ctx.accelerators_per_node)
+        return t.weight_publish_s + t.weight_load_trainer_s
+
+    base = predicted(calib.with_overrides(cpu_weight_reload_fixed_s=0.0))
+    fixed = max(0.0, statistics.median(p.seconds for p in points) - base)
+    final = predicted(calib.with_overrides(cpu_weight_reload_fixed_s=fixed))
+    return Fit(kind="publish", constants={"cpu_weight_reload_fixed_s": fixed},
+               residuals=tuple(final / p.seconds - 1 for p in points))
+
+
+def fit_all(decode: Sequence[Point], prefill: Sequence[Point], train: Sequence[Point], publish: Sequence[Point],
+            ctx: ModelContext, base: Calibration, source: str) -> tuple[Calibration, list[Fit]]:
+    """Fit in dependency order (prefill reuses decode's memory rate and step overhead) into one Calibration."""
+    fits = [fit_decode(decode, ctx, base)]
+    calib = base.with_overrides(**fits[0].constants)
+    for fitter, points in ((fit_prefill, prefill), (fit_train, train), (fit_publish, publish)):
+        fit = fitter(points, ctx, calib)
+        calib = calib.with_overrides(**fit.constants)
+        fits.append(fit)
+    return calib.with_overrides(source=source), fits
+
+
+# ----- the command ----------------------------------------------------------------------------------------------
+def machine_description() -> dict[str, Any]:
+    """CPU model, core count, OS and library versions: what the calibration is valid for."""
+    import torch
+
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_count": os.cpu_count() or 1, "machine": platform.machine(),
+            "system": platform.system(), "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads_per_actor": 1}
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_round(v) for v in value]
+    return value
+
+
+def calibration_document(calib: Calibration, fits: Sequence[Fit], points: Sequence[Point],
+                         machine: dict[str, Any], spec_name: str, spec_hash: str) -> str:
+    """The file's text: sorted keys, 6 significant digits, no timestamps (same inputs -> same bytes)."""
+    doc = {
+        "format": FORMAT,
+        "calibration": calib.to_dict(),
+        "spec": {"name": spec_name, "hash": spec_hash},
+        "machine": machine,
+        "measurements": [dataclasses.asdict(p) for p in points],
+        "fits": [{"kind": f.kind, "constants": f.constants, "residuals": list(f.residuals),
+                  "median_abs_error": f.median_abs_error, "max_abs_error": f.max_abs_error} for f in fits],
+    }
+    return json.dumps(_round(doc), indent=2, sort_keys=True) + "\n"
+
+
+def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: bool = False) -> int:
+    """Implementation of `dora calibrate SPEC --out FILE [--quick]`: returns the exit code, never raises on bad
+    input."""
+    from rich.console import Console
+
+    from dora.apply import ApplyOverrides, runtime_config_for
+    from dora.planning import search_inputs
+    from dora.runtime.config import RuntimeConfigError
+    from dora.runtime.driver import controller_config
+    from dora.spec import SpecError, load_spec
+
+    console = console or Console(stderr=True, highlight=False)
+    try:
+        resolved = load_spec(spec_path)
+    except SpecError as exc:
+        from dora.cli import print_spec_error
+
+        print_spec_error(exc)
+        return EXIT_INVALID
+    spec = resolved.spec
+    if spec.cluster.accelerator != "cpu" or spec.runtime.backend != "local":
+        console.print(f"[bold red]error[/bold red]: {spec_path}: `dora calibrate` measures the local torch engines; "
+                      f"this spec runs on {spec.cluster.accelerator!r} with backend {spec.runtime.backend!r}. "
+                      "Calibrate on a local CPU spec (e.g. specs/local-tiny.yaml)", highlight=False)
+        return EXIT_INVALID
+    try:
+        cc = controller_config(runtime_config_for(resolved, ApplyOverrides()))
+    except (ValueError, RuntimeConfigError) as exc:
+        console.print(f"[bold red]error[/bold red]: {spec_path}: cannot build the local engines: {exc}",
+                      highlight=False)
+        return EXIT_INVALID
+    import torch
+
+    from dora.runtime.engines.tiny_model import TinyTransformer, export_weights
+
+    inputs = search_inputs(resolved, DEFAULT_CALIBRATION)
+    ctx = ModelContext(arch=inputs.arch, accelerator=inputs.accelerator, dtype_bytes=inputs.dtype_bytes,
+                       extra_forward_passes=inputs.extra_forward_passes,
+                       micro_batch_tokens=max(8192, inputs.max_context_tokens),
+                       accelerators_per_node=inputs.accelerators_per_node)
+    grid = Grid.quick() if quick else Grid()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cc.rollout.num_threads)  # the runtime's actors run one torch thread each
+    try:
+        weights = export_weights(TinyTransformer(cc.rollout.model, seed=spec.runtime.seed))
+        console.print(f"dora calibrate {spec_path}: decode {len(grid.decode_batches)}x{len(grid.decode_contexts)} "
+                      f"cells x {grid.repeats} repeats ...", highlight=False)
+        decode, prefill = measure_rollout(cc.rollout, weights, grid)
+        console.print(f"  training steps: {len(grid.train_batches)} batch sizes ...", highlight=False)
+        train = measure_train(cc.trainer, round(inputs.prompt_lengths.mean_tokens()), grid)
+        publish = measure_publish(cc.rollout.model, cc.trainer, grid)
+    finally:
+        torch.set_num_threads(threads)
+    machine = machine_description()
+    source = (f"measured: torch CPU engines of {spec.name} ({len(decode)} decode, {len(prefill)} prefill, "
+              f"{len(train)} train, {len(publish)} publish points{', quick grid' if quick else ''}) on "
+              f"{machine['cpu_model']}, {machine['cpu_count']} cores, 1 torch thread per actor")
+    calib, fits = fit_all(decode, prefill, train, publish, ctx, DEFAULT_CALIBRATION, source)
+    text = calibration_document(calib, fits, [*decode, *prefill, *train, *publish], machine, spec.name,
+                                resolved.spec_hash)
+    out = Path(out_path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as exc:
+        console.print(f"[bold red]error[/bold red]: cannot write {out_path}: {exc}", highlight=False)
+        return EXIT_FAILED
+    _print_fits(console, fits)
+    console.print(f"wrote {out_path} (calibration {calib.fingerprint()}); use it with "
+                  f"`dora plan {spec_path} --calibration {out_path}`", highlight=False)
+    return EXIT_OK
+
+
+def _print_fits(console: Any, fits: Sequence[Fit]) -> None:
+    for f in fits:
+        consts = ", ".join(f"{k}={v:.4g}" for k, v in sorted(f.constants.items()))
+        console.print(f"  {f.kind:8s} {consts}   residuals: median |e| {100 * f.median_abs_error:.1f}%, "
+                      f"max |e| {100 * f.max_abs_error:.1f}% over {len(f.residuals)} points", highlight=False)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `dora calibrate` (shared by the CLI and `python -m dora.calibrate`)."""
+    parser.add_argument("spec", help="a local CPU spec (runtime.backend: local), e.g. specs/local-tiny.yaml")
+    parser.add_argument("--out", default="calibration.json",
+                        help="calibration file to write (default: calibration.json)")
+    parser.add_argument("--quick", action="store_true", help="a smaller grid (seconds instead of ~a minute)")
+
+
+def main(argv: Sequence[str] | None = None, run: Callable[..., int] = run_calibrate) -> int:
+    ap = argparse.ArgumentParser(prog="dora calibrate", description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    return run(args.spec, args.out, quick=args.quick)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
