@@ -342,7 +342,9 @@ def fit_all(decode: Sequence[Point], prefill: Sequence[Point], train: Sequence[P
         fit = fitter(points, ctx, calib)
         calib = calib.with_overrides(**fit.constants)
         fits.append(fit)
-    return calib.with_overrides(source=source), fits
+    # Rounded as the file stores them, so the file loads back to exactly this Calibration (same fingerprint).
+    fitted = {k: float(f"{v:.6g}") for f in fits for k, v in f.constants.items()}
+    return base.with_overrides(source=source, **fitted), fits
 
 
 # ----- the command ----------------------------------------------------------------------------------------------
@@ -378,14 +380,14 @@ def calibration_document(calib: Calibration, fits: Sequence[Fit], points: Sequen
     """The file's text: sorted keys, 6 significant digits, no timestamps (same inputs -> same bytes)."""
     doc = {
         "format": FORMAT,
-        "calibration": calib.to_dict(),
         "spec": {"name": spec_name, "hash": spec_hash},
         "machine": machine,
         "measurements": [dataclasses.asdict(p) for p in points],
         "fits": [{"kind": f.kind, "constants": f.constants, "residuals": list(f.residuals),
                   "median_abs_error": f.median_abs_error, "max_abs_error": f.max_abs_error} for f in fits],
     }
-    return json.dumps(_round(doc), indent=2, sort_keys=True) + "\n"
+    doc = {**_round(doc), "calibration": calib.to_dict()}  # exact: the fitted values are already rounded
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
 def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: bool = False) -> int:

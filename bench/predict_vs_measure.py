@@ -1,0 +1,181 @@
+"""Predicted vs measured: the calibrated planner's prediction for the local spec, next to what `dora apply` measures.
+
+For each mode (sync, one-step-off, streaming) this
+
+1. predicts with the planner (`dora.planning.search_inputs` + `planner.search`), the mode pinned and the
+   placement pinned to what the local runtime runs (disaggregated: 1 rollout engine + 1 trainer, the plan's
+   slot count), then simulates that candidate for the same number of steps the run makes;
+2. runs `dora apply` (`dora.apply.run_apply`) with the same mode, steps, workers and slots;
+3. prints predicted and measured steady step time, trained tokens/s (prompt + response tokens, the
+   simulator's definition), bubble fraction and generated-response length, with relative errors, and the
+   streaming/sync and one-step-off/sync speedups.
+
+Measured bubble fraction uses the simulator's definition (`planner.sim.result`): 1 - (rollout busy seconds +
+trainer busy seconds) / ((engines + trainers) x wall), over the run after warm-up; trainer busy = the
+controller-observed span of each training call.
+
+Targets (issue 9): median |step-time error| <= 15%; predicted streaming/sync speedup within 15% of measured.
+
+    python bench/predict_vs_measure.py --calibration calibration.json          # 12 steps per mode (spec: 40)
+    python bench/predict_vs_measure.py --steps 20 --repeats 2                  # spread over repeated runs
+Without --calibration it first runs `dora calibrate` into <out-dir>/calibration.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+STEP_TARGET = 0.15
+SPEEDUP_TARGET = 0.15
+
+
+def predict(resolved: Any, calibration: Any, *, mode: str, k: int, steps: int, seed: int) -> dict[str, Any]:
+    """The calibrated planner's figures for `mode` on the local runtime's placement (1 engine + 1 trainer)."""
+    from dora.planning import search_inputs
+    from planner.search import Pins, search
+    from planner.search.core import Space, simulate_candidate
+
+    inputs = dataclasses.replace(
+        search_inputs(resolved, calibration), modes=(mode,), steps=steps, seed=seed,
+        pins=Pins(colocated=False, rollout_accelerators=1, rollout_tp=1, train_accelerators=1))
+    outcome = search(inputs)
+    cand = next((c for c in outcome.screened if c.mode == mode and c.k == k), outcome.chosen.screened)
+    sim = simulate_candidate(Space(inputs), cand, steps=steps)
+    return {"k": cand.k, "slots": cand.placement.rollout.slots, "step_time_s": sim.step_time_s,
+            "tokens_per_s": sim.tokens_per_s, "bubble_fraction": sim.bubble_fraction,
+            "occupancy": sim.rollout_slot_occupancy, "train_busy": sim.train_busy_fraction,
+            "response_tokens": inputs.response_lengths.mean_tokens()}
+
+
+def measured(out_dir: Path, workers: int) -> dict[str, float]:
+    """Figures from a finished run's summary.json and metrics.jsonl (definitions as the simulator's)."""
+    summary = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))["summary"]
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    steady = rows[1:] if len(rows) > 1 else rows
+    span = rows[-1]["end_s"] - (rows[0]["end_s"] if len(rows) > 1 else 0.0)
+    wall = rows[-1]["end_s"]
+    train_busy = sum(r["end_s"] - r["start_s"] for r in rows)
+    rollout_busy = rows[-1]["cum_busy_s"]
+    return {
+        "step_time_s": summary["steady_step_time_s"],
+        "tokens_per_s": sum(r["forward_tokens"] for r in steady) / span,
+        "bubble_fraction": max(0.0, 1 - (rollout_busy + train_busy) / ((workers + 1) * wall)),
+        "occupancy": summary["steady_rollout_occupancy"],
+        "train_busy": train_busy / wall,
+        "response_tokens": summary["mean_trained_response_tokens"],
+        "audit_ok": 1.0 if json.loads((out_dir / "summary.json").read_text())["audit"]["ok"] else 0.0,
+    }
+
+
+def _mean_spread(values: list[float], fmt: str) -> str:
+    m = statistics.fmean(values)
+    if len(values) == 1:
+        return format(m, fmt)
+    return f"{format(m, fmt)} [{format(min(values), fmt)}-{format(max(values), fmt)}]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default="specs/local-tiny.yaml")
+    ap.add_argument("--calibration", default=None, help="calibration file (default: calibrate first)")
+    ap.add_argument("--modes", nargs="+", default=["sync", "one-step-off", "streaming"])
+    ap.add_argument("--steps", type=int, default=12, help="steps per run (the spec's 40, shortened)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per mode (same seed: measures run-to-run noise)")
+    ap.add_argument("--out-dir", default="runs/bench-predict")
+    args = ap.parse_args()
+    console = Console(highlight=False, width=max(150, Console().width))
+
+    from dora.apply import ApplyOverrides, run_apply, runtime_config_for
+    from dora.calibrate import run_calibrate
+    from dora.planning import CalibrationFileError, load_calibration
+    from dora.spec import SpecError, load_spec
+
+    try:
+        resolved = load_spec(args.spec)
+    except SpecError as exc:
+        console.print(f"error: {exc}")
+        return 2
+    cal_path = args.calibration
+    if cal_path is None:
+        cal_path = f"{args.out_dir}/calibration.json"
+        if run_calibrate(args.spec, cal_path, console) != 0:
+            return 1
+    try:
+        calibration = load_calibration(cal_path)
+    except CalibrationFileError as exc:
+        console.print(f"error: {exc}")
+        return 2
+    console.print(f"calibration: {calibration.source} ({calibration.fingerprint()})")
+
+    pred: dict[str, list[dict[str, Any]]] = {}
+    meas: dict[str, list[dict[str, float]]] = {}
+    for mode in args.modes:
+        for rep in range(args.repeats):
+            rc = runtime_config_for(resolved, ApplyOverrides(mode=mode, steps=args.steps, rollout_workers=1))
+            p = predict(resolved, calibration, mode=mode, k=rc.max_version_lag, steps=args.steps, seed=rc.seed)
+            out = f"{args.out_dir}/{mode}-r{rep}"
+            over = ApplyOverrides(mode=mode, steps=args.steps, rollout_workers=1, max_num_seqs=p["slots"],
+                                  output_dir=out)
+            console.print(f"[bold]{mode}[/bold] run {rep + 1}/{args.repeats}: k={rc.max_version_lag}, 1 engine x "
+                          f"{p['slots']} slots + 1 trainer, {args.steps} steps -> {out}")
+            rc_code = run_apply(args.spec, overrides=over, console=console, live=False)
+            if rc_code != 0:
+                console.print(f"  dora apply exited {rc_code}; skipping")
+                continue
+            pred.setdefault(mode, []).append(p)
+            meas.setdefault(mode, []).append(measured(Path(out), workers=1))
+    _print(console, pred, meas)
+    return 0
+
+
+def _print(console: Console, pred: dict[str, list[dict[str, Any]]], meas: dict[str, list[dict[str, float]]]) -> None:
+    from rich.table import Table
+
+    t = Table(title="predicted (calibrated planner) vs measured (dora apply); measured: mean [min-max] over runs")
+    for col in ("mode", "k", "step s pred", "step s meas", "err", "tok/s pred", "tok/s meas", "err",
+                "bubble pred", "bubble meas", "occupancy pred|meas", "trainer busy pred|meas", "resp len pred|meas",
+                "audit"):
+        t.add_column(col)
+    step_errors = []
+    for mode, ms in meas.items():
+        p = pred[mode][0]
+        step_m = [m["step_time_s"] for m in ms]
+        tok_m = [m["tokens_per_s"] for m in ms]
+        err_step = p["step_time_s"] / statistics.fmean(step_m) - 1
+        err_tok = p["tokens_per_s"] / statistics.fmean(tok_m) - 1
+        step_errors.append(abs(err_step))
+        t.add_row(mode, str(p["k"]), f"{p['step_time_s']:.3f}", _mean_spread(step_m, ".3f"), f"{err_step:+.0%}",
+                  f"{p['tokens_per_s']:.0f}", _mean_spread(tok_m, ".0f"), f"{err_tok:+.0%}",
+                  f"{p['bubble_fraction']:.0%}", _mean_spread([m["bubble_fraction"] for m in ms], ".0%"),
+                  f"{p['occupancy']:.0%} | {statistics.fmean(m['occupancy'] for m in ms):.0%}",
+                  f"{p['train_busy']:.0%} | {statistics.fmean(m['train_busy'] for m in ms):.0%}",
+                  f"{p['response_tokens']:.1f} | {statistics.fmean(m['response_tokens'] for m in ms):.1f}",
+                  "ok" if all(m["audit_ok"] for m in ms) else "FAILED")
+    console.print(t)
+    if step_errors:
+        med = statistics.median(step_errors)
+        console.print(f"median |step-time error| {med:.1%} (target <= {STEP_TARGET:.0%}): "
+                      f"{'PASS' if med <= STEP_TARGET else 'MISS'}")
+    for mode in ("one-step-off", "streaming"):
+        if mode in meas and "sync" in meas:
+            sp_p = pred[mode][0]["tokens_per_s"] / pred["sync"][0]["tokens_per_s"]
+            per_run = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(meas[mode], meas["sync"], strict=False)]
+            sp_m = statistics.fmean(m["tokens_per_s"] for m in meas[mode]) / statistics.fmean(
+                m["tokens_per_s"] for m in meas["sync"])
+            err = sp_p / sp_m - 1
+            verdict = ("PASS" if abs(err) <= SPEEDUP_TARGET else "MISS") if mode == "streaming" else "info"
+            console.print(f"{mode}/sync speedup: predicted {sp_p:.2f}x, measured {sp_m:.2f}x "
+                          f"(per run {', '.join(f'{x:.2f}' for x in per_run)}), error {err:+.1%}: {verdict}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
