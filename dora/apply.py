@@ -1,8 +1,8 @@
-"""`dora apply SPEC`: load the spec, decide the runtime config, run it locally, audit it, report.
+"""`dora apply SPEC|PLAN`: plan (or load a saved plan), lower it to a runtime config, run it, audit it, report.
 
-``run_apply`` is the whole command (the CLI only parses arguments). Until the planner search lands,
-the runtime config comes from ``runtime_config_for`` -- the spec plus explicit overrides -- which is
-the one function to replace with "plan -> lower -> RuntimeConfig".
+``run_apply`` is the whole command (the CLI only parses arguments). A spec is planned on the spot with the same
+search as `dora plan`; a saved plan.json is used as is, after checking its spec hash still matches (a stale plan is
+refused, as Terraform refuses a stale saved plan). Command-line overrides (steps, workers, slots) apply last.
 
 Exit codes: 0 the run finished and its audit passed; 1 the run failed or the audit found a violation
 of the three constraints; 2 invalid spec or overrides; 130 interrupted (Ctrl-C).
@@ -10,21 +10,16 @@ of the three constraints; 2 invalid spec or overrides; 130 interrupted (Ctrl-C).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dora.runtime.config import FORMAT_VERSION, AlgorithmConfig, RuntimeConfig, TaskConfig
+from rich.markup import escape
+
+from dora.runtime.config import RuntimeConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-DEFAULT_MODE = "streaming"
-"""What ``staleness.mode: auto`` runs until the planner search picks the mode."""
-DEFAULT_ROLLOUT_WORKERS = 2
-"""Rollout groups on the local machine when nothing pins them (2 cores: two engines plus the trainer)."""
-DEFAULT_MAX_NUM_SEQS = 32
-"""Slots per local rollout worker when nothing pins them."""
-
 
 @dataclass(frozen=True, kw_only=True)
 class ApplyOverrides:
@@ -37,76 +32,127 @@ class ApplyOverrides:
     output_dir: str | None = None
 
 
-def runtime_config_for(resolved: Any, overrides: ApplyOverrides) -> RuntimeConfig:
-    """The RuntimeConfig of one local run: the spec's values, the overrides, and local defaults.
+def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = None,
+                       calibration: Any = None) -> RuntimeConfig:
+    """The RuntimeConfig of one local run: the plan lowered (``dora.lower.runtime``), then the overrides.
 
-    Stand-in for the planner: the mode is the override, else the spec's pinned mode, else
-    ``DEFAULT_MODE``; the rollout side is the pinned placement, else the local defaults.
+    Without ``plan``, the spec is planned here (restricted to ``overrides.mode`` when given).
     Raises ``ValueError`` with the offending option named when the result is not runnable.
     """
-    from dora.lower.runtime import CHECKPOINT_DIR, METRICS_FILE, TRACE_FILE, _lengths, _model
-    from planner.policies import MODES, PolicyConfig
+    if plan is None:
+        resolved, plan = plan_spec(resolved, overrides.mode, calibration)
+    import dataclasses
+
+    from dora.lower.runtime import runtime_config
+    from planner.policies import PolicyConfig
 
     for flag, value in (("--steps", overrides.steps), ("--rollout-workers", overrides.rollout_workers),
                         ("--max-num-seqs", overrides.max_num_seqs)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
-    spec = resolved.spec
-    w, st = spec.workload, spec.staleness
-    mode = overrides.mode or (st.mode if st.mode != "auto" else DEFAULT_MODE)
-    if mode not in MODES:
-        raise ValueError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
-    pinned = spec.placement if not isinstance(spec.placement, str) else None
-    workers = overrides.rollout_workers or (pinned.rollout.accelerators if pinned and pinned.rollout.accelerators
-                                           else DEFAULT_ROLLOUT_WORKERS)
-    slots = overrides.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    steps = overrides.steps or w.steps
-    k = 0 if mode == "sync" else st.max_version_lag
-    if mode == "one-step-off":
-        k = max(k, 1)
-    task = TaskConfig(name=w.task.name, warmup_steps=w.task.warmup_steps) if w.task is not None else None
+    rc = runtime_config(resolved, plan)
+    changes: dict[str, Any] = {}
+    if overrides.steps:
+        changes["steps"] = overrides.steps
+    if overrides.rollout_workers:
+        changes["rollout_workers"] = overrides.rollout_workers
+        changes["rollout_accelerators"] = overrides.rollout_workers * rc.accelerators_per_rollout_worker
+    if overrides.max_num_seqs:
+        changes["max_num_seqs"] = overrides.max_num_seqs
+    if overrides.output_dir:
+        changes["output_dir"] = overrides.output_dir
+    rc = dataclasses.replace(rc, **changes)
+    w = resolved.spec.workload
     try:  # the policy's own validation, with its arithmetic, before anything starts
-        PolicyConfig(mode=mode, max_version_lag=k, num_rollout_groups=workers, slots_per_group=slots,  # type: ignore[arg-type]
-                     prompts_per_step=w.prompts_per_step, samples_per_prompt=w.samples_per_prompt,
-                     total_steps=steps, allow_version_mixing=st.allow_version_mixing)
+        PolicyConfig(mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
+                     slots_per_group=rc.max_num_seqs, prompts_per_step=w.prompts_per_step,
+                     samples_per_prompt=w.samples_per_prompt, total_steps=rc.steps,
+                     allow_version_mixing=rc.allow_version_mixing, colocated=rc.colocated)
     except ValueError as exc:
-        raise ValueError(f"mode {mode}: {exc}") from None
-    return RuntimeConfig(
-        format_version=FORMAT_VERSION, spec_hash=resolved.spec_hash, spec_name=spec.name, mode=mode,  # type: ignore[arg-type]
-        max_version_lag=k, allow_version_mixing=st.allow_version_mixing, versions_per_engine=1, colocated=False,
-        rollout_workers=workers, max_num_seqs=slots,
-        max_model_len=w.prompt_length.max_tokens + w.response_length.max_tokens,
-        accelerator=spec.cluster.accelerator, accelerators_per_rollout_worker=1, rollout_accelerators=workers,
-        train_accelerators=1, train_micro_batch_tokens=0, train_num_microbatches=spec.algorithm.minibatches_per_step,
-        prompts_per_step=w.prompts_per_step, samples_per_prompt=w.samples_per_prompt, steps=steps,
-        prompt_length=_lengths(w.prompt_length, resolved.prompt_lengths),
-        response_length=_lengths(w.response_length, resolved.response_lengths),
-        task=task, algorithm=AlgorithmConfig(**spec.algorithm.model_dump()), model=_model(resolved),
-        rollout_engine=spec.runtime.rollout_engine, trainer=spec.runtime.trainer, seed=spec.runtime.seed,
-        output_dir=overrides.output_dir or resolved.output_dir, trace_file=TRACE_FILE, metrics_file=METRICS_FILE,
-        checkpoint_dir=CHECKPOINT_DIR,
-    )
+        raise ValueError(f"mode {rc.mode}: {exc}") from None
+    return rc
+
+
+def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) -> tuple[Any, Any]:
+    """(resolved spec, plan) for `dora apply TARGET`: a spec is planned now; a saved plan (plan.json, or a plan
+    directory) is used as is after checking it still matches its spec. Raises ``ApplyInputError``."""
+    from dora.plan_cmd import PlanFileError, read_plan_file
+    from dora.planning import CalibrationFileError, load_calibration
+    from dora.spec import load_spec
+    from planner.plan import Plan
+    from planner.policies import MODES
+
+    if mode is not None and mode not in MODES:
+        raise ApplyInputError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+    path = Path(target)
+    plan_file = path / "plan.json" if path.is_dir() else path if path.suffix == ".json" else None
+    if plan_file is not None:
+        if mode is not None:
+            raise ApplyInputError("--mode cannot change a saved plan: re-run `dora plan` with the spec's mode")
+        try:
+            data = read_plan_file(str(plan_file))
+        except PlanFileError as exc:
+            raise ApplyInputError(str(exc)) from None
+        plan = Plan.from_dict(data)
+        resolved = load_spec(plan.spec_file)
+        if resolved.spec_hash != plan.spec_hash:
+            raise ApplyInputError(
+                f"saved plan is stale: {plan_file} was planned for spec hash {plan.spec_hash[:12]}, but "
+                f"{plan.spec_file} now hashes to {resolved.spec_hash[:12]} — run `dora plan {plan.spec_file} --out "
+                f"{plan_file.parent}` again (or `dora apply {plan.spec_file}` to plan and run)")
+        return resolved, plan
+    try:
+        calibration = load_calibration(calibration_file)
+    except CalibrationFileError as exc:
+        raise ApplyInputError(str(exc)) from None
+    return plan_spec(load_spec(target), mode, calibration)
+
+
+def plan_spec(resolved: Any, mode: str | None, calibration: Any = None) -> tuple[Any, Any]:
+    """Plan a resolved spec, restricted to ``mode`` when given: (the spec as run, its plan)."""
+    from dora.planning import make_plan
+    from planner.calibration import DEFAULT_CALIBRATION
+
+    if mode is not None:
+        spec = resolved.spec
+        k = spec.staleness.max_version_lag
+        staleness = {"mode": mode}
+        if mode == "one-step-off":
+            staleness["max_version_lag"] = 1
+        elif mode != "sync" and k == 0:
+            raise ApplyInputError(f"--mode {mode} needs staleness.max_version_lag >= 1; the spec has k = 0")
+        pinned = spec.model_copy(update={"staleness": spec.staleness.model_copy(update=staleness)})
+        resolved = dataclasses.replace(resolved, spec=pinned)
+    return resolved, make_plan(resolved, calibration or DEFAULT_CALIBRATION).plan
+
+
+class ApplyInputError(Exception):
+    """Bad `dora apply` input that is not a spec diagnostic (stale plan, unknown mode, bad calibration)."""
 
 
 def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), console: Any = None,
-              live: bool = True) -> int:
+              live: bool = True, calibration: str | None = None) -> int:
     """Implementation of ``dora apply``: returns the exit code; never raises on bad input or Ctrl-C."""
     from rich.console import Console
 
+    from dora.planning import InfeasibleError
     from dora.runtime.config import RuntimeConfigError
     from dora.runtime.driver import report, run_job
-    from dora.spec import SpecError, load_spec
+    from dora.spec import SpecError
 
     console = console or Console(stderr=True, highlight=False)
     try:
-        resolved = load_spec(spec_path)
+        resolved, plan = plan_for_apply(spec_path, overrides.mode, calibration)
     except SpecError as exc:
         from dora.cli import print_spec_error
 
         print_spec_error(exc)
         return EXIT_INVALID
+    except (ApplyInputError, InfeasibleError) as exc:
+        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        return EXIT_INVALID
     try:
-        rc = runtime_config_for(resolved, overrides)
+        rc = runtime_config_for(resolved, overrides, plan)
     except ValueError as exc:
         console.print(f"[bold red]error[/bold red]: {spec_path}: {exc}")
         return EXIT_INVALID
@@ -116,6 +162,10 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
         return EXIT_INVALID
     console.print(f"dora apply {spec_path}: mode {rc.mode} (k={rc.max_version_lag}), {rc.rollout_workers} rollout "
                   f"workers x {rc.max_num_seqs} slots, {rc.steps} steps -> {rc.output_dir}/", highlight=False)
+    console.print(f"  planned: {plan.mode} on {plan.rollout.replicas} rollout replica(s) + "
+                  f"{plan.train.accelerators} training accelerator(s), predicted step "
+                  f"{plan.predictions.step_time_s:.2f} s, {plan.predictions.trained_tokens_per_s:,.0f} trained tokens/s "
+                  f"({plan.calibration_source})", highlight=False)
     Path(rc.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(rc.output_dir) / "runtime.json").write_text(rc.to_json(), encoding="utf-8")
     try:

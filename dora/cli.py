@@ -23,6 +23,8 @@ examples:
   dora plan SPEC --against plans/x/plan.json --detailed-exitcode
                                         exit 0 if the plan is unchanged, 2 if it changed, 1 on error
   dora diff old.yaml new.yaml           what changes in placement and predictions (specs or plan.json files)
+  dora apply specs/local-tiny.yaml      plan and run a real asynchronous RL job on this machine's CPU
+  dora apply plans/x/plan.json          run a saved plan (refused if its spec changed since)
   dora schema > dora-spec.schema.json   JSON Schema of the spec language, for editors
 """
 
@@ -104,6 +106,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return run(args, _out_console(), _err_console())
 
 
+def cmd_apply(args: argparse.Namespace) -> int:
+    from dora.apply import ApplyOverrides, run_apply
+
+    overrides = ApplyOverrides(mode=args.mode, steps=args.steps, rollout_workers=args.rollout_workers,
+                               max_num_seqs=args.max_num_seqs, output_dir=args.output_dir)
+    return run_apply(args.target, overrides=overrides, console=_err_console(), live=not args.no_live,
+                     calibration=args.calibration)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dora",
@@ -128,6 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detailed-exitcode", action="store_true",
                    help="with --against: exit 0 when unchanged, 2 when the plan changed, 1 on error")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("apply", help="plan and run a spec (or run a saved plan.json); locally on CPU by default")
+    p.add_argument("target", metavar="SPEC|PLAN", help="a spec, or a plan.json / plan directory from `dora plan --out`")
+    p.add_argument("--mode", help="run this mode instead of the planner's choice (sync, one-step-off, ...)")
+    p.add_argument("--steps", type=int, help="run this many training steps instead of the spec's")
+    p.add_argument("--rollout-workers", type=int, help="override the planned number of rollout engine replicas")
+    p.add_argument("--max-num-seqs", type=int, help="override the planned slots per rollout engine")
+    p.add_argument("--output-dir", help="write trace, metrics and checkpoints here instead of the spec's output_dir")
+    p.add_argument("--calibration", metavar="FILE", help="calibration JSON from `dora calibrate`, used to plan")
+    p.add_argument("--no-live", action="store_true", help="plain per-step lines instead of the live display")
+    p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser("diff", help="compare two specs or plan files, Terraform-style")
     p.add_argument("old", metavar="OLD")
