@@ -8,12 +8,19 @@ sees the same long tail the planner predicts. A length of 1 is raised to 2 (a
 response holds at least one number) and lengths are capped at
 ``min(max_tokens, number_tokens + 1)``.
 
-Reward (verifiable, in [0, 1]): the length of the longest correct prefix of the
-response divided by ``max(L, len(response))``: 1 for an exact answer, partial
-credit for counting correctly for a while (a dense signal GRPO can climb). The
-``len(response)`` in the denominator makes overrunning (counting past ``b``
-instead of stopping) cost as much as the extra tokens; without it the policy
-learns never to stop, which is cheap in reward and maximally long.
+Response budget: each request is generated with ``max_new_tokens = L``
+(``Prompt.max_new_tokens``), as an instruction "answer in L tokens" enforced by
+the engine. So the generated lengths follow the workload's distribution (the
+planner's prediction) whatever the policy's quality: a policy that fails on a
+long prompt cannot cut the tail short for free (see the reward) nor run away
+past it. Without the budget, a warmed-up policy that is unsure on long prompts
+learns to stop early and the rollout loses the long tail it exists to show.
+
+Reward (verifiable, in [0, 1]): ``c / max(L, n)`` with ``c`` the length of the
+longest correct prefix and ``n = len(response)``: 1 for an exact answer,
+partial credit for counting correctly for a while (a dense signal GRPO can
+climb); stopping early forfeits the rest. The ``n`` charges overrunning for its
+extra tokens when no budget is enforced (otherwise never stopping is cheap).
 
 Warm-up: supervised steps on correct answers with label smoothing
 ``warmup_label_smoothing`` (target distribution ``(1 - e) * onehot + e * uniform``).
@@ -56,7 +63,7 @@ class TaskConfig:
     name: Literal["count"] = "count"
     number_tokens: int = 189
     """Distinct numbers; must be ``>= max_tokens - 1`` of the length distribution. Vocab = 3 + this."""
-    warmup_steps: int = 600
+    warmup_steps: int = 500
     """Supervised steps before RL (enough to converge on the noisy warm-up data)."""
     warmup_batch_size: int = 32
     """Sequences per supervised warm-up step."""
@@ -91,6 +98,11 @@ class Prompt:
     target_ids: tuple[int, ...]
     """The correct response, EOS included; ``len(target_ids)`` is the drawn length ``L``."""
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The response budget ``L`` to generate this prompt with (see the module docstring)."""
+        return len(self.target_ids)
+
 
 def make_prompt(config: TaskConfig, lengths: LengthSampler, rng: random.Random, prompt_id: str) -> Prompt:
     """Draw ``L`` from ``lengths``, then a start ``a`` uniform over the numbers that fit."""
@@ -111,7 +123,7 @@ def make_prompts(config: TaskConfig, lengths: LengthSampler, rng: random.Random,
 
 
 def score(prompt: Prompt, response_ids: tuple[int, ...] | list[int]) -> float:
-    """Longest correct prefix of ``response_ids`` over ``max(len(target), len(response))``; 1.0 iff exact."""
+    """Longest correct prefix over ``max(len(target), len(response))``; 1.0 iff exact."""
     correct = 0
     for got, want in zip(response_ids, prompt.target_ids, strict=False):
         if got != want:

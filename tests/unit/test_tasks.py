@@ -49,11 +49,11 @@ def test_score_exact_prefix_and_overrun() -> None:
     p = make_prompt(TaskConfig(), LengthDistribution.lognormal(median=5, p99=5, max_tokens=8), random.Random(0), "x")
     target = p.target_ids
     assert len(target) == 5
-    assert score(p, target) == 1.0
-    assert score(p, target[:3]) == pytest.approx(3 / 5)  # stopped early (no EOS), 3 correct
+    assert score(p, target) == 1.0 and p.max_new_tokens == 5
+    assert score(p, target[:3]) == pytest.approx(3 / 5)  # cut by the budget before EOS, 3 correct
     assert score(p, (*target[:2], EOS)) == pytest.approx(2 / 5)  # EOS too soon
     overrun = (*target[:-1], target[-2] + 1, target[-2] + 2, EOS)
-    assert score(p, overrun) == pytest.approx(4 / 7)  # kept counting: the extra tokens cost
+    assert score(p, overrun) == pytest.approx(4 / 7)  # kept counting (no budget): the extra tokens cost
     assert score(p, ()) == 0.0
     assert score(p, (BOS,) + target) == 0.0
 
