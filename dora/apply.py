@@ -30,6 +30,8 @@ class ApplyOverrides:
     rollout_workers: int | None = None
     max_num_seqs: int | None = None
     output_dir: str | None = None
+    watchdog_s: float | None = None
+    """Stop with a report after this many seconds without progress (default: the controller's)."""
 
 
 def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = None,
@@ -131,13 +133,17 @@ class ApplyInputError(Exception):
 
 
 def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), console: Any = None,
-              live: bool = True, calibration: str | None = None) -> int:
-    """Implementation of ``dora apply``: returns the exit code; never raises on bad input or Ctrl-C."""
+              live: bool = True, calibration: str | None = None, address: str | None = None) -> int:
+    """Implementation of ``dora apply``: returns the exit code; never raises on bad input or Ctrl-C.
+
+    With ``address`` (a Ray dashboard URL) the lowered job is submitted to that cluster instead of run
+    here (``dora.cluster``). Re-running a command whose output directory holds a checkpoint resumes it.
+    """
     from rich.console import Console
 
     from dora.planning import InfeasibleError
     from dora.runtime.config import RuntimeConfigError
-    from dora.runtime.driver import report, run_job
+    from dora.runtime.driver import JobStopped, report, run_job
     from dora.spec import SpecError
 
     console = console or Console(stderr=True, highlight=False)
@@ -156,9 +162,17 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     except ValueError as exc:
         console.print(f"[bold red]error[/bold red]: {spec_path}: {exc}")
         return EXIT_INVALID
+    if overrides.watchdog_s is not None and overrides.watchdog_s <= 0:
+        console.print(f"[bold red]error[/bold red]: --watchdog-s must be > 0, got {overrides.watchdog_s:g}")
+        return EXIT_INVALID
+    if address is not None:
+        from dora.cluster import submit_and_follow
+
+        return submit_and_follow(address, resolved, plan, rc, console=console, watchdog_s=overrides.watchdog_s)
     if resolved.spec.runtime.backend != "local":
         console.print(f"[bold red]error[/bold red]: {spec_path}: runtime.backend is "
-                      f"{resolved.spec.runtime.backend!r}; this `dora apply` runs local specs only")
+                      f"{resolved.spec.runtime.backend!r}; submit it to the cluster with `dora apply "
+                      f"{spec_path} --address http://HEAD:8265`")
         return EXIT_INVALID
     console.print(f"dora apply {spec_path}: mode {rc.mode} (k={rc.max_version_lag}), {rc.rollout_workers} rollout "
                   f"workers x {rc.max_num_seqs} slots, {rc.steps} steps -> {rc.output_dir}/", highlight=False)
@@ -169,10 +183,13 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     Path(rc.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(rc.output_dir) / "runtime.json").write_text(rc.to_json(), encoding="utf-8")
     try:
-        result = run_job(rc, console=console, live=live)
+        result = run_job(rc, console=console, live=live, watchdog_s=overrides.watchdog_s)
     except RuntimeConfigError as exc:
         console.print(f"[bold red]error[/bold red]: {spec_path}: {exc}")
         return EXIT_INVALID
+    except JobStopped as exc:
+        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        return EXIT_FAILED
     except KeyboardInterrupt:
         console.print(f"interrupted: actors stopped, Ray shut down, trace flushed to {rc.output_dir}/trace.jsonl")
         return EXIT_INTERRUPTED

@@ -235,6 +235,12 @@ class RolloutWorker:
 
         self._call(imp)
 
+    def pid(self) -> int:
+        """The worker's process id (fault-injection tests and benchmarks kill it)."""
+        import os
+
+        return os.getpid()
+
     def stop(self) -> None:
         """Stop the engine thread (in-flight requests are abandoned; the controller accounts for them)."""
         self._stopping = True
@@ -284,6 +290,27 @@ class TrainerActor:
 
     def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
         return self._trainer.train_step(batch)
+
+    def save_state(self, path: str) -> int:
+        """Write weights, optimizer, step and version to ``path`` (temporary file, fsync, rename); the version."""
+        import os
+        from pathlib import Path
+
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        state = self._trainer.state_dict()
+        with tmp.open("wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        return int(state["version"])  # type: ignore[call-overload]
+
+    def load_state(self, path: str) -> int:
+        """Restore what ``save_state`` wrote (replaces warm-up on resume); returns the version now held."""
+        self._trainer.load_state_dict(torch.load(path, weights_only=True))
+        return self._trainer.version
 
     def publish(self, version: int) -> dict[str, torch.Tensor]:
         """The weights of ``version`` (the return value lands in Ray's object store; workers fetch it)."""

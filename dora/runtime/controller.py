@@ -20,6 +20,7 @@ workers resolve that reference when they load it, the controller never fetches t
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import deque
@@ -31,6 +32,7 @@ from typing import Any
 import ray
 
 from dora.runtime.actors import RolloutWorker, TrainerActor, WorkerCounters, WorkerMessage
+from dora.runtime.checkpoint import Checkpoint, ResumePoint, checkpoint_dir, write_checkpoint
 from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, ScoredTrajectory, TrainMetrics
 from dora.runtime.engines.torch_rollout import RolloutConfig
 from dora.runtime.engines.torch_trainer import TrainerConfig
@@ -51,6 +53,17 @@ from planner.policies import (
     make_policy,
 )
 from planner.workload import LengthDistribution
+
+Command = tuple[str, Callable[[], Any], Callable[[Any], None]]
+"""``(kind, call, on_done)``; kind is ``load``, ``add``, ``import``, ``export`` or ``other`` (replay rules)."""
+
+
+class PipelineStalled(RuntimeError):
+    """The watchdog fired: no progress for ``watchdog_s``; the message says what the run waits for."""
+
+
+class WorkerLost(RuntimeError):
+    """A rollout worker died and was not restarted in time (or ran out of restarts)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +93,19 @@ class ControllerConfig:
 
     Measured on 2 cores (streaming, 2x32 slots, 16x8 per step, 30 steps, 2 runs each): 0 ms -> controller
     CPU 27% of wall, 3.5k trained tok/s; 10 ms -> 19%, 3.8-4.3k tok/s (rollout gets the CPU back)."""
+    resume: ResumePoint | None = None
+    """Continue a stopped run from its checkpoint (``dora.runtime.checkpoint``); ``None``: a fresh run."""
+    checkpoint: bool = True
+    """Checkpoint after warm-up and after every step (``<output_dir>/checkpoint/``)."""
+    config_key: str = ""
+    """Identifies the job in its checkpoints (``dora.runtime.checkpoint.config_key``)."""
+    watchdog_s: float = 300.0
+    """With no progress (a trajectory finished, a step trained, weights loaded or published) for this
+    long, stop with a report of what the run waits for instead of hanging."""
+    worker_max_restarts: int = 20
+    """Ray restarts of one rollout worker process before the run fails."""
+    restart_timeout_s: float = 60.0
+    """Longest wait for a died rollout worker to come back."""
 
     @property
     def max_new_tokens(self) -> int:
@@ -98,59 +124,101 @@ class _Worker:
     held: dict[int, WorkerMessage] = field(default_factory=dict)
     migration: MigrateRequests | None = None
     counters: WorkerCounters | None = None
+    running: Command | None = None
+    epoch: int = 0
+    """Incremented at each restart: replies from an earlier incarnation are ignored."""
+    target: int | None = None
+    """The (global) version this worker serves or is loading, as last commanded."""
+    requests: dict[str, GenerationRequest] = field(default_factory=dict)
+    """Requests given to this worker (sent or queued), not yet finished or exported: what a restart regenerates."""
+    dead_counters: WorkerCounters | None = None
+    """Counters of earlier incarnations (a restarted process counts from zero)."""
+    last_heard: float = 0.0
 
 
 Progress = Callable[[RunStats], None]
 
 
 class Controller:
-    """One run of ``config.policy.mode``. Call ``run()`` once, with Ray initialised."""
+    """One run (or one resumed attempt) of ``config.policy.mode``. Call ``run()`` once, with Ray initialised.
+
+    Versions, steps and prompt-group ids are global (trace, actors, checkpoints). The policy is a fresh
+    state machine per attempt: its version 0 is global version ``base`` (the checkpoint's step) and its
+    group ``j`` is data group ``_data_group(j)``; ``_execute`` and the event calls translate.
+    """
 
     def __init__(self, config: ControllerConfig, *, on_progress: Progress | None = None) -> None:
         self.config = config
-        self.policy = make_policy(config.policy)
-        self.on_progress = on_progress
-        self.spp = config.policy.samples_per_prompt
-        out = Path(config.output_dir)
-        self.trace = TraceWriter(out / "trace.jsonl")
-        self.metrics_out = JsonlWriter(out / "metrics.jsonl")
+        resume = config.resume
+        self.base = resume.step if resume else 0
         p = config.policy
+        if self.base >= p.total_steps:
+            raise ValueError(f"nothing to run: the checkpoint is at step {self.base} of {p.total_steps}")
+        self.policy = make_policy(dataclasses.replace(p, total_steps=p.total_steps - self.base))
+        self.on_progress = on_progress
+        self.spp = p.samples_per_prompt
+        out = Path(config.output_dir)
+        self.trace = TraceWriter(out / "trace.jsonl", append=resume is not None,
+                                 offset_s=resume.clock_s if resume else 0.0)
+        self.metrics_out = JsonlWriter(out / "metrics.jsonl", append=resume is not None)
         self.stats = RunStats(
             num_workers=p.num_rollout_groups, slots_per_worker=p.slots_per_group, total_steps=p.total_steps, mode=p.mode,
+            resumed_from_step=resume.step if resume else None,
         )
         self._pending: dict[Any, Callable[[Any], None]] = {}
         self._workers: list[_Worker] = []
         self._trainer: Any = None
         self._weights: dict[int, Any] = {}
-        """version -> ObjectRef of its published weights (kept while an engine may load it)."""
+        """global version -> ObjectRef of its published weights (kept while an engine may load it)."""
         self._prompts: dict[int, Prompt] = {}
         self._group_version: dict[int, int] = {}
         self._scored: dict[int, list[ScoredTrajectory]] = {}
         self._consumed: set[int] = set()
+        self._consumed_all: set[int] = set(resume.consumed_groups) if resume else set()
+        self._regenerate = resume.regenerate if resume else ()
+        self._next_group = resume.next_group if resume else 0
+        self._local_group: dict[int, int] = {}
         self._t0 = time.perf_counter()
         self._train_start_s = 0.0
         self._last_progress = 0.0
+        self._last_event = time.perf_counter()
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
+    # ------------------------------------------------------------------ global <-> policy-local ids
+    def _data_group(self, local: int) -> int:
+        """Policy group ``local`` -> data group: first the groups to regenerate, then never-admitted ones."""
+        n = len(self._regenerate)
+        return self._regenerate[local] if local < n else self._next_group + local - n
+
+    def _live(self) -> tuple[int, ...]:
+        return tuple(v + self.base for v in self.policy.live_versions())
+
+    def _engines(self) -> tuple[int, ...]:
+        return tuple(v + self.base for v in self.policy.engine_versions())
+
     # ------------------------------------------------------------------ run
     def run(self) -> RunStats:
-        """Warm up, run ``total_steps`` steps under the policy, account for leftovers; returns the stats."""
+        """Warm up (or restore), run to ``total_steps`` under the policy, account for leftovers; the stats."""
         try:
             self._start_actors()
             self._t0 = time.perf_counter()
             p = self.config.policy
-            self.trace.event(
-                0.0, "run_config", mode=p.mode, k=p.max_version_lag, allow_version_mixing=p.allow_version_mixing,
-                num_rollout_groups=p.num_rollout_groups, slots_per_group=p.slots_per_group,
-            )
+            if self.config.resume is None:
+                self.trace.event(
+                    0.0, "run_config", mode=p.mode, k=p.max_version_lag, allow_version_mixing=p.allow_version_mixing,
+                    num_rollout_groups=p.num_rollout_groups, slots_per_group=p.slots_per_group,
+                )
+            else:
+                self.trace.event(0.0, "resumed", step=self.base)
+            self._last_event = time.perf_counter()
             self._execute(self.policy.start())
             for w in self._workers:
                 self._poll(w)
             while not self.policy.done:
                 self._wait_once()
-            self.stats.observe(self.now(), self._final_counters(), self.policy.live_versions(), self.policy.engine_versions())
+            self.stats.observe(self.now(), self._final_counters(), self._live(), self._engines())
             self.stats.end_s = self.now()
             return self.stats
         finally:
@@ -163,59 +231,110 @@ class Controller:
             cfg.trainer, task=cfg.task, lengths=cfg.response_lengths, seed=cfg.seed,
             warmup_learning_rate=cfg.warmup_learning_rate,
         )
-        worker_cls = ray.remote(RolloutWorker).options(num_cpus=cfg.worker_num_cpus, max_concurrency=2)
+        worker_cls = ray.remote(RolloutWorker).options(
+            num_cpus=cfg.worker_num_cpus, max_concurrency=2, max_restarts=cfg.worker_max_restarts, max_task_retries=0,
+        )
         self._workers = [
-            _Worker(index=r, actor=worker_cls.remote(cfg.rollout, index=r))
+            _Worker(index=r, actor=worker_cls.remote(cfg.rollout, index=r), target=self.base)
             for r in range(cfg.policy.num_rollout_groups)
         ]
-        cache = None if cfg.warmup_cache_dir is None else str(cfg.warmup_cache_dir)
-        steps, seconds = ray.get(self._trainer.warm_up.remote(cache))
-        self.stats.warmup_steps, self.stats.warmup_s = steps, seconds
-        self._weights[0] = self._trainer.publish.remote(0)
-        ray.get([w.actor.load_weights.remote(0, self._weights[0]) for w in self._workers])
+        if cfg.resume is None:
+            cache = None if cfg.warmup_cache_dir is None else str(cfg.warmup_cache_dir)
+            steps, seconds = ray.get(self._trainer.warm_up.remote(cache))
+            self.stats.warmup_steps, self.stats.warmup_s = steps, seconds
+            self._checkpoint(0, None)
+        else:
+            held = ray.get(self._trainer.load_state.remote(str(cfg.resume.trainer_state)))
+            if held != self.base:
+                raise RuntimeError(f"checkpoint {cfg.resume.trainer_state} holds v{held}, expected v{self.base}")
+        self._weights[self.base] = self._trainer.publish.remote(self.base)
+        ray.get([w.actor.load_weights.remote(self.base, self._weights[self.base]) for w in self._workers])
         ray.get([w.actor.start_clock.remote() for w in self._workers])
+        now = time.perf_counter()
+        for w in self._workers:
+            w.last_heard = now
+
+    def _checkpoint(self, step: int, step_event: dict[str, Any] | None) -> None:
+        """Trainer state first, then ``checkpoint.json`` (the commit point); see ``dora.runtime.checkpoint``."""
+        if not self.config.checkpoint:
+            return
+        name = f"trainer-{step:06d}.pt"
+        ray.get(self._trainer.save_state.remote(str(checkpoint_dir(self.config.output_dir) / name)))
+        write_checkpoint(self.config.output_dir, Checkpoint(
+            step=step, consumed_groups=tuple(self._consumed_all), trainer_state=name, step_event=step_event,
+            config_key=self.config.config_key,
+        ))
 
     def _wait_once(self) -> None:
         ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=1.0)
         for ref in ready:
             handler = self._pending.pop(ref)
             handler(ref)
+        idle = time.perf_counter() - self._last_event
+        if idle > self.config.watchdog_s:
+            raise PipelineStalled(self._stall_report(idle))
         if self.on_progress is not None and time.perf_counter() - self._last_progress > 0.25:
             self._last_progress = time.perf_counter()
             self._observe()
             self.on_progress(self.stats)
+
+    def _progressed(self) -> None:
+        self._last_event = time.perf_counter()
 
     def _submit(self, ref: Any, on_ready: Callable[[Any], None]) -> None:
         self._pending[ref] = on_ready
 
     # ------------------------------------------------------------------ workers: polls and commands
     def _poll(self, w: _Worker) -> None:
+        epoch = w.epoch
+
         def done(ref: Any) -> None:
-            msg: WorkerMessage = ray.get(ref)
+            if epoch != w.epoch:
+                return  # a reply of an incarnation that died: its work was regenerated
+            try:
+                msg: WorkerMessage = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self._worker_failed(w, exc)
+                return
+            w.last_heard = time.perf_counter()
             if not self.policy.done:
                 self._poll(w)  # re-arm first: the worker keeps reporting while we process
             self._deliver(w, msg)
 
         self._submit(w.actor.poll.remote(self.config.poll_timeout_s, self.config.poll_linger_s, self.spp), done)
 
-    def _command(self, w: _Worker, call: Callable[[], Any], on_done: Callable[[Any], None]) -> None:
-        w.commands.append((call, on_done))
+    def _command(self, w: _Worker, kind: str, call: Callable[[], Any], on_done: Callable[[Any], None]) -> None:
+        w.commands.append((kind, call, on_done))
         if not w.busy:
             self._next_command(w)
 
     def _next_command(self, w: _Worker) -> None:
         if not w.commands:
             w.busy = False
+            w.running = None
             return
-        call, on_done = w.commands.popleft()
-        w.busy = True
+        command = w.commands.popleft()
+        _, call, on_done = command
+        w.busy, w.running = True, command
+        epoch = w.epoch
 
         def done(ref: Any) -> None:
-            result = ray.get(ref)
+            if epoch != w.epoch:
+                return  # the restart replayed this command's effect
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self._worker_failed(w, exc)
+                return
             self._next_command(w)
             on_done(result)
 
         self._submit(call(), done)
+
+    def _add(self, w: _Worker, requests: list[GenerationRequest], kind: str = "add") -> None:
+        for r in requests:
+            w.requests[r.request_id] = r
+        self._command(w, kind, lambda: w.actor.add_requests.remote(requests), lambda _: None)
 
     def _deliver(self, w: _Worker, msg: WorkerMessage) -> None:
         """Process ``w``'s messages strictly in sequence order (see the module doc)."""
@@ -225,11 +344,13 @@ class Controller:
             w.next_seq += 1
             w.counters = m.counters
             for traj in m.finished:
-                self._finished(w.index, traj)
+                self._finished(w, traj)
             if m.export_reply:
                 self._migrated(w, m)
 
-    def _finished(self, r: int, traj: FinishedTrajectory) -> None:
+    def _finished(self, w: _Worker, traj: FinishedTrajectory) -> None:
+        r = w.index
+        w.requests.pop(traj.request_id, None)
         gid_s, sample_s = traj.request_id[1:].split("/")
         gid, sample = int(gid_s), int(sample_s)
         reward = score(self._prompts[gid], traj.response_ids)
@@ -240,8 +361,79 @@ class Controller:
         )
         self.stats.finished_trajectories += 1
         self.stats.mixed_trajectories += len(traj.version_spans) > 1
+        self._progressed()
         self._execute(self.policy.handle(TrajectoryFinished(
-            group_id=gid, sample=sample, rollout_group=r, num_tokens=len(traj.response_ids))))
+            group_id=self._local_group[gid], sample=sample, rollout_group=r, num_tokens=len(traj.response_ids))))
+
+    # ------------------------------------------------------------------ worker failure
+    def _worker_failed(self, w: _Worker, exc: BaseException) -> None:
+        """A rollout worker's process died: wait for Ray to restart it, reload the version it was
+        serving, regenerate every request it held (recorded), and carry on; the policy sees nothing.
+
+        Requests it held keep their version (the one it served), so consistency and the staleness
+        bound are untouched; their lost tokens are recorded as ``regenerated``. A migration off the
+        dead worker completes by regenerating its requests on the planned destinations instead.
+        """
+        started = time.perf_counter()
+        cfg = self.config
+        w.epoch += 1
+        dropped = ([w.running] if w.running is not None else []) + list(w.commands)
+        w.commands.clear()
+        w.running, w.busy = None, False
+        w.held.clear()
+        w.next_seq = 1
+        if w.counters is not None:
+            w.dead_counters = _plus(w.dead_counters, w.counters)
+            w.counters = None
+        deadline = started + cfg.restart_timeout_s
+        while True:
+            try:
+                ray.get(w.actor.counters.remote(), timeout=max(0.1, min(5.0, deadline - time.perf_counter())))
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:
+                if time.perf_counter() > deadline:
+                    raise WorkerLost(f"rollout worker {w.index} died ({type(exc).__name__}) and was not back "
+                                     f"within {cfg.restart_timeout_s:.0f} s ({type(again).__name__})") from None
+                time.sleep(0.1)
+        if w.target is not None:
+            ray.get(w.actor.load_weights.remote(w.target, self._weights[w.target]))
+        lost = list(w.requests.values())
+        w.requests.clear()
+        self.trace.event(self.now(), "worker_restarted", rollout_group=w.index, version=w.target or 0)
+        if w.migration is not None:
+            act, w.migration = w.migration, None
+            moves: list[tuple[int, int]] = []
+            for dst, cap in act.capacity:
+                batch, lost = lost[:cap], lost[cap:]
+                moves.append((dst, len(batch)))
+                if batch:
+                    self._regenerate_on(self._workers[dst], batch)
+            if lost:
+                raise RuntimeError(f"MigrateRequests from engine {w.index}: capacity {act.capacity} leaves {len(lost)}")
+            self._execute(self.policy.handle(RequestsMigrated(src=w.index, moves=tuple(moves))))
+        elif lost:
+            self._regenerate_on(w, lost)
+        self.stats.worker_restarts += 1
+        self.stats.recovery_s.append(round(time.perf_counter() - started, 3))
+        w.last_heard = time.perf_counter()
+        self._progressed()
+        self._poll(w)
+        for kind, _, on_done in dropped:
+            if kind == "load":  # the reload above served it
+                on_done(None)
+
+    def _regenerate_on(self, w: _Worker, requests: list[GenerationRequest]) -> None:
+        """Start ``requests`` again from their prompt on ``w``'s version (their tokens were lost)."""
+        v = w.target if w.target is not None else self.base
+        t = self.now()
+        fresh = []
+        for r in requests:
+            self.trace.event(t, "regenerated", traj=r.request_id, version=v)
+            self.trace.event(t, "admitted", traj=r.request_id, version=v, rollout_group=w.index)
+            fresh.append(GenerationRequest(request_id=r.request_id, prompt_ids=r.prompt_ids, version=v,
+                                           max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=r.seed))
+        self.stats.regenerated += len(fresh)
+        self._add(w, fresh)
 
     # ------------------------------------------------------------------ actions
     def _execute(self, actions: Any) -> None:
@@ -260,48 +452,57 @@ class Controller:
                 raise TypeError(f"unknown action {act!r}")
 
     def _admit(self, act: Admit) -> None:
-        cfg, g = self.config, act.group_id
+        cfg = self.config
+        g, v = self._data_group(act.group_id), act.version + self.base
+        regenerate = act.group_id < len(self._regenerate)
+        self._local_group[g] = act.group_id
         prompt = make_prompt(cfg.task, cfg.response_lengths, random.Random(f"{cfg.seed}:prompt:{g}"), f"g{g}")
-        self._prompts[g], self._group_version[g], self._scored[g] = prompt, act.version, []
+        self._prompts[g], self._group_version[g], self._scored[g] = prompt, v, []
         requests = []
         t = self.now()
         for i in range(act.num_samples):
             rid = f"g{g}/{i}"
             requests.append(GenerationRequest(
-                request_id=rid, prompt_ids=prompt.prompt_ids, version=act.version, max_new_tokens=cfg.max_new_tokens,
+                request_id=rid, prompt_ids=prompt.prompt_ids, version=v, max_new_tokens=cfg.max_new_tokens,
                 temperature=cfg.temperature, seed=random.Random(f"{cfg.seed}:sample:{rid}").getrandbits(63),
             ))
-            self.trace.event(t, "admitted", traj=rid, version=act.version, rollout_group=act.rollout_group)
-        w = self._workers[act.rollout_group]
-        self._command(w, lambda: w.actor.add_requests.remote(requests), lambda _: None)
+            if regenerate:  # admitted by an attempt that stopped before a checkpointed step trained it
+                self.trace.event(t, "regenerated", traj=rid, version=v)
+                self.stats.regenerated += 1
+            self.trace.event(t, "admitted", traj=rid, version=v, rollout_group=act.rollout_group)
+        self._add(self._workers[act.rollout_group], requests)
 
     def _load(self, act: LoadWeights) -> None:
-        r, v = act.rollout_group, act.version
+        r, v = act.rollout_group, act.version + self.base
         w = self._workers[r]
         self.trace.event(self.now(), "weights_load_started", rollout_group=r, version=v, source=act.source)
         # A peer load reads the same object-store copy of v the peer loaded (one copy per version).
         ref = self._weights[v]
+        w.target = v
 
         def loaded(_: Any) -> None:
             self.trace.event(self.now(), "weights_loaded", rollout_group=r, version=v)
             self.stats.weight_loads += 1
-            self._execute(self.policy.handle(WeightsLoaded(rollout_group=r, version=v)))
+            self._progressed()
+            self._execute(self.policy.handle(WeightsLoaded(rollout_group=r, version=act.version)))
             self._forget_old_weights()
 
-        self._command(w, lambda: w.actor.load_weights.remote(v, ref, act.resume_in_flight), loaded)
+        self._command(w, "load", lambda: w.actor.load_weights.remote(v, ref, act.resume_in_flight), loaded)
 
     def _migrate(self, act: MigrateRequests) -> None:
         w = self._workers[act.src]
         if w.migration is not None:
             raise RuntimeError(f"engine {act.src}: a migration is already in progress")
         w.migration = act
-        self._command(w, lambda: w.actor.export_requests.remote(), lambda msg: self._deliver(w, msg))
+        self._command(w, "export", lambda: w.actor.export_requests.remote(), lambda msg: self._deliver(w, msg))
 
     def _migrated(self, w: _Worker, msg: WorkerMessage) -> None:
         act, w.migration = w.migration, None
         if act is None:
             raise RuntimeError(f"engine {w.index}: export reply without a migration")
         left = list(msg.exported)
+        for m in left:
+            w.requests.pop(m.request.request_id, None)
         moves: list[tuple[int, int]] = []
         t = self.now()
         for dst, cap in act.capacity:
@@ -309,36 +510,44 @@ class Controller:
             moves.append((dst, len(batch)))
             if batch:
                 d = self._workers[dst]
-                self._command(d, lambda d=d, batch=batch: d.actor.import_requests.remote(batch), lambda _: None)
+                for m in batch:
+                    d.requests[m.request.request_id] = m.request
+                self._command(d, "import", lambda d=d, batch=batch: d.actor.import_requests.remote(batch),
+                              lambda _: None)
                 self.trace.event(t, "migrated", src=w.index, dst=dst, trajs=[m.request.request_id for m in batch])
         if left:
             raise RuntimeError(f"MigrateRequests from engine {w.index}: capacity {act.capacity} leaves {len(left)}")
         self.stats.migrated += sum(c for _, c in moves)
+        self._progressed()
         self._execute(self.policy.handle(RequestsMigrated(src=w.index, moves=tuple(moves))))
 
     def _train(self, act: StartTrainStep) -> None:
+        step = act.step + self.base
+        groups = [self._data_group(j) for j in act.group_ids]
         batch: list[ScoredTrajectory] = []
-        for g in act.group_ids:
+        for g in groups:
             if len(self._scored[g]) != self.spp:
-                raise RuntimeError(f"step {act.step} consumes group {g} with {len(self._scored[g])}/{self.spp} finished")
+                raise RuntimeError(f"step {step} consumes group {g} with {len(self._scored[g])}/{self.spp} finished")
             batch.extend(self._scored[g])
             self._consumed.add(g)
         start = self.now()
-        versions = [self._group_version[g] for g in act.group_ids for _ in range(self.spp)]
+        versions = [self._group_version[g] for g in groups for _ in range(self.spp)]
 
         def trained(ref: Any) -> None:
             metrics: TrainMetrics = ray.get(ref)
             end = self.now()
-            self.trace.event(
-                end, "train_step", step=act.step, start_t=round(start, 6),
-                consumed=[s.trajectory.request_id for s in batch], produced_version=act.step,
-            )
+            event = {"t": round(self.trace.offset_s + end, 6), "type": "train_step", "step": step,
+                     "start_t": round(self.trace.offset_s + start, 6),
+                     "consumed": [s.trajectory.request_id for s in batch], "produced_version": step}
+            self._consumed_all.update(groups)
+            self._checkpoint(step, event)  # before the trace records the step: see dora.runtime.checkpoint
+            self.trace.write(event)
             record = self.stats.step_finished(
-                step=act.step, start_s=start, end_s=end, metrics=metrics, rewards=[s.reward for s in batch],
-                versions=versions, counters=self._latest_counters(), live=self.policy.live_versions(),
-                engines=self.policy.engine_versions(),
+                step=step, start_s=start, end_s=end, metrics=metrics, rewards=[s.reward for s in batch],
+                versions=versions, counters=self._latest_counters(), live=self._live(), engines=self._engines(),
             )
             self.metrics_out.write(record.to_json())
+            self._progressed()
             if self.on_progress is not None:
                 self.on_progress(self.stats)
             self._execute(self.policy.handle(TrainStepFinished(step=act.step)))
@@ -346,33 +555,60 @@ class Controller:
         self._submit(self._trainer.train_step.remote(batch), trained)
 
     def _publish(self, act: PublishWeights) -> None:
-        v = act.version
+        v = act.version + self.base
         ref = self._trainer.publish.remote(v)
         self._weights[v] = ref
 
         def published(_: Any) -> None:  # ready in the object store; the controller never fetches it
             self.trace.event(self.now(), "weights_published", version=v)
-            self._execute(self.policy.handle(WeightsPublished(version=v)))
+            self._progressed()
+            self._execute(self.policy.handle(WeightsPublished(version=act.version)))
 
         self._submit(ref, published)
 
     def _forget_old_weights(self) -> None:
-        keep = set(self.policy.engine_versions()) | {self.policy.latest_version}
-        for v in [v for v in self._weights if v not in keep and v < self.policy.latest_version]:
+        latest = self.policy.latest_version + self.base
+        keep = set(self._engines()) | {latest} | {w.target for w in self._workers if w.target is not None}
+        for v in [v for v in self._weights if v not in keep and v < latest]:
             del self._weights[v]
+
+    # ------------------------------------------------------------------ watchdog
+    def _stall_report(self, idle_s: float) -> str:
+        """What the run waits for, in words: the step, the trainer's wait, each worker's state."""
+        p, cfg = self.policy, self.config
+        step = p.next_step + self.base
+        lines = [f"pipeline stalled: no progress for {idle_s:.0f} s (watchdog {cfg.watchdog_s:g} s), "
+                 f"{p.steps_done + self.base} of {cfg.policy.total_steps} steps done"]
+        if p.training:
+            lines.append(f"  waiting for the trainer to finish step {step - 1}")
+        else:
+            unconsumed = {v + self.base: n for v, n in p.unconsumed_groups.items() if n}
+            finished = {v + self.base: len(q) for v, q in p.finished_groups.items() if q}
+            forced = step - p.k - 1
+            lines.append(f"  step {step} waits for {p.prompts_per_step} finished groups (k={p.k}: every group of "
+                         f"v<={forced} first); unconsumed groups by version {unconsumed}, finished {finished}")
+        now = time.perf_counter()
+        for w in self._workers:
+            queued = [kind for kind, _, _ in ([w.running] if w.running else []) + list(w.commands)]
+            lines.append(f"  rollout worker {w.index}: version {w.target}, {len(w.requests)} requests in flight, "
+                         f"commands {queued or 'none'}, last reply {now - w.last_heard:.0f} s ago")
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ counters and shutdown
     def _latest_counters(self) -> list[WorkerCounters | None]:
-        return [w.counters for w in self._workers]
+        return [_plus(w.dead_counters, w.counters) if w.dead_counters else w.counters for w in self._workers]
 
     def _final_counters(self) -> list[WorkerCounters | None]:
         """Fresh counters from every worker at the end (polled counters can be ``poll_timeout_s`` old)."""
-        for w, c in zip(self._workers, ray.get([w.actor.counters.remote() for w in self._workers]), strict=True):
-            w.counters = c
+        for w in self._workers:
+            try:
+                w.counters = ray.get(w.actor.counters.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                pass  # died at the very end: its last polled counters stand
         return self._latest_counters()
 
     def _observe(self) -> None:
-        self.stats.observe(self.now(), self._latest_counters(), self.policy.live_versions(), self.policy.engine_versions())
+        self.stats.observe(self.now(), self._latest_counters(), self._live(), self._engines())
 
     def _close(self) -> None:
         """Account for every admitted, unconsumed trajectory, stop the actors, close the files."""
@@ -395,3 +631,11 @@ class Controller:
             ray.kill(actor)
         self.trace.close()
         self.metrics_out.close()
+
+
+def _plus(a: WorkerCounters | None, b: WorkerCounters | None) -> WorkerCounters | None:
+    """Counters of two incarnations of one worker, added (``num_active`` is the newer one's)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return WorkerCounters(wall_s=a.wall_s + b.wall_s, busy_s=a.busy_s + b.busy_s, busy_slot_s=a.busy_slot_s + b.busy_slot_s,
+                          generated_tokens=a.generated_tokens + b.generated_tokens, num_active=b.num_active)

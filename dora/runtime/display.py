@@ -32,7 +32,7 @@ def _eta_s(stats: RunStats) -> float | None:
     if len(s) < 2:
         return None
     per_step = (s[-1].end_s - s[0].end_s) / (len(s) - 1)
-    return per_step * (stats.total_steps - len(s))
+    return per_step * (stats.total_steps - s[-1].step)
 
 
 def render(stats: RunStats, title: str) -> Panel:
@@ -42,7 +42,9 @@ def render(stats: RunStats, title: str) -> Panel:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("step", f"{len(s)} / {stats.total_steps}   t={stats.now_s:6.1f}s")
+    done = s[-1].step if s else (stats.resumed_from_step or 0)
+    table.add_row("step", f"{done} / {stats.total_steps}   t={stats.now_s:6.1f}s"
+                  + (f"   (resumed after step {stats.resumed_from_step})" if stats.resumed_from_step else ""))
     if last is not None:
         rewards = [r.reward_mean for r in s]
         table.add_row("reward", f"{last.reward_mean:.3f} (exact {last.exact_fraction:.0%})  {sparkline(rewards)}")
@@ -121,6 +123,12 @@ def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
     t.add_row("migrations / weight loads", f"{summary['migrated_trajectories']} trajectories / "
                                            f"{summary['weight_loads']} loads")
     t.add_row("unfinished at end", f"{summary['unfinished_at_end']} trajectories (admitted, never consumed)")
+    if summary.get("resumed_from_step") is not None or summary.get("worker_restarts"):
+        recovery = summary.get("recovery_s") or []
+        t.add_row("recovery", f"resumed after step {summary.get('resumed_from_step')}, "
+                              f"{summary.get('worker_restarts', 0)} worker restart(s)"
+                              + (f" (max {max(recovery):.1f}s)" if recovery else "")
+                              + f", {summary.get('regenerated_trajectories', 0)} trajectories regenerated")
     verdict = Text("audit: ", style="bold")
     if audit["ok"]:
         verdict.append(f"ok — {audit['num_consumed']} trajectories consumed, the three constraints hold", style="green")

@@ -3,10 +3,13 @@
     python -m dora.runtime.driver --config launch/runtime.json     # what a Ray job runs
 
 ``run_job(config)`` is the same thing in-process (``dora apply`` calls it). It starts a local Ray
-instance when none is running (and shuts down only what it started), runs the controller, then
+instance when none is running (and shuts down only what it started) -- or, inside a Ray job
+(``RAY_ADDRESS`` set by the job supervisor), connects to that cluster -- runs the controller, then
 reads back ``trace.jsonl`` and audits it with ``planner.schedule.check_trace`` -- the checker that
 validates simulated schedules. It writes, under the run's output directory: ``trace.jsonl``,
-``metrics.jsonl`` (by the controller), ``timeline.html``, ``summary.json`` and the warm-up cache.
+``metrics.jsonl`` (by the controller), ``timeline.html``, ``summary.json``, the warm-up cache and
+``checkpoint/``. When that directory already holds a checkpoint of the same job, the run resumes
+from it (``dora.runtime.checkpoint``): re-running a killed command continues it.
 
 Exit codes (``main``): 0 ran and the audit passed; 1 the audit found a violation or the run failed;
 2 the config is unreadable; 130 interrupted (Ctrl-C).
@@ -15,6 +18,8 @@ Exit codes (``main``): 0 ran and the audit passed; 1 the audit found a violation
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -39,14 +44,20 @@ class JobResult:
         return bool(self.audit["ok"])
 
 
+class JobStopped(Exception):
+    """The run stopped before its end (stalled pipeline, lost worker, unusable checkpoint): a message, no traceback."""
+
+
 def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_threads: int = 1,
-                      warmup_cache_dir: Path | None = None) -> Any:
+                      warmup_cache_dir: Path | None = None, cpus: float | None = None,
+                      watchdog_s: float | None = None) -> Any:
     """Resolve the runtime config into the controller's objects (engine, trainer, task, policy configs).
 
     The task defines the vocabulary (numbers plus three specials), so the model's ``vocab_size`` is
     the task's, not the catalog preset's. Sequences fit ``4`` prompt tokens plus the response cap.
     The warm-up cache defaults to ``<output_dir>/cache``; runs that share a spec and seed can share it.
     """
+    from dora.runtime.checkpoint import config_key
     from dora.runtime.controller import ControllerConfig
     from dora.runtime.engines.tiny_model import TinyModelConfig
     from dora.runtime.engines.torch_rollout import RolloutConfig
@@ -81,9 +92,10 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
         allow_version_mixing=rc.allow_version_mixing, max_versions_per_engine=rc.versions_per_engine,
         colocated=rc.colocated,
     )
-    cores = os.cpu_count() or 2
+    cores = cpus if cpus is not None else os.cpu_count() or 2
     share = int(100 * cores / (rc.rollout_workers + 1)) / 100  # Ray CPU reservation per actor
     out = base_dir / rc.output_dir
+    extra = {} if watchdog_s is None else {"watchdog_s": watchdog_s}
     return ControllerConfig(
         policy=policy,
         rollout=RolloutConfig(model=model, eos_token_id=task.eos_token_id, max_num_seqs=rc.max_num_seqs,
@@ -93,39 +105,76 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
                               temperature=a.temperature, num_threads=trainer_threads, seed=rc.seed),
         task=task, response_lengths=lengths, temperature=a.temperature, seed=rc.seed, output_dir=out,
         warmup_cache_dir=warmup_cache_dir or out / "cache", worker_num_cpus=share, trainer_num_cpus=share,
+        config_key=config_key(json.loads(rc.to_json())), **extra,
     )
 
 
 def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_dir: Path = Path(),
-            warmup_cache_dir: Path | None = None) -> JobResult:
-    """Run ``rc`` to the end (Ray started here if needed), audit the trace, write the outputs.
+            warmup_cache_dir: Path | None = None, watchdog_s: float | None = None) -> JobResult:
+    """Run ``rc`` to the end (Ray started here if needed), resuming from its checkpoint if there is one;
+    audit the whole trace, write the outputs.
 
+    Raises ``JobStopped`` when the run cannot go on (stalled, worker lost, foreign checkpoint).
     ``KeyboardInterrupt`` propagates after the actors are stopped, the trace is flushed and the Ray
     instance this call started is shut down.
     """
     import ray
     from rich.console import Console
 
-    from dora.runtime.controller import Controller
+    from dora.runtime.checkpoint import CheckpointError, prepare_resume
+    from dora.runtime.controller import Controller, PipelineStalled, WorkerLost
     from dora.runtime.display import LiveDisplay
 
     console = console or Console(stderr=True)
-    config = controller_config(rc, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir)
+    out = base_dir / rc.output_dir
+    try:
+        resume = prepare_resume(out, json.loads(rc.to_json()))
+    except CheckpointError as exc:
+        raise JobStopped(str(exc)) from None
+    title = f"{rc.spec_name} ({rc.mode})"
+    if resume is not None and resume.step >= rc.steps:
+        console.print(f"{out}/ already holds all {rc.steps} steps (checkpoint at step {resume.step}): auditing it; "
+                      "raise --steps to train further, or use a new --output-dir to start over", highlight=False)
+        previous = {"mode": rc.mode, "steps": resume.step, "total_steps": rc.steps, "wall_s": 0.0,
+                    "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 0, **_previous_summary(out)}
+        return finish_job(out, previous, k=rc.max_version_lag, allow_version_mixing=rc.allow_version_mixing,
+                          title=title)
+    if resume is not None:
+        console.print(f"resuming {out}/ after step {resume.step}: {len(resume.regenerate)} admitted, untrained "
+                      f"prompt group(s) regenerated on v{resume.step}", highlight=False)
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        if os.environ.get("RAY_ADDRESS"):  # inside a Ray job: join the cluster, never size it
+            ray.init(log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
         started = True
     try:
-        title = f"dora apply {rc.spec_name} — {rc.mode}, k={rc.max_version_lag}, " \
-                f"{rc.rollout_workers}x{rc.max_num_seqs} rollout slots"
-        with LiveDisplay(console, title, enabled=live) as display:
-            stats = Controller(config, on_progress=display.update).run()
+        cpus = ray.available_resources().get("CPU")
+        config = controller_config(rc, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir, cpus=cpus,
+                                   watchdog_s=watchdog_s)
+        config = dataclasses.replace(config, resume=resume)
+        header = f"dora apply {rc.spec_name} — {rc.mode}, k={rc.max_version_lag}, " \
+                 f"{rc.rollout_workers}x{rc.max_num_seqs} rollout slots"
+        with LiveDisplay(console, header, enabled=live) as display:
+            try:
+                stats = Controller(config, on_progress=display.update).run()
+            except (PipelineStalled, WorkerLost) as exc:
+                raise JobStopped(f"{exc}\n  trace and last checkpoint in {out}/; re-run the same command to "
+                                 "resume from the checkpoint") from None
     finally:
         if started:
             ray.shutdown()
     return finish_job(config.output_dir, stats.summary(), k=rc.max_version_lag,
-                      allow_version_mixing=rc.allow_version_mixing, title=f"{rc.spec_name} ({rc.mode})")
+                      allow_version_mixing=rc.allow_version_mixing, title=title)
+
+
+def _previous_summary(out: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((out / "summary.json").read_text(encoding="utf-8"))["summary"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def finish_job(output_dir: Path, summary: dict[str, Any], *, k: int, allow_version_mixing: bool,
@@ -172,10 +221,12 @@ def report(result: JobResult, console: Any) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     ap = argparse.ArgumentParser(prog="python -m dora.runtime.driver", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, type=Path, help="runtime.json written by lowering")
     ap.add_argument("--no-live", action="store_true", help="plain per-step lines instead of the live panel")
+    ap.add_argument("--watchdog-s", type=float, help="stop with a report after this long without progress")
     args = ap.parse_args(argv)
     console = Console(stderr=True, highlight=False)
     try:
@@ -184,14 +235,24 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]error[/bold red]: {args.config}: {exc}")
         return EXIT_BAD_CONFIG
     try:
-        result = run_job(rc, console=console, live=not args.no_live)
+        result = run_job(rc, console=console, live=not args.no_live, watchdog_s=args.watchdog_s)
     except RuntimeConfigError as exc:
         console.print(f"[bold red]error[/bold red]: {args.config}: {exc}")
         return EXIT_BAD_CONFIG
+    except JobStopped as exc:
+        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        return EXIT_FAILED
     except KeyboardInterrupt:
         console.print(f"interrupted: actors stopped, trace flushed to {rc.output_dir}/trace.jsonl")
         return EXIT_INTERRUPTED
-    return report(result, console)
+    code = report(result, console)
+    # One machine-readable line on stdout: `dora apply --address` reads the audit back from the job's logs.
+    print(AUDIT_PREFIX + json.dumps({"ok": result.ok, "audit": result.audit, "output_dir": str(result.output_dir)},
+                                    sort_keys=True), flush=True)
+    return code
+
+
+AUDIT_PREFIX = "DORA_AUDIT "
 
 
 if __name__ == "__main__":

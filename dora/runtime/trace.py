@@ -37,10 +37,10 @@ from typing import IO, Any
 class JsonlWriter:
     """Append JSON objects, one per line, flushed after each (see the module doc for why)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, append: bool = False) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = path.open("w", encoding="utf-8")
+        self._file: IO[str] | None = path.open("a" if append else "w", encoding="utf-8")
         self.count = 0
 
     def write(self, record: dict[str, Any]) -> None:
@@ -59,10 +59,17 @@ class JsonlWriter:
 
 
 class TraceWriter(JsonlWriter):
-    """``trace.jsonl``: stamps every event with the run clock ``t`` (seconds) it is given."""
+    """``trace.jsonl``: stamps every event with the run clock ``t`` (seconds) it is given.
+
+    A resumed attempt appends (``append=True``) with ``offset_s``, the clock where the previous attempt's
+    trace stops, added to every ``t`` it is given, so the combined trace stays in time order."""
+
+    def __init__(self, path: Path, *, append: bool = False, offset_s: float = 0.0) -> None:
+        super().__init__(path, append=append)
+        self.offset_s = offset_s
 
     def event(self, t_s: float, kind: str, **fields: Any) -> None:
-        self.write({"t": round(t_s, 6), "type": kind, **fields})
+        self.write({"t": round(self.offset_s + t_s, 6), "type": kind, **fields})
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -182,6 +189,13 @@ class RunStats:
     generated_tokens: int = 0
     busy_slot_s: float = 0.0
     busy_s: float = 0.0
+    resumed_from_step: int | None = None
+    """The checkpoint step this attempt resumed from (``None``: a fresh run)."""
+    regenerated: int = 0
+    """Trajectories started again from their prompt (resume, or a restarted rollout worker)."""
+    worker_restarts: int = 0
+    recovery_s: list[float] = field(default_factory=list)
+    """Per worker restart: seconds from noticing the failure to the worker serving again."""
 
     def observe(self, now_s: float, counters: Sequence[Any], live: tuple[int, ...], engines: tuple[int, ...]) -> None:
         """Refresh the live figures (called between events, a few times a second)."""
@@ -225,12 +239,15 @@ class RunStats:
         """Run-level figures. Steady state = from the end of step 1 to the end of the last step."""
         s = self.steps
         out: dict[str, Any] = {
-            "mode": self.mode, "steps": len(s), "total_steps": self.total_steps,
+            "mode": self.mode, "steps": s[-1].step if s else (self.resumed_from_step or 0),
+            "total_steps": self.total_steps,
             "wall_s": self.end_s if self.end_s is not None else self.now_s,
             "warmup_steps": self.warmup_steps, "warmup_s": self.warmup_s, "weight_loads": self.weight_loads,
             "migrated_trajectories": self.migrated, "mixed_trajectories": self.mixed_trajectories,
             "unfinished_at_end": self.unfinished_at_end, "max_live_versions": self.max_live_versions,
             "rollout_workers": self.num_workers, "slots_per_worker": self.slots_per_worker,
+            "resumed_from_step": self.resumed_from_step, "regenerated_trajectories": self.regenerated,
+            "worker_restarts": self.worker_restarts, "recovery_s": list(self.recovery_s),
         }
         if not s:
             return out

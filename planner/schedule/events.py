@@ -19,9 +19,15 @@ weights_loaded         rollout_group, version
 train_step             step, start_t, consumed: [traj, ...], produced_version (== step);
                        ``t`` is when the step finished
 discarded              traj, reason: str  (dropped on purpose; never consumed)
-regenerated            traj, version  (earlier tokens dropped; generation restarts on version)
+regenerated            traj, version  (earlier tokens dropped; generation restarts on version; it
+                       supersedes an earlier ``unfinished_at_end`` of traj, from an attempt that stopped)
 unfinished_at_end      traj, finished: bool  (admitted, not consumed when the run ended)
+resumed                step  (a new attempt continues the trace from its checkpoint after step ``step``)
+worker_restarted       rollout_group, version  (the engine process died and was restarted on version)
 =====================  ======================================================================
+
+A run that stops and resumes keeps one append-only trace: the new attempt writes ``resumed``, then
+``regenerated`` + ``admitted`` for every trajectory admitted before that no checkpointed step consumed.
 
 ``parse_trace`` validates an external trace and collects every problem before raising.
 """
@@ -48,6 +54,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     "discarded": {"traj": _TRAJ, "reason": _STR},
     "regenerated": {"traj": _TRAJ, "version": _INT},
     "unfinished_at_end": {"traj": _TRAJ, "finished": _BOOL},
+    "resumed": {"step": _INT},
+    "worker_restarted": {"rollout_group": _INT, "version": _INT},
 }
 
 

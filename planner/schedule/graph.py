@@ -57,6 +57,7 @@ def build_schedule_graph(events: list[dict[str, Any]]) -> nx.DiGraph:
             node["spans"] = []
             node["finished_t"] = None
             node["admitted_version"] = e["version"]
+            node["unfinished_at_end"] = None  # an earlier attempt's leftover, now generated again
             for pred in [p for p in graph.predecessors(("traj", e["traj"])) if p[0] == "version"]:
                 graph.remove_edge(pred, ("traj", e["traj"]))
         elif etype == "finished":
@@ -90,7 +91,7 @@ def build_schedule_graph(events: list[dict[str, Any]]) -> nx.DiGraph:
             _traj(graph, e["traj"])["discarded"] = e["reason"]
         elif etype == "unfinished_at_end":
             _traj(graph, e["traj"])["unfinished_at_end"] = "finished" if e["finished"] else "in_flight"
-        # migrated / weights_load_started / weights_loaded only feed the timeline
+        # migrated / weights_load_started / weights_loaded / resumed / worker_restarted only feed the timeline
     return graph
 
 

@@ -1,0 +1,172 @@
+"""Checkpoints and resume: a killed ``dora apply`` re-run with the same command continues where it stopped.
+
+What is saved, after warm-up (step 0) and after every training step ``s``, under ``<output_dir>/checkpoint/``:
+
+- ``trainer-<s>.pt``: the trainer's weights, optimizer state, step and version counter (``TorchTrainer.state_dict``);
+- ``checkpoint.json``: ``s``, the data groups steps ``1..s`` consumed, that step's ``train_step`` trace event,
+  and the run-config key (a checkpoint never resumes a different job).
+
+Commit order (each file written to a temporary name, fsynced, then renamed): the trainer file, then
+``checkpoint.json`` (the commit point), then the step's trace event. A crash between the last two
+leaves a checkpoint whose step the trace lacks; resume writes that event from the checkpoint.
+
+Resume semantics (the audit of the combined, append-only trace proves them):
+
+- The trainer restarts from ``s`` (weights, optimizer, version ``s``): nothing trained is lost or retrained.
+- The data position: prompt group ``g`` is a pure function of ``(seed, g)``. Every group admitted before
+  the crash (read from the trace) that no step ``<= s`` consumed is **regenerated**, same prompt, on
+  version ``s`` (a ``regenerated`` event, then ``admitted``), before any new group -- unfinished and
+  finished-but-untrained alike, so the long tail is not biased away. New groups continue after the
+  highest id ever admitted.
+- The scheduling policy restarts as a fresh state machine whose version 0 is global version ``s``
+  and whose first step is ``s + 1`` (what a fresh run does at version 0, shifted). The staleness bound
+  holds across the seam: regenerated groups are on version ``s``, trained by steps ``>= s + 1``.
+- The sample buffer and in-flight generations of the dead attempt are therefore not reloaded but
+  regenerated: their tokens came from processes that no longer exist, and a partial buffer restored
+  next to a fresh policy would let one group be counted twice.
+- The trace's clock continues from its last event (the trace stays ordered); ``resumed`` marks the seam.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dora.runtime.trace import read_jsonl, write_json_atomic
+
+CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_FILE = "checkpoint.json"
+FORMAT = 1
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be resumed (unreadable, another job's, or another format)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    step: int
+    consumed_groups: tuple[int, ...]
+    """Data group ids consumed by steps ``1..step``."""
+    trainer_state: str
+    """File name of the trainer state, in the checkpoint directory."""
+    step_event: dict[str, Any] | None
+    """The ``train_step`` trace event of ``step`` (``None`` at step 0)."""
+    config_key: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "step": self.step, "consumed_groups": sorted(self.consumed_groups),
+                "trainer_state": self.trainer_state, "step_event": self.step_event, "config_key": self.config_key}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumePoint:
+    """Where a resumed attempt starts (see the module doc)."""
+
+    step: int
+    trainer_state: Path
+    consumed_groups: frozenset[int]
+    regenerate: tuple[int, ...]
+    """Data groups admitted before, not consumed by steps ``<= step``: re-admitted first, in id order."""
+    next_group: int
+    """First data group id never admitted."""
+    clock_s: float
+    """This attempt's trace clock starts here (just after the trace's last event)."""
+
+
+def config_key(runtime_json: dict[str, Any]) -> str:
+    """Hash of the runtime config minus what may change between attempts (step count, output place)."""
+    data = {k: v for k, v in runtime_json.items() if k not in ("steps", "output_dir")}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def checkpoint_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / CHECKPOINT_DIR
+
+
+def write_checkpoint(output_dir: Path, ckpt: Checkpoint) -> None:
+    """Commit ``ckpt`` (its trainer file must already be written), then drop older trainer files."""
+    directory = checkpoint_dir(output_dir)
+    write_json_atomic(directory / CHECKPOINT_FILE, ckpt.to_json())
+    for old in directory.glob("trainer-*.pt"):
+        if old.name != ckpt.trainer_state:
+            old.unlink(missing_ok=True)
+
+
+def read_checkpoint(output_dir: Path) -> Checkpoint | None:
+    path = checkpoint_dir(output_dir) / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != FORMAT:
+            raise CheckpointError(f"{path}: checkpoint format {data.get('format')!r}, this dora reads {FORMAT}")
+        ckpt = Checkpoint(step=int(data["step"]), consumed_groups=tuple(int(g) for g in data["consumed_groups"]),
+                          trainer_state=str(data["trainer_state"]), step_event=data["step_event"],
+                          config_key=str(data["config_key"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint ({exc}); delete {path.parent} to start over") from None
+    if not (checkpoint_dir(output_dir) / ckpt.trainer_state).exists():
+        raise CheckpointError(f"{path}: its trainer state {ckpt.trainer_state} is missing; delete {path.parent} "
+                              "to start over")
+    return ckpt
+
+
+def repair_jsonl_tail(path: Path) -> None:
+    """Cut a half-written last line (the writer was killed mid-write) so appends start on a fresh line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoint | None:
+    """The resume point of ``output_dir``, or ``None`` for a fresh run (no checkpoint yet).
+
+    Repairs the trace tail and writes the checkpointed step's event if the crash lost it; keeps only
+    the metrics rows of checkpointed steps. Raises ``CheckpointError`` for another job's checkpoint.
+    """
+    ckpt = read_checkpoint(output_dir)
+    if ckpt is None:
+        return None
+    if ckpt.config_key != config_key(runtime_json):
+        raise CheckpointError(
+            f"{checkpoint_dir(output_dir)} holds a checkpoint of a different job configuration; resume it with "
+            "the same spec and overrides (only --steps may change), or use another --output-dir")
+    trace = Path(output_dir) / "trace.jsonl"
+    repair_jsonl_tail(trace)
+    events = read_jsonl(trace) if trace.exists() else []
+    steps = {e["step"] for e in events if e.get("type") == "train_step"}
+    later = sorted(s for s in steps if s > ckpt.step)
+    if later:  # the commit order makes this impossible unless files were edited or mixed up
+        raise CheckpointError(f"{trace} records steps {later} after the checkpoint's step {ckpt.step}: not this "
+                              "run's checkpoint; use another --output-dir")
+    clock = max((float(e.get("t", 0.0)) for e in events), default=0.0)
+    if ckpt.step_event is not None and ckpt.step not in steps:
+        with trace.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(ckpt.step_event, sort_keys=True, separators=(",", ":")) + "\n")
+        clock = max(clock, float(ckpt.step_event["t"]))
+    admitted = {int(e["traj"][1:].split("/")[0]) for e in events if e.get("type") == "admitted"}
+    consumed = frozenset(ckpt.consumed_groups)
+    metrics = Path(output_dir) / "metrics.jsonl"
+    if metrics.exists():
+        repair_jsonl_tail(metrics)
+        rows = [r for r in read_jsonl(metrics) if r.get("step", 0) <= ckpt.step]
+        from dora.runtime.trace import write_text_atomic
+
+        write_text_atomic(metrics, "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n"
+                                           for r in rows))
+    return ResumePoint(
+        step=ckpt.step, trainer_state=checkpoint_dir(output_dir) / ckpt.trainer_state, consumed_groups=consumed,
+        regenerate=tuple(sorted(admitted - consumed)), next_group=max(admitted | consumed, default=-1) + 1,
+        clock_s=clock + 1e-3,
+    )
+
+
+__all__ = ["Checkpoint", "CheckpointError", "ResumePoint", "config_key", "prepare_resume", "read_checkpoint",
+           "write_checkpoint"]
