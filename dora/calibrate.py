@@ -250,9 +250,10 @@ def fit_decode(points: Sequence[Point], ctx: ModelContext, base: Calibration) ->
         return best
 
     best = search(_geometric(1e-3, 1.0, 31), _geometric(1e-3, 1.0, 31), None)
-    _, m0, c0, _ = best
-    refine = [1.1 ** k for k in range(5, -6, -1)]
-    best = search([min(1.0, m0 * f) for f in refine], [min(1.0, c0 * f) for f in refine], best)
+    for step in (1.1, 1.01):  # two refinements around the best cell: the grid's resolution ends near 1%
+        _, m0, c0, _ = best
+        refine = [step ** k for k in range(5, -6, -1)]
+        best = search([min(1.0, m0 * f) for f in refine], [min(1.0, c0 * f) for f in refine], best)
     _, eta_m, eta_c, t0 = best
     pred = [x + t0 for x in roofs(eta_m, eta_c)]
     return Fit(kind="decode", constants={"cpu_memory_efficiency": eta_m, "cpu_compute_efficiency": eta_c,
@@ -390,7 +391,8 @@ def calibration_document(calib: Calibration, fits: Sequence[Fit], points: Sequen
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: bool = False) -> int:
+def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: bool = False,
+                  grid: Grid | None = None) -> int:
     """Implementation of `dora calibrate SPEC --out FILE [--quick]`: returns the exit code, never raises on bad
     input."""
     from rich.console import Console
@@ -430,7 +432,7 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
                        extra_forward_passes=inputs.extra_forward_passes,
                        micro_batch_tokens=max(8192, inputs.max_context_tokens),
                        accelerators_per_node=inputs.accelerators_per_node)
-    grid = Grid.quick() if quick else Grid()
+    grid = grid or (Grid.quick() if quick else Grid())
     threads = torch.get_num_threads()
     torch.set_num_threads(cc.rollout.num_threads)  # the runtime's actors run one torch thread each
     try:

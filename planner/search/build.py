@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from planner import architecture, hardware
+from planner.calibration import DEFAULT_CALIBRATION
 from planner.plan import (
     FORMAT_VERSION,
     Candidate,
@@ -79,12 +80,52 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
     return tuple(rows)
 
 
+def catalog_defaults_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[str, ...]:
+    """Calibration fields the chosen plan's predicted times depend on that still hold their catalog default.
+
+    Which fields enter the prediction follows the cost formulas: decode/prefill (memory and compute efficiency,
+    step overhead), training (compute efficiency, step overhead, plus overlap/link factors when dp/tp/ep > 1),
+    weight sync (reload cost; the scale-out link when disaggregated), MoE routing imbalance for MoE models.
+    On the `cpu` accelerator the `cpu_*` fields stand in for the GPU ones (`Calibration.resolved_for`).
+    """
+    cal = inputs.calibration
+    p = outcome.chosen.screened.placement
+    if inputs.accelerator.name == "cpu":
+        fields = ["cpu_memory_efficiency", "cpu_compute_efficiency", "cpu_step_overhead_s",
+                  "cpu_train_step_overhead_s", "weight_reload_fixed_s" if cal.cpu_weight_reload_fixed_s is None
+                  else "cpu_weight_reload_fixed_s"]
+        if cal.cpu_train_compute_efficiency is None:
+            fields.append("cpu_train_compute_efficiency")
+    else:
+        fields = ["hbm_bandwidth_efficiency", "decode_compute_efficiency", "prefill_compute_efficiency",
+                  "train_mfu_moe" if inputs.arch.is_moe else "train_mfu_dense", "decode_step_overhead_s",
+                  "train_step_overhead_s", "weight_reload_fixed_s"]
+        tr = p.train
+        if p.rollout.tp > 1 or tr.tp > 1 or tr.ep > 1:
+            fields.append("scale_up_efficiency")
+        if not p.colocated or inputs.nodes > 1:
+            fields.append("scale_out_efficiency")
+        if tr.dp * tr.cp > 1:
+            fields.append("dp_comm_overlap_fraction")
+        if inputs.arch.is_moe:
+            fields.append("moe_imbalance_factor")
+            if tr.ep > 1:
+                fields.append("ep_comm_overlap_fraction")
+    default = DEFAULT_CALIBRATION.to_dict()
+    current = cal.to_dict()
+    return tuple(f for f in fields if f not in current or current[f] == default.get(f))
+
+
 def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) -> tuple[str, ...]:
     out = []
     c = outcome.chosen
+    defaults = catalog_defaults_that_matter(outcome, inputs)
     if inputs.calibration.source == "catalog defaults":
-        out.append("uncalibrated: every efficiency factor is a catalog default (see `dora plan --json` "
-                   "calibration); published planners see 10-25% error before calibration")
+        out.append(f"uncalibrated: the constants this plan depends on are catalog defaults ({', '.join(defaults)}); "
+                   "published planners see 10-25% error before calibration — run `dora calibrate` on the target "
+                   "machines")
+    elif defaults:
+        out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
     if c.screened.mode in ("streaming", "bounded-async") and c.sim.steps:
         waits = [st.trainer_wait_s for st in c.sim.steps[1:]] or [c.sim.steps[0].trainer_wait_s]
         wait = sum(waits) / len(waits)
@@ -92,6 +133,9 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
             out.append(f"the staleness budget k={c.screened.k} stalls the trainer {100 * wait / c.sim.step_time_s:.0f}% "
                        "of each step waiting for the oldest version's tail; a larger k or a lower response cap "
                        "would remove it")
+    if c.scale > 2.0 + 1e-9 and c.screened.mode != "sync":
+        out.append(f"the prediction comes from a 1/{c.scale:.0f}-scale simulation, which overstates asynchronous "
+                   "throughput on very large clusters (see bench/simulate_scale.py)")
     if outcome.best_sync is not None and preds.rollout_share < 0.5 and c.screened.mode != "sync":
         out.append(f"rollout is only {100 * preds.rollout_share:.0f}% of a synchronous step: asynchronous modes "
                    "can hide little; training dominates")
