@@ -25,6 +25,10 @@ examples:
   dora diff old.yaml new.yaml           what changes in placement and predictions (specs or plan.json files)
   dora apply specs/local-tiny.yaml      plan and run a real asynchronous RL job on this machine's CPU
   dora apply plans/x/plan.json          run a saved plan (refused if its spec changed since)
+  dora apply SPEC --address http://HEAD:8265
+                                        submit it to a Ray cluster (Jobs API) and follow its logs
+  dora status RUN_DIR / dora stop RUN_DIR
+                                        the submitted job's state / stop it
   dora schema > dora-spec.schema.json   JSON Schema of the spec language, for editors
 """
 
@@ -110,9 +114,38 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from dora.apply import ApplyOverrides, run_apply
 
     overrides = ApplyOverrides(mode=args.mode, steps=args.steps, rollout_workers=args.rollout_workers,
-                               max_num_seqs=args.max_num_seqs, output_dir=args.output_dir)
+                               max_num_seqs=args.max_num_seqs, output_dir=args.output_dir, watchdog_s=args.watchdog_s)
     return run_apply(args.target, overrides=overrides, console=_err_console(), live=not args.no_live,
-                     calibration=args.calibration)
+                     calibration=args.calibration, address=args.address)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from dora.cluster import ClusterError, job_status
+
+    try:
+        info = job_status(args.target)
+    except ClusterError as exc:
+        _err_console().print(f"[bold red]error[/bold red]: {_escape(str(exc))}")
+        return EXIT_ERROR
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        _out_console().print(f"{info['submission_id']} on {info['address']}: {info['status']}"
+                             + (f" — {info['message']}" if info["message"] else ""), markup=False)
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from dora.cluster import ClusterError, stop_job
+
+    try:
+        info = stop_job(args.target)
+    except ClusterError as exc:
+        _err_console().print(f"[bold red]error[/bold red]: {_escape(str(exc))}")
+        return EXIT_ERROR
+    what = "stop requested" if info["stop_requested"] else "already finished"
+    _out_console().print(f"{info['submission_id']} on {info['address']}: {what} ({info['status']})", markup=False)
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="write trace, metrics and checkpoints here instead of the spec's output_dir")
     p.add_argument("--calibration", metavar="FILE", help="calibration JSON from `dora calibrate`, used to plan")
     p.add_argument("--no-live", action="store_true", help="plain per-step lines instead of the live display")
+    p.add_argument("--address", metavar="URL", help="submit to this Ray cluster's Jobs API (http://HEAD:8265)")
+    p.add_argument("--watchdog-s", type=float, help="stop with a report after this many seconds without progress")
     p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser("status", help="state of the job `dora apply --address` submitted")
+    p.add_argument("target", metavar="RUN_DIR|SPEC", help="the run's output directory (holds job.json) or its spec")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("stop", help="stop the job `dora apply --address` submitted")
+    p.add_argument("target", metavar="RUN_DIR|SPEC", help="the run's output directory (holds job.json) or its spec")
+    p.set_defaults(func=cmd_stop)
 
     p = sub.add_parser("diff", help="compare two specs or plan files, Terraform-style")
     p.add_argument("old", metavar="OLD")

@@ -1,0 +1,168 @@
+"""Run a lowered plan on an existing Ray cluster through the Ray Jobs API: submit, follow, status, stop.
+
+`dora apply SPEC --address http://HEAD:8265` lowers the plan into a job directory (``launch/``, with the
+run's ``runtime.json``), submits ``launch/job.json``'s entrypoint with that directory as the job's
+``working_dir``, streams the job's logs, and exits with its outcome: 0 when it succeeded (the driver's
+exit code already includes the audit), 1 when it failed or was stopped, 130 on Ctrl-C (the job keeps
+running; `dora stop` stops it). The submission is recorded in ``<output_dir>/job.json`` where
+`dora status` and `dora stop` find it. The audit comes back in the logs (the driver's ``DORA_AUDIT``
+line) and is written to ``<output_dir>/cluster_audit.json``.
+
+The run's outputs (trace, checkpoints) are written by the job where its ``runtime.json`` says: give an
+absolute ``--output-dir`` on storage the cluster shares to keep them (and to resume a killed job by
+submitting the same command again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from dora.runtime.config import RuntimeConfig
+from dora.runtime.trace import write_json_atomic
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+JOB_FILE = "job.json"
+
+
+class ClusterError(Exception):
+    """The cluster could not be reached or refused a request (a message, never a traceback)."""
+
+
+def _client(address: str) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address)
+    except Exception as exc:  # connection refused, bad URL, auth: all surface as plain errors from Ray
+        raise ClusterError(f"cannot reach the Ray Jobs API at {address}: {exc}") from None
+
+
+def job_directory(resolved: Any, plan: Any, rc: RuntimeConfig, watchdog_s: float | None) -> tuple[Path, dict]:
+    """Lower ``plan`` into a fresh directory (the job's working_dir); ``(dir, job submission body)``."""
+    from dora.lower import write_launch_artifacts
+
+    directory = Path(tempfile.mkdtemp(prefix="dora-job-"))
+    write_launch_artifacts(resolved, plan, directory)
+    (directory / "launch" / "runtime.json").write_text(rc.to_json(), encoding="utf-8")  # with the overrides
+    body = json.loads((directory / "launch" / JOB_FILE).read_text(encoding="utf-8"))
+    entrypoint = body["entrypoint"] + " --no-live"
+    if watchdog_s is not None:
+        entrypoint += f" --watchdog-s {watchdog_s:g}"
+    body["entrypoint"] = entrypoint
+    body["runtime_env"] = {**body.get("runtime_env", {}), "working_dir": str(directory)}
+    body["runtime_env"].pop("excludes", None)  # the fresh directory holds no outputs
+    return directory, body
+
+
+def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig, *, console: Any,
+                      watchdog_s: float | None = None, follow: bool = True) -> int:
+    """`dora apply --address`: submit, record, stream logs, return the exit code (see the module doc)."""
+    out = Path(rc.output_dir)
+    try:
+        client = _client(address)
+        _, body = job_directory(resolved, plan, rc, watchdog_s)
+        submission_id = client.submit_job(
+            entrypoint=body["entrypoint"], runtime_env=body["runtime_env"], metadata=body.get("metadata"),
+            entrypoint_num_cpus=body.get("entrypoint_num_cpus"), entrypoint_num_gpus=body.get("entrypoint_num_gpus"),
+        )
+    except ClusterError as exc:
+        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        return EXIT_FAILED
+    except Exception as exc:  # the Jobs API answers errors as RuntimeError with the server's text
+        console.print(f"[bold red]error[/bold red]: job submission to {escape(address)} failed: {escape(str(exc))}")
+        return EXIT_FAILED
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / JOB_FILE, {"address": address, "submission_id": submission_id,
+                                       "spec_name": rc.spec_name, "mode": rc.mode, "output_dir": rc.output_dir})
+    console.print(f"submitted {submission_id} to {address} (recorded in {out / JOB_FILE}); following its logs — "
+                  f"Ctrl-C detaches, `dora stop {out}` stops it", highlight=False)
+    if not follow:
+        return EXIT_OK
+    try:
+        audit = _stream_logs(client, submission_id)
+        status = _wait_terminal(client, submission_id)
+    except KeyboardInterrupt:
+        console.print(f"detached; the job keeps running: `dora status {out}` / `dora stop {out}`")
+        return EXIT_INTERRUPTED
+    if audit is not None:
+        write_json_atomic(out / "cluster_audit.json", audit)
+    info = client.get_job_info(submission_id)
+    console.print(f"job {submission_id}: {status}" + (f" — {escape(info.message)}" if info.message else ""),
+                  highlight=False)
+    return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
+
+
+def _stream_logs(client: Any, submission_id: str) -> dict[str, Any] | None:
+    """Print the job's logs as they come; the driver's audit line, parsed (``None`` if it never came)."""
+    from dora.runtime.driver import AUDIT_PREFIX
+
+    audit: dict[str, Any] | None = None
+
+    async def follow() -> None:
+        nonlocal audit
+        async for chunk in client.tail_job_logs(submission_id):
+            print(chunk, end="", flush=True)
+            for line in chunk.splitlines():
+                if line.startswith(AUDIT_PREFIX):
+                    audit = json.loads(line[len(AUDIT_PREFIX):])
+
+    asyncio.run(follow())
+    return audit
+
+
+def _wait_terminal(client: Any, submission_id: str, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = str(client.get_job_status(submission_id).value)
+        if status in ("SUCCEEDED", "FAILED", "STOPPED") or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
+def find_job(target: str) -> dict[str, Any]:
+    """The recorded submission for ``target``: a run's output directory, its ``job.json``, or the spec."""
+    path = Path(target)
+    if path.is_dir():
+        path = path / JOB_FILE
+    elif path.suffix in (".yaml", ".yml"):
+        from dora.spec import load_spec
+
+        path = Path(load_spec(str(path)).output_dir) / JOB_FILE
+    if not path.is_file():
+        raise ClusterError(f"no submitted job recorded at {path}: `dora apply SPEC --address URL` records one there")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {"address": str(data["address"]), "submission_id": str(data["submission_id"]), "file": str(path)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ClusterError(f"{path} is not a dora job record: {exc}") from None
+
+
+def job_status(target: str) -> dict[str, Any]:
+    job = find_job(target)
+    client = _client(job["address"])
+    try:
+        info = client.get_job_info(job["submission_id"])
+    except Exception as exc:
+        raise ClusterError(f"{job['address']}: cannot get job {job['submission_id']}: {exc}") from None
+    return {**job, "status": str(info.status.value), "message": info.message or "",
+            "entrypoint": info.entrypoint}
+
+
+def stop_job(target: str) -> dict[str, Any]:
+    job = find_job(target)
+    client = _client(job["address"])
+    try:
+        stopped = bool(client.stop_job(job["submission_id"]))
+    except Exception as exc:
+        raise ClusterError(f"{job['address']}: cannot stop job {job['submission_id']}: {exc}") from None
+    return {**job, "stop_requested": stopped, "status": str(client.get_job_status(job["submission_id"]).value)}
+
+
+__all__ = ["ClusterError", "find_job", "job_status", "stop_job", "submit_and_follow"]

@@ -1,0 +1,139 @@
+"""Fault injection for the reliability tests and ``bench/faults.py``: kill rollout workers, kill the run.
+
+- ``WorkerKiller``: an ``on_progress`` hook for an in-process ``Controller`` that kills a rollout worker's
+  process (``ray.kill`` with restart allowed, or ``SIGKILL`` of its PID) each time the run passes one of
+  the given counts of finished trajectories. The controller must notice, restart and re-admit.
+- ``kill_and_resume``: run a command (the driver, or ``dora apply``) in its own process group, ``SIGKILL``
+  the group at random moments after it made progress, re-run the same command, and time each recovery.
+- ``ledger``: from a trace, how many admitted trajectories were lost (neither trained nor accounted for)
+  and how many were trained more than once -- the figures that must be 0.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dora.runtime.trace import read_jsonl
+
+
+@dataclass
+class WorkerKiller:
+    """Kill a rollout worker at each of ``points`` (finished-trajectory counts), alternating the method."""
+
+    controller: Any
+    points: Sequence[int]
+    rng: random.Random
+    methods: Sequence[str] = ("ray", "sigkill")
+    kills: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, stats: Any) -> None:
+        import ray
+
+        if len(self.kills) >= len(self.points) or stats.finished_trajectories < self.points[len(self.kills)]:
+            return
+        if self.kills and stats.worker_restarts < len(self.kills):
+            return  # the previous kill is not recovered yet: one fault at a time
+        workers = self.controller._workers
+        w = workers[self.rng.randrange(len(workers))]
+        method = self.methods[len(self.kills) % len(self.methods)]
+        if method == "ray":
+            ray.kill(w.actor, no_restart=False)
+        else:
+            os.kill(ray.get(w.actor.pid.remote(), timeout=30), signal.SIGKILL)
+        self.kills.append({"worker": w.index, "method": method, "at_finished": stats.finished_trajectories,
+                           "in_flight": len(w.requests)})
+
+
+def ledger(trace: Path) -> dict[str, int]:
+    """``{"admitted", "trained", "lost", "duplicated", "regenerated"}`` counted from ``trace`` directly.
+
+    lost: admitted, never trained, not discarded or recorded unfinished at the end; duplicated:
+    trained by more than one step (or more than once by one).
+    """
+    events = read_jsonl(trace)
+    admitted = {e["traj"] for e in events if e["type"] == "admitted"}
+    uses: dict[str, int] = {}
+    for e in events:
+        if e["type"] == "train_step":
+            for traj in e["consumed"]:
+                uses[traj] = uses.get(traj, 0) + 1
+    accounted: set[str] = set()
+    for e in events:  # a later regeneration supersedes an earlier attempt's unfinished_at_end
+        if e["type"] in ("discarded", "unfinished_at_end"):
+            accounted.add(e["traj"])
+        elif e["type"] == "regenerated":
+            accounted.discard(e["traj"])
+    return {
+        "admitted": len(admitted),
+        "trained": sum(1 for t in admitted if uses.get(t)),
+        "lost": sum(1 for t in admitted if not uses.get(t) and t not in accounted),
+        "duplicated": sum(1 for n in uses.values() if n > 1),
+        "regenerated": sum(1 for e in events if e["type"] == "regenerated"),
+    }
+
+
+def kill_and_resume(argv: Sequence[str], *, trace: Path, kills: int, rng: random.Random, env: dict[str, str] | None = None,
+                    cwd: Path | None = None, min_new_events: int = 20, max_new_events: int = 400,
+                    attempt_timeout_s: float = 180.0) -> tuple[int, list[dict[str, Any]], str]:
+    """Run ``argv``; ``kills`` times, SIGKILL its process group once the trace grew by a random number of
+    events (uniform in ``[min_new_events, max_new_events]``), then run it again. Returns the final exit
+    code, one record per fault (``recovery_s``: from the re-run to the first step trained after the
+    checkpoint), and the last attempt's stderr.
+    """
+    faults: list[dict[str, Any]] = []
+    for attempt in range(kills + 1):
+        before = len(read_jsonl(trace)) if trace.exists() else 0
+        started = time.monotonic()
+        proc = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        target = rng.randint(min_new_events, max_new_events) if attempt < kills else None
+        killed = False
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - started > attempt_timeout_s:
+                    raise TimeoutError(f"attempt {attempt} of {' '.join(argv)} ran over {attempt_timeout_s:.0f} s")
+                events = read_jsonl(trace)[before:] if trace.exists() else []
+                _note_recovery(faults, events, started, attempt)
+                if target is not None and len(events) >= target:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+                    proc.wait(timeout=30)
+                    steps = [e["step"] for e in read_jsonl(trace) if e["type"] == "train_step"]
+                    faults.append({"fault": "kill -9 run", "attempt": attempt, "after_events": len(events),
+                                   "last_step": max(steps, default=0), "recovery_s": None})
+                    killed = True
+                    break
+                time.sleep(0.1)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        _, err = proc.communicate(timeout=60)
+        _note_recovery(faults, read_jsonl(trace)[before:] if trace.exists() else [], started, attempt)
+        if not killed:  # finished: the last attempt, or one that ended before its kill point
+            return proc.returncode, faults, err
+    raise AssertionError("unreachable: the last attempt is never killed")
+
+
+def _note_recovery(faults: list[dict[str, Any]], events: list[dict[str, Any]], started: float, attempt: int) -> None:
+    """Time the last fault's recovery: the re-run that follows it trained its first step."""
+    if faults and faults[-1]["recovery_s"] is None and faults[-1]["attempt"] < attempt \
+            and any(e["type"] == "train_step" for e in events):
+        faults[-1]["recovery_s"] = round(time.monotonic() - started, 2)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+__all__ = ["WorkerKiller", "kill_and_resume", "ledger"]
