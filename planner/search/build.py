@@ -122,7 +122,7 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
     defaults = catalog_defaults_that_matter(outcome, inputs)
     if inputs.calibration.source == "catalog defaults":
         out.append(f"uncalibrated: the constants this plan depends on are catalog defaults ({', '.join(defaults)}); "
-                   "published planners see 10-25% error before calibration — run `dora calibrate` on the target "
+                   "published planners see 10-25% error before calibration; run `dora calibrate` on the target "
                    "machines")
     elif defaults:
         out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
