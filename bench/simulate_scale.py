@@ -1,39 +1,45 @@
 """Time the simulator on the 10,240-accelerator MoE example (cheap mode, no per-trajectory trace).
 
-Usage: python bench/simulate_scale.py [--steps 10] [--mode streaming]
-Prints wall time, simulated events, events/s and trajectories/s.
+The placement is the one `dora plan` chooses for the spec. Runs the full cluster (every replica, the whole batch)
+for --steps steps, then the reduced-scale simulation the plan search uses for the same candidate, and prints wall
+time, simulated events, events/s, trajectories/s and the simulated step time of each (they should agree).
+Usage: python bench/simulate_scale.py [--steps 10] [--spec moe-scale-x10240]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dora.planning import search_inputs
+from dora.spec import load_spec
+from planner.search import search
+from planner.search.core import Scaled, Space, scale_for, simulate_candidate
 
-from modes import setup  # noqa: E402
-
-from planner.sim import simulate  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--mode", default="streaming")
     ap.add_argument("--spec", default="moe-scale-x10240")
     args = ap.parse_args()
-    cfg, work, timing, apg, train_accs = setup(args.spec, args.mode, args.steps)
-    t0 = time.perf_counter()
-    r = simulate(cfg, work, timing, seed=0, record_events=False, accelerators_per_group=apg,
-                 train_accelerators=train_accs)
-    wall = time.perf_counter() - t0
-    trajs = len(r.steps) * cfg.batch_samples + r.unfinished_at_end
-    print(f"{args.spec} {args.mode}: {cfg.num_rollout_groups} replicas x {cfg.slots_per_group} slots, "
-          f"{cfg.prompts_per_step}x{cfg.samples_per_prompt} per step, {args.steps} steps")
-    print(f"wall {wall:.2f} s, {r.num_sim_events} events ({r.num_sim_events / wall:,.0f} events/s), "
-          f"~{trajs / wall:,.0f} trajectories/s; simulated step time {r.step_time_s:.1f} s")
+    inputs = search_inputs(load_spec(str(REPO / "specs" / f"{args.spec}.yaml")))
+    chosen = search(inputs).chosen.screened
+    p = chosen.placement
+    space = Space(inputs)
+    full = Scaled(replicas=p.replicas, prompts_per_step=inputs.prompts_per_step, factor=1.0)
+    print(f"{args.spec}: {chosen.label}; {p.replicas} replicas x {p.rollout.slots} slots, "
+          f"{inputs.prompts_per_step}x{inputs.samples_per_prompt} per step, {args.steps} steps")
+    for name, scaled in (("full scale", full), ("search scale", scale_for(inputs, p.replicas, args.steps))):
+        t0 = time.perf_counter()
+        r = simulate_candidate(space, chosen, steps=args.steps, scale=scaled)
+        wall = time.perf_counter() - t0
+        trajs = len(r.steps) * scaled.prompts_per_step * inputs.samples_per_prompt + r.unfinished_at_end
+        print(f"  {name:12} ({scaled.replicas} replicas, 1/{scaled.factor:.1f}): wall {wall:.2f} s, "
+              f"{r.num_sim_events:,} events ({r.num_sim_events / wall:,.0f}/s), {trajs / wall:,.0f} trajectories/s; "
+              f"simulated step {r.step_time_s:.1f} s, trained tokens/s {r.tokens_per_s * scaled.factor:,.0f}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ MoE expert imbalance is charged inside ``RolloutCostModel.decode_step_s`` (calib
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.architecture import ModelArch
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
@@ -35,9 +35,23 @@ class CostModelTiming:
     weight_load_peer_s: float
     kv_migration_s_per_token: float
     weight_bytes_per_group: float
+    _per_batch: dict[int, tuple[float, float, float]] = field(default_factory=dict, compare=False, repr=False)
+    """batch size -> (bytes, FLOPs, comm + overhead s) of ``RolloutCostModel.decode_step_s`` that do not depend on
+    the context: the simulator calls decode_step_s ~10^6 times for few distinct batch sizes."""
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
-        return self.rollout.decode_step_s(batch_size, total_context_tokens)
+        """Same value as ``RolloutCostModel.decode_step_s`` (a test checks it), with the batch-only terms cached."""
+        if batch_size <= 0:
+            return 0.0
+        terms = self._per_batch.get(batch_size)
+        r = self.rollout
+        if terms is None:
+            terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size), r._matmul_flops(batch_size),
+                     r._comm_s(batch_size) + r.step_overhead_s)
+            self._per_batch[batch_size] = terms
+        bytes_moved = terms[0] + total_context_tokens * r.kv_bytes_per_token_per_device
+        flops = terms[1] + total_context_tokens * r.decode_attn_flops_per_ctx_token_per_device
+        return max(bytes_moved / r.memory_rate_bytes_per_s, flops / r.decode_flops_per_s) + terms[2]
 
     def prefill_s(self, num_tokens: int) -> float:
         return self.rollout.prefill_s(num_tokens) if num_tokens > 0 else 0.0

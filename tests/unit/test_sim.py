@@ -107,3 +107,19 @@ def test_streaming_migrates_and_keeps_versions_per_group():
             admitted.setdefault(e["traj"].split("/")[0], set()).add(e["version"])
     assert all(len(vs) == 1 for vs in admitted.values())  # one version per prompt group
     assert check_trace(list(r.events), k=3, allow_version_mixing=False).ok
+
+
+def test_cost_model_timing_cache_matches_the_cost_model() -> None:
+    from planner.architecture import get_preset
+    from planner.hardware import get_accelerator
+    from planner.sim.costmodel import cost_model_timing
+
+    for preset, tp, ep in (("qwen2.5-32b", 4, 1), ("qwen3-235b-a22b", 16, 16)):
+        timing = cost_model_timing(get_preset(preset), rollout_acc=get_accelerator("h800"),
+                                   train_acc=get_accelerator("h800"), rollout_tp=tp, rollout_ep=ep,
+                                   num_rollout_groups=4, train_tp=4, train_pp=2, train_dp=2, train_ep=1 if ep == 1 else 4)
+        for batch in (1, 7, 64, 7, 256):
+            for ctx in (0.0, 1e3 * batch, 3e4 * batch):
+                assert timing.decode_step_s(batch, ctx) == pytest.approx(timing.rollout.decode_step_s(batch, ctx),
+                                                                         rel=1e-12)
+        assert timing.decode_step_s(0, 0.0) == 0.0
