@@ -621,11 +621,8 @@ class Controller:
                 rid = f"g{g}/{i}"
                 self.trace.event(t, "unfinished_at_end", traj=rid, finished=rid in finished_ids)
                 self.stats.unfinished_at_end += 1
-        for w in self._workers:
-            try:
-                ray.get(w.actor.stop.remote(), timeout=10)
-            except Exception:  # a worker that died or hangs must not block shutdown
-                pass
+        stops = [w.actor.stop.remote() for w in self._workers]
+        ray.wait(stops, num_returns=len(stops), timeout=10)  # a worker that died or hangs must not block shutdown
         # Release the actors' CPU reservations now: on a shared Ray instance the next run needs them.
         for actor in [w.actor for w in self._workers] + ([self._trainer] if self._trainer is not None else []):
             ray.kill(actor)

@@ -26,21 +26,26 @@ from dora.runtime.trace import read_jsonl
 
 @dataclass
 class WorkerKiller:
-    """Kill a rollout worker at each of ``points`` (finished-trajectory counts), alternating the method."""
+    """Kill a rollout worker once ``gaps[i]`` more trajectories finished since the previous kill, alternating ``ray.kill`` (restart allowed) and ``SIGKILL``
+    of its PID. (The controller recovers synchronously, so the finishes of the other workers during a
+    recovery are delivered together after it.)"""
 
     controller: Any
-    points: Sequence[int]
+    gaps: Sequence[int]
     rng: random.Random
     methods: Sequence[str] = ("ray", "sigkill")
     kills: list[dict[str, Any]] = field(default_factory=list)
+    _armed_at: int = 0
 
     def __call__(self, stats: Any) -> None:
         import ray
 
-        if len(self.kills) >= len(self.points) or stats.finished_trajectories < self.points[len(self.kills)]:
+        if len(self.kills) >= len(self.gaps):
             return
-        if self.kills and stats.worker_restarts < len(self.kills):
-            return  # the previous kill is not recovered yet: one fault at a time
+        if self.kills and self.kills[-1]["recovered_at"] is None:
+            self.kills[-1]["recovered_at"] = stats.finished_trajectories
+        if stats.finished_trajectories - self._armed_at < self.gaps[len(self.kills)]:
+            return
         workers = self.controller._workers
         w = workers[self.rng.randrange(len(workers))]
         method = self.methods[len(self.kills) % len(self.methods)]
@@ -48,8 +53,9 @@ class WorkerKiller:
             ray.kill(w.actor, no_restart=False)
         else:
             os.kill(ray.get(w.actor.pid.remote(), timeout=30), signal.SIGKILL)
+        self._armed_at = stats.finished_trajectories
         self.kills.append({"worker": w.index, "method": method, "at_finished": stats.finished_trajectories,
-                           "in_flight": len(w.requests)})
+                           "in_flight": len(w.requests), "recovered_at": None})
 
 
 def ledger(trace: Path) -> dict[str, int]:

@@ -1,0 +1,242 @@
+"""Reliability on real Ray: a cluster job through the Jobs API, kill -9 and resume, rollout workers killed
+mid-run, a stalled pipeline stopped by the watchdog. The planner's checker judges every combined trace.
+
+One Ray head (``ray start --head --block`` on 127.0.0.1, dashboard on, token auth off) serves the module:
+the cluster job is submitted to it, the killed-and-resumed driver joins it (``RAY_ADDRESS``), and the
+in-process controllers connect to it. The fixture stops exactly the head it started (its process group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from dora.runtime.faults import WorkerKiller, kill_and_resume, ledger
+from dora.runtime.trace import read_jsonl
+from planner.schedule import check_trace
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from test_apply_local import _short_spec  # noqa: E402  (the shortened local-tiny spec)
+
+pytestmark = pytest.mark.integration
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A real local Ray head for this module; yields ``(gcs address, dashboard URL)``."""
+    from ray.job_submission import JobSubmissionClient
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the in-process clients and ray.init below
+    temp = tempfile.mkdtemp(prefix="dray-", dir="/tmp")
+    gcs, dash = _free_port(), _free_port()
+    argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+            f"--port={gcs}", "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+            f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--ray-client-server-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}", "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"]
+    head = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{dash}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert head.poll() is None, f"ray start failed: {head.stderr.read() if head.stderr else ''}"
+            try:
+                JobSubmissionClient(url).list_jobs()
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the Ray head's Jobs API did not come up in 120 s"
+                time.sleep(1.0)
+        yield f"127.0.0.1:{gcs}", url
+    finally:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(head.pid, sig)
+                head.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for pid in _pids_using(temp):  # any of this head's processes that left its group, by PID
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _pids_using(temp: str) -> list[int]:
+    """PIDs whose command line names this head's private temp dir (only the head started here uses it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if temp.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _dora(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dora.cli", *args], env=ENV, capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def _audit(out: Path, k: int = 2, mixing: bool = False):
+    return check_trace(read_jsonl(out / "trace.jsonl"), k=k, allow_version_mixing=mixing)
+
+
+def test_cluster_job_runs_audits_and_can_be_stopped(tmp_path, ray_head):
+    _, url = ray_head
+    spec = _short_spec(tmp_path)
+    out = tmp_path / "cluster-run"
+    run = _dora("apply", str(spec), "--address", url, "--mode", "streaming", "--steps", "2", "--rollout-workers",
+                "2", "--max-num-seqs", "16", "--output-dir", str(out))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    job = json.loads((out / "job.json").read_text())
+    assert job["address"] == url and job["submission_id"].startswith("raysubmit_")
+    assert "audit: ok" in run.stdout  # the job's logs were streamed back
+    audit = json.loads((out / "cluster_audit.json").read_text())
+    assert audit["ok"] and audit["audit"]["num_consumed"] == 2 * 4 * 4
+    assert _audit(out).ok  # the job wrote its trace where --output-dir said; the same checker agrees
+    status = _dora("status", str(out), "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["status"] == "SUCCEEDED"
+    # A long job, stopped while it runs: apply exits 1 and status says STOPPED.
+    long_out = tmp_path / "stopped-run"
+    proc = subprocess.Popen([sys.executable, "-m", "dora.cli", "apply", str(spec), "--address", url, "--mode",
+                             "streaming", "--steps", "500", "--output-dir", str(long_out)], env=ENV, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (long_out / "job.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
+            time.sleep(0.3)
+        stop = _dora("stop", str(long_out))
+        assert stop.returncode == 0 and "stop requested" in stop.stdout, stop.stderr
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 1 and "STOPPED" in err
+        assert json.loads(_dora("status", str(long_out), "--json").stdout)["status"] == "STOPPED"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    bad = _dora("status", str(tmp_path / "nowhere"))
+    assert bad.returncode == 1 and "no submitted job recorded" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_kill_9_at_five_points_then_resume_loses_and_duplicates_nothing(tmp_path, ray_head):
+    gcs, _ = ray_head
+    spec = _short_spec(tmp_path)
+    out = tmp_path / "killed"
+    first = _dora("apply", str(spec), "--mode", "streaming", "--steps", "1", "--rollout-workers", "2",
+                  "--max-num-seqs", "16", "--output-dir", str(tmp_path / "planned"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    config = json.loads((tmp_path / "planned" / "runtime.json").read_text())
+    config.update(steps=8, output_dir=str(out))
+    runtime = tmp_path / "runtime.json"
+    runtime.write_text(json.dumps(config))
+    env = {**ENV, "RAY_ADDRESS": gcs}  # each attempt joins the module's head (a fresh Ray per attempt is slow here)
+    code, faults, err = kill_and_resume(
+        [sys.executable, "-m", "dora.runtime.driver", "--config", str(runtime), "--no-live"], trace=out / "trace.jsonl",
+        kills=5, rng=random.Random(7), env=env, cwd=tmp_path, min_new_events=10, max_new_events=120)
+    assert code == 0, err[-3000:]
+    assert len(faults) == 5, faults
+    events = read_jsonl(out / "trace.jsonl")
+    resumed = [e["step"] for e in events if e["type"] == "resumed"]
+    assert len(resumed) == 5 and resumed == sorted(resumed)
+    report = _audit(out)
+    assert report.ok, report.violations[:5]
+    counts = ledger(out / "trace.jsonl")
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    assert counts["regenerated"] > 0  # the killed attempts' in-flight groups were generated again
+    steps = [e["step"] for e in events if e["type"] == "train_step"]
+    assert sorted(steps) == list(range(1, 9)) and len(set(steps)) == 8  # every step trained exactly once
+    assert report.num_consumed == 8 * 4 * 4
+
+
+def _controller(tmp_path: Path, mode: str, steps: int, **changes):
+    import dataclasses
+
+    from dora.apply import ApplyOverrides, runtime_config_for
+    from dora.runtime.controller import Controller
+    from dora.runtime.driver import controller_config
+    from dora.spec import load_spec
+
+    rc = runtime_config_for(load_spec(str(_short_spec(tmp_path))), ApplyOverrides(
+        mode=mode, steps=steps, rollout_workers=2, max_num_seqs=16, output_dir=str(tmp_path / mode)))
+    config = dataclasses.replace(controller_config(rc, cpus=2), **changes)
+    return Controller(config), config
+
+
+@pytest.fixture
+def joined(ray_head):
+    import ray
+
+    ray.init(address=ray_head[0], log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_rollout_workers_killed_at_five_points_are_restarted_and_nothing_is_lost(tmp_path, joined):
+    controller, config = _controller(tmp_path, "streaming", steps=10)
+    rng = random.Random(3)
+    killer = WorkerKiller(controller, [rng.randint(1, 8) for _ in range(5)], rng)
+    controller.on_progress = killer
+    stats = controller.run()
+    assert len(killer.kills) == 5, (killer.kills, stats.finished_trajectories)
+    assert stats.worker_restarts == 5 and len(stats.recovery_s) == 5
+    events = read_jsonl(config.output_dir / "trace.jsonl")
+    assert sum(e["type"] == "worker_restarted" for e in events) == 5
+    report = check_trace(events, k=config.policy.max_version_lag, allow_version_mixing=False)
+    assert report.ok, report.violations[:5]
+    counts = ledger(config.output_dir / "trace.jsonl")
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    assert report.num_consumed == 10 * 4 * 4
+    print("worker kills:", killer.kills, "recovery_s:", stats.recovery_s)
+
+
+def test_watchdog_reports_what_a_stalled_run_waits_for(tmp_path, joined):
+    import ray
+
+    from dora.runtime.controller import PipelineStalled
+
+    controller, _ = _controller(tmp_path, "streaming", steps=50, watchdog_s=3.0)
+    frozen: list[int] = []
+
+    def freeze(stats) -> None:  # after the first step, stop every rollout process (SIGSTOP: alive, silent)
+        if stats.steps and not frozen:
+            for w in controller._workers:
+                pid = ray.get(w.actor.pid.remote())
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+
+    controller.on_progress = freeze
+    started = time.monotonic()
+    try:
+        with pytest.raises(PipelineStalled, match=r"no progress for \d+ s \(watchdog 3 s\)") as info:
+            controller.run()
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert time.monotonic() - started < 120
+    message = str(info.value)
+    assert "rollout worker 0" in message and "rollout worker 1" in message and "last reply" in message
+    assert "waits for" in message or "waiting for the trainer" in message
