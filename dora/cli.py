@@ -29,6 +29,8 @@ examples:
                                         submit it to a Ray cluster (Jobs API) and follow its logs
   dora status RUN_DIR / dora stop RUN_DIR
                                         the submitted job's state / stop it
+  dora calibrate specs/local-tiny.yaml --out cal.json
+                                        measure this machine's engines; then `dora plan SPEC --calibration cal.json`
   dora schema > dora-spec.schema.json   JSON Schema of the spec language, for editors
 """
 
@@ -148,6 +150,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from dora.calibrate import run_calibrate
+
+    return run_calibrate(args.spec, args.out, _err_console(), quick=args.quick)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dora",
@@ -194,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stop", help="stop the job `dora apply --address` submitted")
     p.add_argument("target", metavar="RUN_DIR|SPEC", help="the run's output directory (holds job.json) or its spec")
     p.set_defaults(func=cmd_stop)
+
+    from dora.calibrate import add_arguments as calibrate_arguments
+
+    p = sub.add_parser("calibrate", help="measure the local engines and write a calibration file for `dora plan`")
+    calibrate_arguments(p)
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("diff", help="compare two specs or plan files, Terraform-style")
     p.add_argument("old", metavar="OLD")
