@@ -1,0 +1,169 @@
+"""Reliability, pure parts: deadlocking budgets refused before launch (and every accepted tight budget
+finishes in the simulator), stale plans refused, resume bookkeeping, and the schema's resume events."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from dora.apply import ApplyInputError, plan_for_apply
+from dora.runtime.checkpoint import Checkpoint, CheckpointError, config_key, prepare_resume, write_checkpoint
+from dora.runtime.faults import ledger
+from dora.runtime.trace import read_jsonl
+from planner.policies import MODES, PolicyConfig
+from planner.schedule import check_trace
+from planner.sim import LinearTiming, simulate
+from planner.workload import LengthDistribution, Workload
+
+REPO = Path(__file__).resolve().parents[2]
+TAIL = Workload(response_length=LengthDistribution.lognormal(median=20, p99=400, max_tokens=500), prompt_tokens=5)
+TIMING = LinearTiming(decode_base_s=0.01, train_base_s=0.2, weight_publish_s=0.05, weight_load_trainer_s=0.1,
+                      weight_load_peer_s=0.05, prefill_per_token_s=0.001, kv_migration_s_per_token=1e-5)
+
+
+# ----------------------------------------------------------------------------- no hang: planner side
+@pytest.mark.parametrize(("changes", "match"), [
+    ({"slots_per_group": 3, "samples_per_prompt": 4}, r"slots_per_group\(3\) < samples_per_prompt\(4\)"),
+    ({"mode": "streaming", "max_version_lag": 0}, "k\\) = 0 is synchronous"),
+    ({"mode": "bounded-async", "max_version_lag": 0}, "k\\) = 0 is synchronous"),
+    ({"mode": "one-step-off", "max_version_lag": 0}, "needs max_version_lag"),
+    ({"prompts_per_step": 0}, "prompts_per_step must be >= 1"),
+    ({"max_versions_per_engine": 2}, "not supported"),
+], ids=["group-larger-than-engine", "streaming-k0", "bounded-k0", "one-step-off-k0", "no-prompts", "multi-version"])
+def test_budgets_that_would_deadlock_are_refused_before_launch(changes, match):
+    base = dict(mode="sync", max_version_lag=0, num_rollout_groups=2, slots_per_group=4, prompts_per_step=2,
+                samples_per_prompt=4, total_steps=3)
+    with pytest.raises(ValueError, match=match):
+        PolicyConfig(**{**base, **changes})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_accepted_tight_budget_runs_to_the_end(mode):
+    """The tightest budgets the config accepts (k = minimum, one group per engine, 1..3 engines) never stall."""
+    k_min = {"sync": 0, "one-step-off": 1}.get(mode, 1)
+    for k, engines, groups_per_engine, prompts in itertools.product((k_min, k_min + 1), (1, 2, 3), (1, 2), (1, 3)):
+        config = PolicyConfig(mode=mode, max_version_lag=k, num_rollout_groups=engines,
+                              slots_per_group=2 * groups_per_engine, prompts_per_step=prompts, samples_per_prompt=2,
+                              total_steps=4, allow_version_mixing=mode == "partial-rollout")
+        result = simulate(config, TAIL, TIMING, seed=k + engines)  # raises "simulation stalled" on a deadlock
+        assert len(result.steps) == 4, config
+        assert check_trace(list(result.events), k=k, allow_version_mixing=True).ok
+
+
+# ----------------------------------------------------------------------------- stale plan refused
+def _saved_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``dora plan spec.yaml --out plan`` in ``tmp_path`` (plans name their spec relative to the cwd)."""
+    from dora.plan_cmd import write_plan_dir
+    from dora.planning import make_plan
+    from dora.spec import load_spec
+    from planner.calibration import DEFAULT_CALIBRATION
+
+    monkeypatch.chdir(tmp_path)
+    Path("spec.yaml").write_text((REPO / "specs" / "local-tiny.yaml").read_text())
+    resolved = load_spec("spec.yaml")
+    write_plan_dir(resolved, make_plan(resolved, DEFAULT_CALIBRATION), tmp_path / "plan")
+    return tmp_path / "plan" / "plan.json"
+
+
+def test_a_saved_plan_is_refused_when_its_spec_changed_or_its_format_is_unknown(tmp_path, monkeypatch):
+    plan = _saved_plan(tmp_path, monkeypatch)
+    plan_for_apply(str(plan), None, None)  # fresh: accepted
+    spec = json.loads(plan.read_text())["spec_file"]
+    Path(spec).write_text(Path(spec).read_text().replace("steps: 40", "steps: 41"))
+    with pytest.raises(ApplyInputError, match=r"saved plan is stale: .* was planned for spec hash \w+, but"):
+        plan_for_apply(str(plan), None, None)
+    data = json.loads(plan.read_text())
+    data["format_version"] = 999
+    plan.write_text(json.dumps(data))
+    with pytest.raises(ApplyInputError, match="format_version 999"):
+        plan_for_apply(str(plan), None, None)
+
+
+def test_dora_apply_cli_refuses_a_stale_plan_cleanly(tmp_path, monkeypatch, capsys):
+    from dora.cli import main
+
+    plan = _saved_plan(tmp_path, monkeypatch)
+    spec = json.loads(plan.read_text())["spec_file"]
+    Path(spec).write_text(Path(spec).read_text().replace("seed: 0", "seed: 1"))
+    assert main(["apply", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "stale" in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- resume bookkeeping
+def _line(e: dict) -> str:
+    return json.dumps(e) + "\n"
+
+
+def _attempt_one(out: Path) -> None:
+    """A run killed during step 2: step 1 (groups 0, 2) checkpointed; groups 1, 3 admitted; step 2's event lost."""
+    adm = [{"t": 0.1 * i, "type": "admitted", "traj": f"g{g}/{s}", "version": 0, "rollout_group": 0}
+           for i, (g, s) in enumerate(itertools.product(range(4), range(2)))]
+    fin = [{"t": 1 + 0.1 * i, "type": "finished", "traj": f"g{g}/{s}", "num_tokens": 3, "spans": [[0, 3]],
+            "rollout_group": 0} for i, (g, s) in enumerate(itertools.product((0, 2, 1), range(2)))]
+    step1 = {"t": 2.5, "type": "train_step", "step": 1, "start_t": 2.0, "produced_version": 1,
+             "consumed": ["g0/0", "g0/1", "g2/0", "g2/1"]}
+    out.mkdir(parents=True)
+    (out / "trace.jsonl").write_text("".join(_line(e) for e in adm + fin) + '{"t": 2.6, "type": "fini')
+    (out / "checkpoint").mkdir()
+    (out / "checkpoint" / "trainer-000001.pt").write_bytes(b"state")
+    write_checkpoint(out, Checkpoint(step=1, consumed_groups=(0, 2), trainer_state="trainer-000001.pt",
+                                     step_event=step1, config_key=config_key({"mode": "sync"})))
+    (out / "metrics.jsonl").write_text(_line({"step": 1}) + _line({"step": 2}))
+
+
+def test_resume_repairs_the_trace_restores_the_lost_step_and_regenerates_untrained_groups(tmp_path):
+    out = tmp_path / "run"
+    _attempt_one(out)
+    point = prepare_resume(out, {"mode": "sync", "steps": 9, "output_dir": "elsewhere"})  # steps may change
+    assert point is not None and point.step == 1 and point.regenerate == (1, 3) and point.next_group == 4
+    events = read_jsonl(out / "trace.jsonl")
+    assert events[-1]["type"] == "train_step" and events[-1]["step"] == 1  # written from the checkpoint
+    assert point.clock_s > max(e["t"] for e in events)
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1]
+    # What the resumed attempt writes (the controller's protocol), then the audit of the combined trace.
+    t = point.clock_s
+    more = [{"t": t, "type": "resumed", "step": 1}]
+    for g in (1, 3):
+        for s in range(2):
+            more += [{"t": t, "type": "regenerated", "traj": f"g{g}/{s}", "version": 1},
+                     {"t": t, "type": "admitted", "traj": f"g{g}/{s}", "version": 1, "rollout_group": 0},
+                     {"t": t + 1, "type": "finished", "traj": f"g{g}/{s}", "num_tokens": 2, "spans": [[1, 2]],
+                      "rollout_group": 0}]
+    more.append({"t": t + 3, "type": "train_step", "step": 2, "start_t": t + 2, "produced_version": 2,
+                 "consumed": ["g1/0", "g1/1", "g3/0", "g3/1"]})
+    with (out / "trace.jsonl").open("a") as f:
+        f.write("".join(_line(e) for e in more))
+    combined = read_jsonl(out / "trace.jsonl")
+    assert check_trace(combined, k=1, allow_version_mixing=False).ok
+    assert ledger(out / "trace.jsonl") == {"admitted": 8, "trained": 8, "lost": 0, "duplicated": 0,
+                                           "regenerated": 4}
+    # Without the regenerated events the same trace fails: admitted twice, and v1 tokens on a v0 admission.
+    plain = [e for e in combined if e["type"] != "regenerated"]
+    found = {v.constraint for v in check_trace(plain, k=1, allow_version_mixing=False).violations}
+    assert found == {"integrity", "consistency"}
+
+
+def test_resume_refuses_another_jobs_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    _attempt_one(out)
+    with pytest.raises(CheckpointError, match="different job configuration"):
+        prepare_resume(out, {"mode": "streaming", "steps": 9})
+    assert prepare_resume(tmp_path / "fresh", {"mode": "sync"}) is None
+
+
+def test_regenerated_supersedes_an_earlier_attempts_unfinished_at_end():
+    base = [{"t": 0, "type": "admitted", "traj": "g0/0", "version": 0, "rollout_group": 0},
+            {"t": 1, "type": "unfinished_at_end", "traj": "g0/0", "finished": False},
+            {"t": 2, "type": "resumed", "step": 0},
+            {"t": 2, "type": "regenerated", "traj": "g0/0", "version": 0},
+            {"t": 2, "type": "admitted", "traj": "g0/0", "version": 0, "rollout_group": 1},
+            {"t": 3, "type": "worker_restarted", "rollout_group": 1, "version": 0},
+            {"t": 4, "type": "finished", "traj": "g0/0", "num_tokens": 1, "spans": [[0, 1]], "rollout_group": 1},
+            {"t": 6, "type": "train_step", "step": 1, "start_t": 5, "consumed": ["g0/0"], "produced_version": 1}]
+    assert check_trace(base, k=0, allow_version_mixing=False).ok
+    twice = base[:2] + base[4:]  # re-admitted and trained after being declared unfinished, no regeneration
+    assert not check_trace(twice, k=0, allow_version_mixing=False).ok
