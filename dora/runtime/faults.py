@@ -49,10 +49,14 @@ class WorkerKiller:
         workers = self.controller._workers
         w = workers[self.rng.randrange(len(workers))]
         method = self.methods[len(self.kills) % len(self.methods)]
+        try:  # a worker killed earlier may still be restarting: pick again at the next call
+            pid = ray.get(w.actor.pid.remote(), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return
         if method == "ray":
             ray.kill(w.actor, no_restart=False)
         else:
-            os.kill(ray.get(w.actor.pid.remote(), timeout=30), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         self._armed_at = stats.finished_trajectories
         self.kills.append({"worker": w.index, "method": method, "at_finished": stats.finished_trajectories,
                            "in_flight": len(w.requests), "recovered_at": None})
