@@ -31,6 +31,7 @@ examples:
                                         the submitted job's state / stop it
   dora calibrate specs/local-tiny.yaml --out cal.json
                                         measure this machine's engines; then `dora plan SPEC --calibration cal.json`
+  dora examples local-tiny > my.yaml    start from a shipped example spec
   dora schema > dora-spec.schema.json   JSON Schema of the spec language, for editors
 """
 
@@ -156,6 +157,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return run_calibrate(args.spec, args.out, _err_console(), quick=args.quick)
 
 
+def cmd_examples(args: argparse.Namespace) -> int:
+    from dora.examples import example_text, examples_dir, list_examples
+    from dora.spec.diagnostics import did_you_mean
+
+    names = [name for name, _ in list_examples()]
+    if args.name is None:
+        for name, summary in list_examples():
+            print(f"{name:24} {summary}")
+        print(f"\n(in {examples_dir()}; `dora examples NAME > my-spec.yaml` copies one)")
+        return EXIT_OK
+    text = example_text(args.name)
+    if text is None:
+        _err_console().print(f"error: no example named '{_escape(args.name)}'{did_you_mean(args.name, names)}; "
+                             f"examples: {', '.join(names)}")
+        return EXIT_INVALID
+    print(text, end="")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dora",
@@ -214,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("new", metavar="NEW")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 2 when there are changes")
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("examples", help="list the example specs shipped with dora, or print one")
+    p.add_argument("name", nargs="?", metavar="NAME")
+    p.set_defaults(func=cmd_examples)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the spec language")
     p.set_defaults(func=cmd_schema)
