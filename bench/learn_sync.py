@@ -7,7 +7,7 @@ distribution; the step waits for the longest response: the synchronous tail),
 score them, one GRPO train step. Prints per step: reward, mean / p99 / max response length,
 rollout time, train time and the rollout share of the step, then a summary.
 
-    python bench/learn_sync.py                    # defaults: 100 steps, 16 x 8 responses, 2 threads
+    python bench/learn_sync.py                    # defaults: 150 steps, 16 x 8 responses, 2 threads
     python bench/learn_sync.py --cache-dir out/   # reuse the warm-up weights on the next run
 """
 
@@ -36,12 +36,12 @@ def _quantile(values: list[int], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--correction", default="tis", choices=["none", "tis", "decoupled-ppo"])
     ap.add_argument("--warmup-steps", type=int, default=TaskConfig().warmup_steps)
     ap.add_argument("--warmup-smoothing", type=float, default=TaskConfig().warmup_label_smoothing)
@@ -89,7 +89,7 @@ def main() -> None:
                 by_request[rid] = p
                 engine.add_request(GenerationRequest(
                     request_id=rid, prompt_ids=p.prompt_ids, version=version,
-                    max_new_tokens=p.max_new_tokens, seed=rng.getrandbits(63),
+                    max_new_tokens=p.max_new_tokens, min_new_tokens=p.min_new_tokens, seed=rng.getrandbits(63),
                 ))
         start = time.perf_counter()
         finished = []

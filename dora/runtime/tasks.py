@@ -8,13 +8,18 @@ sees the same long tail the planner predicts. A length of 1 is raised to 2 (a
 response holds at least one number) and lengths are capped at
 ``min(max_tokens, number_tokens + 1)``.
 
-Response budget: each request is generated with ``max_new_tokens = L``
-(``Prompt.max_new_tokens``), as an instruction "answer in L tokens" enforced by
-the engine. So the generated lengths follow the workload's distribution (the
-planner's prediction) whatever the policy's quality: a policy that fails on a
-long prompt cannot cut the tail short for free (see the reward) nor run away
-past it. Without the budget, a warmed-up policy that is unsure on long prompts
-learns to stop early and the rollout loses the long tail it exists to show.
+Response budget: each request is generated with ``max_new_tokens = L`` and
+``min_new_tokens = L - 1`` (``Prompt.max_new_tokens`` / ``min_new_tokens``: an
+instruction "answer in exactly L tokens" enforced by the engine, EOS masked
+before the last one). So the generated lengths *are* the workload's drawn
+lengths (the planner's prediction) whatever the policy's quality. Without the
+budget, a warmed-up policy that is unsure on long prompts learns to stop early
+(as cheap as a wrong number) and the rollout loses the long tail it exists to
+show; with only the cap, early stops after an error still thin the tail.
+The EOS mask makes the recorded behaviour log-probs those of the masked
+distribution, ``mu = p / (1 - p_EOS)`` before the last token: an IS weight
+``1 - p_EOS`` (close to 1 once the policy counts) that the off-policy
+correction accounts for like any other engine/trainer mismatch.
 
 Reward (verifiable, in [0, 1]): ``c / max(L, n)`` with ``c`` the length of the
 longest correct prefix and ``n = len(response)``: 1 for an exact answer,
@@ -102,6 +107,11 @@ class Prompt:
     def max_new_tokens(self) -> int:
         """The response budget ``L`` to generate this prompt with (see the module docstring)."""
         return len(self.target_ids)
+
+    @property
+    def min_new_tokens(self) -> int:
+        """EOS is allowed only as the ``L``-th token (see the module docstring)."""
+        return len(self.target_ids) - 1
 
 
 def make_prompt(config: TaskConfig, lengths: LengthSampler, rng: random.Random, prompt_id: str) -> Prompt:

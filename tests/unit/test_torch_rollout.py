@@ -192,3 +192,22 @@ def test_sampling_follows_the_softmax() -> None:
     torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1))
     u = uniform_noise(torch.tensor([7]), torch.tensor([3]), 10_000)
     assert 0.0 < float(u.min()) and float(u.max()) < 1.0 and abs(float(u.mean()) - 0.5) < 0.01
+
+
+def test_min_new_tokens_masks_eos_and_records_the_masked_logprobs() -> None:
+    plain = [_run_alone(_request(i, max_new_tokens=12), W0) for i in range(12)]
+    assert any(t.finish_reason == "stop" and len(t.response_ids) < 10 for t in plain), "needs early EOS to mask"
+    for i in range(12):
+        t = _run_alone(_request(i, max_new_tokens=12, min_new_tokens=10), W0)
+        assert EOS not in t.response_ids[:10] and len(t.response_ids) >= 10
+        model = TinyTransformer(MODEL)
+        model.load_state_dict(W0)
+        tokens = torch.tensor([list(t.prompt_ids) + list(t.response_ids)])
+        with torch.no_grad():
+            logits = model.forward_rows(tokens, torch.arange(tokens.shape[1])[None], torch.zeros_like(tokens))[0]
+        p = len(t.prompt_ids)
+        for j, tok in enumerate(t.response_ids):
+            row = logits[p - 1 + j].clone()
+            if j < 10:
+                row[EOS] = float("-inf")
+            assert t.behaviour_logprobs[j] == pytest.approx(float(torch.log_softmax(row, -1)[tok]), abs=1e-5)

@@ -83,6 +83,9 @@ class GenerationRequest:
     """The engine must host this version (``load_weights``) before the request is admitted."""
     max_new_tokens: int
     """Cap on response tokens, counting any ``prefix`` tokens."""
+    min_new_tokens: int = 0
+    """EOS cannot be sampled before this many response tokens (vLLM's ``min_tokens``); the
+    behaviour log-probs are then those of the EOS-masked distribution actually sampled from."""
     temperature: float = 1.0
     seed: int
     """Sampling noise is a pure function of ``(seed, response position)``: same seed, same weights,

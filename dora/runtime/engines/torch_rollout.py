@@ -279,6 +279,9 @@ class TorchRolloutEngine:
         self._counters["decoded_tokens"] += len(group)
 
     def _sample(self, group: list[_Sequence], logits: torch.Tensor) -> None:
+        too_early = [i for i, s in enumerate(group) if len(s.response) < s.request.min_new_tokens]
+        if too_early:
+            logits[torch.tensor(too_early), self.config.eos_token_id] = float("-inf")
         temps = torch.tensor([s.request.temperature for s in group], dtype=torch.float32)
         seeds = torch.tensor([s.request.seed for s in group], dtype=torch.int64)
         positions = torch.tensor([len(s.response) for s in group])

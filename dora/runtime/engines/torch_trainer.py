@@ -33,7 +33,7 @@ from dora.runtime.tasks import LengthSampler, TaskConfig, warmup_examples
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
     model: TinyModelConfig
-    learning_rate: float = 2e-3
+    learning_rate: float = 1e-3
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float = 1.0
