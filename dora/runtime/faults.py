@@ -93,8 +93,9 @@ def ledger(trace: Path) -> dict[str, int]:
 def kill_and_resume(argv: Sequence[str], *, trace: Path, kills: int, rng: random.Random, env: dict[str, str] | None = None,
                     cwd: Path | None = None, min_new_events: int = 20, max_new_events: int = 400,
                     attempt_timeout_s: float = 180.0) -> tuple[int, list[dict[str, Any]], str]:
-    """Run ``argv``; ``kills`` times, SIGKILL its process group once the trace grew by a random number of
-    events (uniform in ``[min_new_events, max_new_events]``), then run it again. Returns the final exit
+    """Run ``argv``; ``kills`` times, SIGKILL its process group once this attempt recorded a random number
+    of ``finished``/``train_step`` events (uniform in ``[min_new_events, max_new_events]``; the burst of
+    ``regenerated``/``admitted`` a resume writes at once does not count), then run it again. Returns the final exit
     code, one record per fault (``recovery_s``: from the re-run to the first step trained after the
     checkpoint), and the last attempt's stderr.
     """
@@ -112,11 +113,12 @@ def kill_and_resume(argv: Sequence[str], *, trace: Path, kills: int, rng: random
                     raise TimeoutError(f"attempt {attempt} of {' '.join(argv)} ran over {attempt_timeout_s:.0f} s")
                 events = read_jsonl(trace)[before:] if trace.exists() else []
                 _note_recovery(faults, events, started, attempt)
-                if target is not None and len(events) >= target:
+                progress = sum(e["type"] in ("finished", "train_step") for e in events)
+                if target is not None and progress >= target:
                     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
                     proc.wait(timeout=30)
                     steps = [e["step"] for e in read_jsonl(trace) if e["type"] == "train_step"]
-                    faults.append({"fault": "kill -9 run", "attempt": attempt, "after_events": len(events),
+                    faults.append({"fault": "kill -9 run", "attempt": attempt, "after_events": progress,
                                    "last_step": max(steps, default=0), "recovery_s": None})
                     killed = True
                     break
