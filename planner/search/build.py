@@ -133,9 +133,6 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
             out.append(f"the staleness budget k={c.screened.k} stalls the trainer {100 * wait / c.sim.step_time_s:.0f}% "
                        "of each step waiting for the oldest version's tail; a larger k or a lower response cap "
                        "would remove it")
-    if c.scale > 2.0 + 1e-9 and c.screened.mode != "sync":
-        out.append(f"the prediction comes from a 1/{c.scale:.0f}-scale simulation, which overstates asynchronous "
-                   "throughput on very large clusters (see bench/simulate_scale.py)")
     if outcome.best_sync is not None and preds.rollout_share < 0.5 and c.screened.mode != "sync":
         out.append(f"rollout is only {100 * preds.rollout_share:.0f}% of a synchronous step: asynchronous modes "
                    "can hide little; training dominates")

@@ -122,20 +122,18 @@ SIM_SAMPLES_BUDGET = 60_000
 """Trajectories one finalist's simulation may generate; larger runs are simulated at a reduced scale."""
 SEARCH_SAMPLES_BUDGET = 500_000
 """Trajectories all finalists together may generate (about 3-4 s of simulation on one core)."""
-RANK_MAX_SCALE = 8.0
-"""Finalists are ranked on simulations of at least 1/8 of the cluster."""
-VALIDATE_MAX_SCALE = {"sync": 8.0}
-"""The reported prediction comes from a simulation of at least 1/2 of the cluster (1/8 for sync). Measured on the
-10,240-accelerator example (bench/simulate_scale.py): streaming's simulated step time at 1/2 scale is within 7% of the
-full cluster's but 31% optimistic at 1/4 (fewer replicas hold the oldest version's tail on fewer, faster-decoding
-engines); sync stays within 5% of the full cluster down to 1/8."""
-DEFAULT_VALIDATE_MAX_SCALE = 2.0
-MAX_VALIDATIONS = 2
+MAX_SCALE = {"sync": 8.0}
+"""How far a finalist's simulation may be scaled down (see ``scale_for``). Measured on the 10,240-accelerator example
+(bench/simulate_scale.py): streaming's simulated step time at 1/2 scale is within 7% of the full cluster's but 31%
+optimistic at 1/4 (fewer replicas hold the oldest version's tail on fewer, faster-decoding engines); sync stays within
+5% of the full cluster down to 1/8."""
+DEFAULT_MAX_SCALE = 2.0
+
 
 
 def sim_steps_for(inputs: SearchInputs) -> int:
-    """Enough steps for the pipeline to reach steady state (k + 4)."""
-    return max(3, min(inputs.steps, max(6, inputs.max_version_lag + 4)))
+    """Enough steps for the pipeline to fill (k + 3) and show a steady state."""
+    return max(3, min(inputs.steps, max(6, inputs.max_version_lag + 3)))
 
 
 @dataclass(frozen=True)
@@ -146,7 +144,7 @@ class Scaled:
     """Full batch / simulated batch: rates are multiplied by it, the trainer is charged for the full batch."""
 
 
-def scale_for(inputs: SearchInputs, replicas: int, steps: int, max_factor: float = DEFAULT_VALIDATE_MAX_SCALE) -> Scaled:
+def scale_for(inputs: SearchInputs, replicas: int, steps: int, max_factor: float = DEFAULT_MAX_SCALE) -> Scaled:
     """Reduced-scale simulation for very large specs.
 
     Rollout replicas are identical and share one admission queue, so R/f replicas serving P/f prompt groups, with
@@ -240,28 +238,18 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         raise InfeasibleError(f"no placement fits {inputs.arch.name} on {inputs.total_accelerators} x "
                               f"{inputs.accelerator.name}; {detail}", closest)
     steps = sim_steps_for(inputs)
-    per_sim = min(inputs.batch_samples * steps, SIM_SAMPLES_BUDGET)
+    per_sim = inputs.batch_samples * steps / min(DEFAULT_MAX_SCALE, max(1.0, inputs.batch_samples * steps
+                                                                        / SIM_SAMPLES_BUDGET))
     if finalists is None:
-        finalists = max(2, min(12, SEARCH_SAMPLES_BUDGET // per_sim - 4))
+        finalists = max(2, min(12, int(SEARCH_SAMPLES_BUDGET // per_sim) - 4))
     picked = screened if exhaustive else _pick_finalists(screened, finalists, per_mode=finalists >= 6)
-    def run(c: Screened, max_factor: float) -> Simulated:
-        scaled = scale_for(inputs, c.placement.replicas, steps, max_factor)
-        return Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled), sim_steps=steps,
-                         scale=scaled.factor)
-
-    def trusted(s: Simulated) -> bool:
-        return s.scale <= VALIDATE_MAX_SCALE.get(s.screened.mode, DEFAULT_VALIDATE_MAX_SCALE) + 1e-9
-
-    # rank on cheap simulations, then re-simulate the leader at a trusted scale until a trusted one leads
-    sims = [run(c, RANK_MAX_SCALE) for c in picked]
-    validations = 0
-    while True:
-        best = max(s.trained_tokens_per_s for s in sims)
-        sims.sort(key=lambda s: _rank_key(s, best))
-        if trusted(sims[0]) or validations == MAX_VALIDATIONS:
-            break
-        sims[0] = run(sims[0].screened, VALIDATE_MAX_SCALE.get(sims[0].screened.mode, DEFAULT_VALIDATE_MAX_SCALE))
-        validations += 1
+    sims = []
+    for c in picked:
+        scaled = scale_for(inputs, c.placement.replicas, steps, MAX_SCALE.get(c.mode, DEFAULT_MAX_SCALE))
+        sims.append(Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled),
+                              sim_steps=steps, scale=scaled.factor))
+    best = max(s.trained_tokens_per_s for s in sims)
+    sims.sort(key=lambda s: _rank_key(s, best))
     syncs = [s for s in sims if s.screened.mode == "sync"]
     excluded = []
     if "partial-rollout" not in inputs.modes and not inputs.allow_version_mixing:
