@@ -334,7 +334,7 @@ _PRESETS: dict[str, ModelArch] = {
         attention_per_layer=2, dense_ffns_per_moe_layer=2, mla=_mla_deepseek()),
     "tiny-local": ModelArch(  # the CPU model the local runtime trains (dora/runtime)
         name="tiny-local", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4, head_dim=16,
-        ffn_hidden_size=256, vocab_size=64, tie_embeddings=True),
+        ffn_hidden_size=256, vocab_size=192, tie_embeddings=True),
 }
 
 MODEL_PRESETS: Mapping[str, ModelArch] = MappingProxyType(_PRESETS)

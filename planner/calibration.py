@@ -113,35 +113,42 @@ class Calibration:
     """Fixed cost per weight update on the rollout side (s): pausing the engine, resetting the prefix cache,
     resuming.  Prior."""
 
-    cpu_compute_efficiency: float = 0.15
-    """On the local `cpu` entry, replaces every compute efficiency: tiny PyTorch matmuls on one core reach only
-    a small fraction of the FMA peak.  Rough default; `dora calibrate` measures it."""
+    cpu_compute_efficiency: float = 0.22
+    """On the local `cpu` entry, replaces the decode compute efficiency: tiny PyTorch matmuls on one core reach only
+    a small fraction of the FMA peak.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
+    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
 
-    cpu_memory_efficiency: float = 0.5
-    """On `cpu`, replaces eta_mem.  Rough default; `dora calibrate` measures it."""
+    cpu_memory_efficiency: float = 0.31
+    """On `cpu`, replaces eta_mem.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
+    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
 
-    cpu_step_overhead_s: float = 0.004
+    cpu_step_overhead_s: float = 0.0014
     """On `cpu`, replaces decode_step_overhead_s: Python and operator-dispatch cost of one engine step for the
-    tiny model.  Rough default; `dora calibrate` measures it."""
+    tiny model.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
+    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
 
-    cpu_train_step_overhead_s: float = 0.02
-    """On `cpu`, replaces train_step_overhead_s.  Rough default; `dora calibrate` measures it."""
+    cpu_train_step_overhead_s: float = 0.0035
+    """On `cpu`, replaces train_step_overhead_s.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
+    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
 
     # Optional CPU constants: None means "fall back" (named in each docstring).  They are left out of `to_dict`
     # while None, so calibration files and plan fingerprints written before they existed stay valid.
-    cpu_prefill_compute_efficiency: float | None = None
+    cpu_prefill_compute_efficiency: float | None = 0.43
     """On `cpu`, replaces eta_pre (None: `cpu_compute_efficiency`).  A prefill is a few large batched matmuls,
     while a decode step is dozens of tiny ones, so the two reach very different fractions of the FMA peak on one
-    core; `dora calibrate` fits them separately."""
+    core; `dora calibrate` fits them separately.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
+    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
 
-    cpu_train_compute_efficiency: float | None = None
+    cpu_train_compute_efficiency: float | None = 0.46
     """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed
-    GRPO step.  `dora calibrate` fits it from measured training steps."""
+    GRPO step.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
+    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
 
-    cpu_weight_reload_fixed_s: float | None = None
+    cpu_weight_reload_fixed_s: float | None = 0.0025
     """On `cpu`, replaces weight_reload_fixed_s (None: keep it): building the engine's model from a received
     state dict.  The GPU prior (0.5 s engine pause/resume) is two orders of magnitude too slow for the tiny CPU
-    model; `dora calibrate` measures a real publish."""
+    model.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
+    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -204,8 +204,8 @@ class RolloutWorker:
             for request, partial in partials:
                 engine.add_request(GenerationRequest(
                     request_id=request.request_id, prompt_ids=request.prompt_ids, version=version,
-                    max_new_tokens=request.max_new_tokens, temperature=request.temperature, seed=request.seed,
-                    prefix=partial,
+                    max_new_tokens=request.max_new_tokens, min_new_tokens=request.min_new_tokens,
+                    temperature=request.temperature, seed=request.seed, prefix=partial,
                 ))
 
         self._call(load)
@@ -250,12 +250,8 @@ class RolloutWorker:
 
 
 def _in_flight(engine: TorchRolloutEngine) -> list[GenerationRequest]:
-    """Requests holding a slot or waiting for one, in slot then arrival order.
-
-    The engine exposes only the active ids; the waiting queue is read directly until it grows a
-    public accessor (asked of the engines' owner).
-    """
-    return [s.request for s in (*engine._slots, *engine._waiting)]
+    """Requests holding a slot or waiting for one, in slot then arrival order."""
+    return list(engine.in_flight_requests())
 
 
 class TrainerActor:

@@ -431,7 +431,8 @@ class Controller:
             self.trace.event(t, "regenerated", traj=r.request_id, version=v)
             self.trace.event(t, "admitted", traj=r.request_id, version=v, rollout_group=w.index)
             fresh.append(GenerationRequest(request_id=r.request_id, prompt_ids=r.prompt_ids, version=v,
-                                           max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=r.seed))
+                                           max_new_tokens=r.max_new_tokens, min_new_tokens=r.min_new_tokens,
+                                           temperature=r.temperature, seed=r.seed))
         self.stats.regenerated += len(fresh)
         self._add(w, fresh)
 
@@ -463,8 +464,8 @@ class Controller:
         for i in range(act.num_samples):
             rid = f"g{g}/{i}"
             requests.append(GenerationRequest(
-                request_id=rid, prompt_ids=prompt.prompt_ids, version=v, max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature, seed=random.Random(f"{cfg.seed}:sample:{rid}").getrandbits(63),
+                request_id=rid, prompt_ids=prompt.prompt_ids, version=v, max_new_tokens=prompt.max_new_tokens,
+                min_new_tokens=prompt.min_new_tokens, temperature=cfg.temperature, seed=random.Random(f"{cfg.seed}:sample:{rid}").getrandbits(63),
             ))
             if regenerate:  # admitted by an attempt that stopped before a checkpointed step trained it
                 self.trace.event(t, "regenerated", traj=rid, version=v)

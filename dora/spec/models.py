@@ -135,8 +135,8 @@ class TaskSpec(StrictModel):
     """The verifiable task the embedded local runtime trains on."""
 
     name: Literal["count"] = "count"
-    """Task name: `count` — continue a counting sequence to a target; the target length follows response_length."""
-    warmup_steps: NonNegInt = 150
+    """Task name: `count` — count from a to b; the answer length b - a + 1 is drawn from response_length."""
+    warmup_steps: NonNegInt = 500
     """Supervised warm-up steps from random init before RL (cached in the output directory)."""
 
 

@@ -49,7 +49,7 @@ def test_plan_dir_and_detailed_exitcode(tmp_path: Path) -> None:
     same = _run("plan", "specs/local-tiny.yaml", "--against", str(out / "plan.json"), "--detailed-exitcode")
     assert same.returncode == 0 and "No changes" in same.stdout
     changed_spec = tmp_path / "changed.yaml"
-    changed_spec.write_text((SPECS / "local-tiny.yaml").read_text().replace("steps: 40", "steps: 20"))
+    changed_spec.write_text((SPECS / "local-tiny.yaml").read_text().replace("steps: 150", "steps: 75"))
     changed = _run("plan", str(changed_spec), "--against", str(out / "plan.json"), "--detailed-exitcode")
     assert changed.returncode == 2, changed.stderr
     assert "~ predictions.total_time_s" in changed.stdout and "to change" in changed.stdout
@@ -59,7 +59,7 @@ def test_plan_dir_and_detailed_exitcode(tmp_path: Path) -> None:
 
 def test_diff_two_specs(tmp_path: Path) -> None:
     bigger = tmp_path / "bigger.yaml"
-    bigger.write_text((SPECS / "local-tiny.yaml").read_text().replace("steps: 40", "steps: 80"))
+    bigger.write_text((SPECS / "local-tiny.yaml").read_text().replace("steps: 150", "steps: 300"))
     proc = _run("diff", "specs/local-tiny.yaml", str(bigger), "--detailed-exitcode")
     assert proc.returncode == 2, proc.stderr
     assert "Plan: 0 to add" in proc.stdout

@@ -72,7 +72,7 @@ def test_a_saved_plan_is_refused_when_its_spec_changed_or_its_format_is_unknown(
     plan = _saved_plan(tmp_path, monkeypatch)
     plan_for_apply(str(plan), None, None)  # fresh: accepted
     spec = json.loads(plan.read_text())["spec_file"]
-    Path(spec).write_text(Path(spec).read_text().replace("steps: 40", "steps: 41"))
+    Path(spec).write_text(Path(spec).read_text().replace("steps: 150", "steps: 151"))
     with pytest.raises(ApplyInputError, match=r"saved plan is stale: .* was planned for spec hash \w+, but"):
         plan_for_apply(str(plan), None, None)
     data = json.loads(plan.read_text())

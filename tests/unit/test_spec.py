@@ -79,7 +79,7 @@ def test_spec_hash_ignores_comments_and_sees_values() -> None:
     text = (REPO / "specs" / "local-tiny.yaml").read_text()
     base = load_spec_text(text, "a.yaml", REPO / "specs").spec_hash
     assert load_spec_text("# a new comment\n" + text, "b.yaml", REPO / "specs").spec_hash == base
-    changed = text.replace("steps: 40", "steps: 41")
+    changed = text.replace("steps: 150", "steps: 151")
     assert changed != text
     assert load_spec_text(changed, "a.yaml", REPO / "specs").spec_hash != base
 
