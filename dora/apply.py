@@ -63,13 +63,16 @@ def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = Non
         changes["max_num_seqs"] = overrides.max_num_seqs
     if overrides.output_dir:
         changes["output_dir"] = overrides.output_dir
+    if rc.mode != "streaming" and rc.versions_per_engine != 1:
+        changes["versions_per_engine"] = 1  # only streaming hosts several versions per engine
     rc = dataclasses.replace(rc, **changes)
     w = resolved.spec.workload
     try:  # the policy's own validation, with its arithmetic, before anything starts
         PolicyConfig(mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
                      slots_per_group=rc.max_num_seqs, prompts_per_step=w.prompts_per_step,
                      samples_per_prompt=w.samples_per_prompt, total_steps=rc.steps,
-                     allow_version_mixing=rc.allow_version_mixing, colocated=rc.colocated)
+                     allow_version_mixing=rc.allow_version_mixing, colocated=rc.colocated,
+                     max_versions_per_engine=rc.versions_per_engine)
     except ValueError as exc:
         raise ValueError(f"mode {rc.mode}: {exc}") from None
     return rc

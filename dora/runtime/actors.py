@@ -69,7 +69,7 @@ class WorkerMessage:
 
 
 class RolloutWorker:
-    """One rollout group: a continuous-batching engine hosting one version at a time (see module doc)."""
+    """One rollout group: a continuous-batching engine hosting one version (or several: ``keep_loaded``)."""
 
     def __init__(self, config: RolloutConfig, *, index: int) -> None:
         torch.set_num_threads(config.num_threads)
@@ -179,17 +179,23 @@ class RolloutWorker:
 
         self._call(reset)
 
-    def load_weights(self, version: int, weights: dict[str, torch.Tensor], resume_in_flight: bool = False) -> None:
+    def load_weights(
+        self, version: int, weights: dict[str, torch.Tensor], resume_in_flight: bool = False, keep_loaded: bool = False,
+    ) -> None:
         """Serve ``version``. Ray resolves ``weights`` from the object store (one copy per version).
 
         With ``resume_in_flight`` the in-flight requests are aborted, and resumed on ``version`` with
-        their tokens so far re-prefilled (partial rollout: they get a new version span). Otherwise the
-        engine must be empty; the old versions are dropped.
+        their tokens so far re-prefilled (partial rollout: they get a new version span). With
+        ``keep_loaded`` ``version`` is added beside the hosted versions and their requests keep running
+        on them (multi-version engines). Otherwise the engine must be empty; the old versions are dropped.
         """
 
         def load() -> None:
             engine = self._engine
             partials = []
+            if keep_loaded:
+                engine.load_weights(version, weights)
+                return
             if resume_in_flight:
                 partials = [(request, engine.abort(request.request_id)) for request in _in_flight(engine)]
             elif engine.num_active() or engine.num_waiting():
@@ -209,6 +215,10 @@ class RolloutWorker:
                 ))
 
         self._call(load)
+
+    def drop_version(self, version: int) -> None:
+        """Free ``version``'s weights (no request of it may remain; the engine checks)."""
+        self._call(lambda: self._engine.drop_version(version))
 
     def add_requests(self, requests: list[GenerationRequest]) -> None:
         def add() -> None:

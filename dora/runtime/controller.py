@@ -40,6 +40,7 @@ from dora.runtime.tasks import Prompt, TaskConfig, make_prompt, score
 from dora.runtime.trace import JsonlWriter, RunStats, TraceWriter
 from planner.policies import (
     Admit,
+    DropVersion,
     LoadWeights,
     MigrateRequests,
     PolicyConfig,
@@ -445,6 +446,8 @@ class Controller:
                 self._load(act)
             elif isinstance(act, MigrateRequests):
                 self._migrate(act)
+            elif isinstance(act, DropVersion):
+                self._drop(act)
             elif isinstance(act, StartTrainStep):
                 self._train(act)
             elif isinstance(act, PublishWeights):
@@ -488,7 +491,14 @@ class Controller:
             self._execute(self.policy.handle(WeightsLoaded(rollout_group=r, version=act.version)))
             self._forget_old_weights()
 
-        self._command(w, "load", lambda: w.actor.load_weights.remote(v, ref, act.resume_in_flight), loaded)
+        self._command(w, "load", lambda: w.actor.load_weights.remote(v, ref, act.resume_in_flight, act.keep_loaded),
+                      loaded)
+
+    def _drop(self, act: DropVersion) -> None:
+        r, v = act.rollout_group, act.version + self.base
+        w = self._workers[r]
+        self.trace.event(self.now(), "version_dropped", rollout_group=r, version=v)
+        self._command(w, "drop", lambda: w.actor.drop_version.remote(v), lambda _: None)
 
     def _migrate(self, act: MigrateRequests) -> None:
         w = self._workers[act.src]

@@ -11,6 +11,7 @@ simulator records), times ``t`` in seconds since the run's clock started:
 ``finished``           ``traj``, ``rollout_group``, ``num_tokens``, ``spans`` ``[[version, n], ...]``
 ``weights_load_started`` ``rollout_group``, ``version``, ``source``
 ``weights_loaded``     ``rollout_group``, ``version``
+``version_dropped``    ``rollout_group``, ``version`` (a multi-version engine freed a drained version)
 ``migrated``           ``src``, ``dst``, ``trajs``
 ``train_step``         ``step``, ``start_t``, ``consumed`` (trajectory ids), ``produced_version``
 ``weights_published``  ``version``

@@ -14,7 +14,9 @@ action                                              driver reports
 ``Admit(group_id, rollout_group, version, n)``      one ``TrajectoryFinished`` per trajectory
                                                     ``g{group_id}/{i}``, ``i < n``, when it finishes
 ``LoadWeights(rollout_group, version, source,       ``WeightsLoaded(rollout_group, version)``
-peer, resume_in_flight)``
+peer, resume_in_flight, keep_loaded)``              (``keep_loaded``: add ``version``, keep the hosted
+                                                    ones and their in-flight requests running)
+``DropVersion(rollout_group, version)``             nothing (free the weights; no request uses them)
 ``MigrateRequests(src, capacity)``                  ``RequestsMigrated(src, moves)`` -- before any
                                                     ``TrajectoryFinished`` of a moved request and
                                                     before any later action on ``src``
@@ -43,6 +45,7 @@ from planner.policies.streaming import StreamingPolicy
 from planner.policies.vocabulary import (
     Action,
     Admit,
+    DropVersion,
     Event,
     LoadWeights,
     MigrateRequests,
@@ -72,6 +75,7 @@ __all__ = [
     "Admit",
     "BatchPolicy",
     "ContinuousPolicy",
+    "DropVersion",
     "Event",
     "LoadWeights",
     "MigrateRequests",

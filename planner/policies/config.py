@@ -30,7 +30,7 @@ class PolicyConfig:
     update: Literal["drain", "interrupt"] = "drain"
     """bounded-async only: at a weight update, drain in-flight requests or interrupt and resume them."""
     max_versions_per_engine: int = 1
-    """Versions one engine can hold at once (1 on GPUs; DORA's design)."""
+    """Versions one engine can hold at once (streaming only; 1 on GPUs, DORA's design; more for small models)."""
     colocated: bool = False
     """Rollout and training time-share the same accelerators (sync only)."""
 
@@ -67,10 +67,15 @@ class PolicyConfig:
                 f"{self.mode} with interrupted updates mixes versions inside a trajectory: "
                 "set allow_version_mixing=True or use update='drain' / mode 'streaming'"
             )
-        if self.max_versions_per_engine > 1:
+        if self.max_versions_per_engine > 1 and self.mode != "streaming":
             raise ValueError(
-                f"max_versions_per_engine={self.max_versions_per_engine} is not supported yet: "
-                "every engine hosts exactly one version (DORA's GPU design)"
+                f"max_versions_per_engine={self.max_versions_per_engine} is not supported in mode {self.mode!r}: "
+                "only 'streaming' hosts several versions per engine"
+            )
+        if self.max_versions_per_engine > self.max_version_lag + 1:
+            raise ValueError(
+                f"max_versions_per_engine={self.max_versions_per_engine} > k+1 = {self.max_version_lag + 1}: "
+                "at most k+1 versions are ever live"
             )
 
     @property

@@ -16,6 +16,15 @@ version ``w`` should hold ``DP_w = round(D * R_w / sum_w R_w)`` replicas. For th
 older version never drops below ``ceil(R_w / slots)`` replicas (its requests must fit), and is
 shrunk one replica at a time, the least-loaded first, when the others can absorb its requests.
 The oldest live version is never consolidated (its tail gates the trainer; see ``_over_target``).
+
+Multi-version engines (``max_versions_per_engine = V > 1``, small models): an engine hosts up to
+``V`` versions at once, so it never has to drain or migrate before serving newer weights. When a
+version is published, every ready engine hosting fewer than ``V`` versions with requests adds it
+(``LoadWeights(keep_loaded=True)``; from a peer when one serves it) and its old requests keep
+running on their own weights; an engine already at ``V`` busy versions adds it as soon as one of
+them drains. New groups start only on the newest version, each trajectory still runs on one
+version, and a version is dropped from an engine (``DropVersion``) once no request of it remains
+there. No migration: the old versions drain in place, next to the new one.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from collections.abc import Sequence
 
 from planner.policies.base import NO_ACTIONS, PolicyBase
 from planner.policies.config import PolicyConfig
-from planner.policies.vocabulary import Action, LoadWeights, MigrateRequests
+from planner.policies.vocabulary import Action, DropVersion, LoadWeights, MigrateRequests
 
 
 class StreamingPolicy(PolicyBase):
@@ -41,6 +50,10 @@ class StreamingPolicy(PolicyBase):
         self.migrating: dict[int, tuple[tuple[int, int], ...]] = {}
         self.recheck_below: dict[int, int] = {}
         """version -> only retry a failed shrink once its in-flight count is below this."""
+        self.max_versions = config.max_versions_per_engine
+        self.multi = self.max_versions > 1
+        self.hosted: list[dict[int, int]] = [{0: 0} for _ in range(n)]
+        """Multi-version engines only: engine -> {hosted version: its in-flight trajectories there}."""
 
     # ------------------------------------------------------------------ driver entry points
     def start(self) -> Sequence[Action]:
@@ -50,11 +63,16 @@ class StreamingPolicy(PolicyBase):
         return out
 
     def on_trajectory_finished(self, group_id: int, rollout_group: int) -> Sequence[Action]:
-        self.version_active[self.engine_version[rollout_group]] -= 1
+        if self.multi:
+            self.hosted[rollout_group][self.group_version[group_id]] -= 1
+        else:
+            self.version_active[self.engine_version[rollout_group]] -= 1
         return super().on_trajectory_finished(group_id, rollout_group)
 
     def _after_finish(self, group_id: int, rollout_group: int, group_done: bool) -> Sequence[Action]:
         r = rollout_group
+        if self.multi:
+            return self._after_finish_multi(group_id, r, group_done)
         w = self.engine_version[r]
         out: list[Action] | None = None
         if w == self.latest_version:
@@ -76,6 +94,13 @@ class StreamingPolicy(PolicyBase):
 
     def on_weights_published(self, version: int) -> Sequence[Action]:
         self.latest_version = version
+        if self.multi:
+            out_multi: list[Action] = []
+            for r in range(self.num_engines):
+                if self.engine_ready[r]:
+                    self._add_newest(r, out_multi)
+            self._try_train_oldest_first(out_multi)
+            return out_multi
         self.version_active.setdefault(version, 0)
         self.version_engines.setdefault(version, 0)
         out: list[Action] = []
@@ -107,7 +132,9 @@ class StreamingPolicy(PolicyBase):
         r = rollout_group
         self.engine_ready[r] = True
         out: list[Action] = []
-        if version != self.latest_version:
+        if self.multi and version != self.latest_version:
+            self._add_newest(r, out)
+        elif version != self.latest_version:
             self._switch(r, out)  # a newer version appeared while loading; the engine is still empty
         else:
             self._fill(r, out)
@@ -122,10 +149,54 @@ class StreamingPolicy(PolicyBase):
         if not self.engine_ready[r] or self.engine_version[r] != v:
             return
         budget = self._admission_budget()
+        counts = self.hosted[r] if self.multi else self.version_active
         while budget > 0 and self._free(r) >= self.spp:
             self._admit(r, v, out)
-            self.version_active[v] += self.spp
+            counts[v] += self.spp
             budget -= 1
+
+    # ------------------------------------------------------------------ multi-version engines
+    def _after_finish_multi(self, group_id: int, r: int, group_done: bool) -> Sequence[Action]:
+        out: list[Action] = []
+        w = self.group_version[group_id]
+        hosted = self.hosted[r]
+        if hosted[w] == 0 and w != self.engine_version[r]:
+            del hosted[w]
+            out.append(DropVersion(rollout_group=r, version=w))
+        if self.engine_ready[r]:
+            if self.engine_version[r] != self.latest_version:
+                self._add_newest(r, out)
+            elif self._free(r) >= self.spp:
+                self._fill(r, out)
+        if group_done:
+            self._try_train_oldest_first(out)
+        return out
+
+    def _add_newest(self, r: int, out: list[Action]) -> None:
+        """Load the newest version on ready engine ``r`` beside its busy versions, if it has room for one more."""
+        new = self.latest_version
+        if self.engine_version[r] == new:
+            self._fill(r, out)
+            return
+        hosted = self.hosted[r]
+        busy = [v for v, n in hosted.items() if n > 0]
+        if len(busy) >= self.max_versions:
+            return  # retried when one of them drains
+        for v in [v for v, n in hosted.items() if n == 0]:
+            del hosted[v]
+            if busy:  # an empty engine's LoadWeights drops everything itself
+                out.append(DropVersion(rollout_group=r, version=v))
+        hosted[new] = 0
+        self.engine_version[r] = new
+        self.engine_ready[r] = False
+        peer = next(
+            (p for p in range(self.num_engines) if self.engine_ready[p] and self.engine_version[p] == new), None
+        )
+        keep = bool(busy)
+        if peer is None:
+            out.append(LoadWeights(rollout_group=r, version=new, source="trainer", keep_loaded=keep))
+        else:
+            out.append(LoadWeights(rollout_group=r, version=new, source="peer", peer=peer, keep_loaded=keep))
 
     def _switch(self, r: int, out: list[Action]) -> None:
         """Point empty engine ``r`` at the newest version (peer-to-peer when a peer serves it)."""

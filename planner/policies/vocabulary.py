@@ -37,6 +37,9 @@ class LoadWeights:
     """Load ``version`` on ``rollout_group``, from the trainer or from ``peer`` (an engine serving it).
 
     ``resume_in_flight=False``: the engine has no in-flight requests (drained or migrated away).
+    ``keep_loaded=True`` (streaming with ``max_versions_per_engine > 1``): the engine keeps the versions it
+    hosts, and their in-flight requests continue on them; ``version`` is added alongside (the policy keeps
+    at most ``max_versions_per_engine`` hosted). Otherwise every other hosted version is dropped.
     ``resume_in_flight=True``: in-flight requests pause, and continue on ``version`` after the load
     with their KV recomputed -- their later tokens form a new version span (version mixing).
     Driver reports ``WeightsLoaded`` once the engine serves ``version``.
@@ -47,6 +50,18 @@ class LoadWeights:
     source: Literal["trainer", "peer"]
     peer: int | None = None
     resume_in_flight: bool = False
+    keep_loaded: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DropVersion:
+    """Free ``version``'s weights on ``rollout_group``: no request of it remains there (multi-version engines).
+
+    Never the version the engine admits on. The driver reports nothing back.
+    """
+
+    rollout_group: int
+    version: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,7 +98,7 @@ class PublishWeights:
     version: int
 
 
-Action = Admit | LoadWeights | MigrateRequests | StartTrainStep | PublishWeights
+Action = Admit | LoadWeights | DropVersion | MigrateRequests | StartTrainStep | PublishWeights
 
 # ----------------------------------------------------------------------------- events
 

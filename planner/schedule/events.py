@@ -16,6 +16,7 @@ migrated               src, dst, trajs: [traj, ...]  (moved with their KV cache)
 weights_published      version
 weights_load_started   rollout_group, version, source ("trainer" | "peer")
 weights_loaded         rollout_group, version
+version_dropped        rollout_group, version  (multi-version engine freed a drained version)
 train_step             step, start_t, consumed: [traj, ...], produced_version (== step);
                        ``t`` is when the step finished
 discarded              traj, reason: str  (dropped on purpose; never consumed)
@@ -50,6 +51,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "weights_published": {"version": _INT},
     "weights_load_started": {"rollout_group": _INT, "version": _INT, "source": _STR},
     "weights_loaded": {"rollout_group": _INT, "version": _INT},
+    "version_dropped": {"rollout_group": _INT, "version": _INT},
     "train_step": {"step": _INT, "start_t": _NUM, "consumed": _IDS, "produced_version": _INT},
     "discarded": {"traj": _TRAJ, "reason": _STR},
     "regenerated": {"traj": _TRAJ, "version": _INT},

@@ -13,7 +13,7 @@ from planner.plan import (
     RolloutPlan,
     TrainPlan,
 )
-from planner.search.core import SearchOutcome, Simulated
+from planner.search.core import SearchOutcome, Simulated, versions_per_engine
 from planner.search.inputs import SearchInputs
 from planner.search.screen import Screened
 
@@ -165,7 +165,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
     rollout = RolloutPlan(
         accelerators=p.rollout_accelerators, tp=ro.tp, ep=ro.ep, replicas=p.replicas, accelerators_per_replica=ro.tp,
         max_num_seqs=ro.slots, max_model_len=inputs.max_context_tokens,
-        versions_per_engine=inputs.pins.versions_per_engine or 1,
+        versions_per_engine=versions_per_engine(c.screened),
         gpu_memory_utilization=inputs.gpu_memory_utilization, kv_capacity_tokens=ro.memory.kv_capacity_tokens)
     train = TrainPlan(accelerators=tr.accelerators, tp=tr.tp, pp=tr.pp, ep=tr.ep, dp=tr.dp, cp=tr.cp,
                       num_microbatches=max(1, round(inputs.batch_samples * (lbar + inputs.prompt_lengths.mean_tokens())

@@ -176,6 +176,11 @@ class _ScaledTrainTiming:
         return self.inner.train_step_s(round(num_tokens * s), sum_sq_seq_len * s, round(num_seqs * s))
 
 
+def versions_per_engine(c: Screened) -> int:
+    """Versions one engine replica hosts for candidate ``c``: only streaming hosts several (at most k+1)."""
+    return min(c.placement.rollout.versions, c.k + 1) if c.mode == "streaming" else 1
+
+
 def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled | None = None,
                        record_events: bool = False) -> SimResult:
     inp, p = space.inp, c.placement
@@ -194,7 +199,7 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         mode=c.mode, max_version_lag=c.k, num_rollout_groups=scale.replicas, slots_per_group=p.rollout.slots,
         prompts_per_step=scale.prompts_per_step, samples_per_prompt=inp.samples_per_prompt,
         total_steps=steps, allow_version_mixing=inp.allow_version_mixing, update="interrupt" if mixing else "drain",
-        colocated=p.colocated)
+        colocated=p.colocated, max_versions_per_engine=versions_per_engine(c))
     workload = Workload(response_length=inp.response_lengths, prompt_tokens=max(1, round(space.prompt_mean)))
     return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,
                     accelerators_per_group=p.rollout.tp,

@@ -43,6 +43,9 @@ class RolloutOption:
     ep: int
     slots: int
     memory: RolloutMemory
+    versions: int = 1
+    """Policy versions one replica may host in streaming (``placement.rollout.versions_per_engine``; default 1),
+    with ``memory`` sized for them."""
 
     @property
     def label(self) -> str:
@@ -152,7 +155,8 @@ class Space:
                                 f"{inp.samples_per_prompt} slots, KV cache holds {slots} at the mean context "
                                 f"{self.ctx_avg:.0f} tokens")))
                     continue
-                out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem))
+                versions = extra + 1  # memory above is sized for the pinned versions
+                out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem, versions=versions))
         return tuple(out)
 
     # ------------------------------------------------------------------ training

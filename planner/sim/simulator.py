@@ -15,6 +15,9 @@ A replica is a heap of ``(finish_pos, trajectory)`` and costs O(log B) per finis
 Admitting a prompt group pauses decoding for one prefill of the shared prompt (the group's
 samples share it, as with prefix caching). Loading weights pauses the replica; with
 ``resume_in_flight`` the in-flight contexts are re-prefilled on the new weights afterwards.
+With ``max_versions_per_engine > 1`` a replica runs one forward per hosted version with running
+sequences, so its step time is ``sum_v decode_step_s(B_v, C_v(pos))`` (per-version batch and context);
+a ``LoadWeights(keep_loaded=True)`` pauses the replica for the load, without touching its sequences.
 Migration moves sequences with their generated tokens; the source replica is busy for
 ``kv_migration_s_per_token * moved context`` before it can load new weights (the destination is
 not slowed: an optimistic simplification).
@@ -28,6 +31,7 @@ from typing import Any
 
 from planner.policies import (
     Admit,
+    DropVersion,
     LoadWeights,
     MigrateRequests,
     PolicyConfig,
@@ -87,6 +91,11 @@ class Simulator:
         self.e_gen = [0] * n
         self.e_paused = [False] * n
         self.e_version = [0] * n
+        self.multi = config.max_versions_per_engine > 1
+        self.e_vcount: list[dict[int, int]] = [{} for _ in range(n)]
+        """Multi-version engines only: replica -> {version: running sequences}."""
+        self.e_vstart: list[dict[int, float]] = [{} for _ in range(n)]
+        """Multi-version engines only: replica -> {version: sum of its sequences' start positions}."""
         self.t_len: list[int] = []
         self.t_spans: dict[int, list[tuple[int, int]]] = {}
         """Trajectory -> [(version, first token index)], only for trajectories that changed version."""
@@ -133,8 +142,16 @@ class Simulator:
         dpos = h[0][0] - pos
         if dpos < 0.0:
             dpos = 0.0
-        ctx = b * (self.prompt + pos) - self.e_sum_start[r] + b * dpos * 0.5
-        step = self.timing.decode_step_s(b, ctx)
+        if self.multi:
+            step = 0.0
+            starts = self.e_vstart[r]
+            for v, bv in self.e_vcount[r].items():
+                if bv:
+                    ctx = bv * (self.prompt + pos) - starts[v] + bv * dpos * 0.5
+                    step += self.timing.decode_step_s(bv, ctx)
+        else:
+            ctx = b * (self.prompt + pos) - self.e_sum_start[r] + b * dpos * 0.5
+            step = self.timing.decode_step_s(b, ctx)
         self.e_step_s[r] = step
         self._push(self.e_t[r] + dpos * step, _EV_ENGINE, r, self.e_gen[r])
 
@@ -187,6 +204,10 @@ class Simulator:
             length = t_len[idx]
             self.e_sum_start[r] -= finish - length
             gid = idx // spp
+            if self.multi:
+                v = self.policy.group_version[gid]
+                self.e_vcount[r][v] -= 1
+                self.e_vstart[r][v] -= finish - length
             seq_tokens = self.prompt + length
             self.group_tokens[gid] += seq_tokens
             self.group_sq[gid] += seq_tokens * seq_tokens
@@ -229,8 +250,19 @@ class Simulator:
                 self._push(self.now + self.timing.weight_publish_s, _EV_PUBLISHED, act.version)
             elif isinstance(act, MigrateRequests):
                 self._migrate(act)
+            elif isinstance(act, DropVersion):
+                self._drop(act)
             else:
                 raise TypeError(f"unknown action {act!r}")
+
+    def _drop(self, act: DropVersion) -> None:
+        r, v = act.rollout_group, act.version
+        if not self.multi or self.e_vcount[r].get(v, 0):
+            raise ValueError(f"DropVersion v{v} on engine {r} with {self.e_vcount[r].get(v, 0)} requests of it")
+        self.e_vcount[r].pop(v, None)
+        self.e_vstart[r].pop(v, None)
+        if self.record:
+            self.trace.append({"t": self.now, "type": "version_dropped", "rollout_group": r, "version": v})
 
     def _admit(self, act: Admit) -> None:
         r, gid, n = act.rollout_group, act.group_id, act.num_samples
@@ -250,6 +282,10 @@ class Simulator:
         for i, length in enumerate(lengths):
             heapq.heappush(h, (pos + length, base + i))
         self.e_sum_start[r] += pos * n
+        if self.multi:
+            v = act.version
+            self.e_vcount[r][v] = self.e_vcount[r].get(v, 0) + n
+            self.e_vstart[r][v] = self.e_vstart[r].get(v, 0.0) + pos * n
         prefill = self.timing.prefill_s(self.prompt)
         if prefill > 0.0:
             start = max(self.e_t[r], now)
@@ -267,11 +303,12 @@ class Simulator:
         now = self.now
         self._advance(r, now)
         h = self.e_heap[r]
-        if h and not act.resume_in_flight:
+        keep = act.keep_loaded and self.multi
+        if h and not act.resume_in_flight and not keep:
             raise ValueError(f"LoadWeights v{act.version} on engine {r} with {len(h)} requests in flight")
         duration = self.timing.weight_load_peer_s if act.source == "peer" else self.timing.weight_load_trainer_s
         start = max(self.e_t[r], now)
-        if h:
+        if h and not keep:
             pos = self.e_pos[r]
             ctx = 0.0
             for finish, idx in h:
@@ -307,6 +344,8 @@ class Simulator:
 
     def _migrate(self, act: MigrateRequests) -> None:
         src, now = act.src, self.now
+        if self.multi:
+            raise ValueError("MigrateRequests with multi-version engines")
         self._advance(src, now)
         h_src, pos_src = self.e_heap[src], self.e_pos[src]
         moves: list[tuple[int, int]] = []

@@ -147,3 +147,23 @@ def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path):
     assert "interrupted" in stderr
     events = read_jsonl(tmp_path / "interrupted" / "trace.jsonl")
     assert any(e["type"] == "unfinished_at_end" for e in events)  # the leftovers are accounted for
+
+
+def test_streaming_with_two_versions_per_engine_audits_clean(tmp_path):
+    """Multi-version engines on the real CPU engine: new groups start on the newest weights beside the old
+    version's tail (``LoadWeights(keep_loaded)``), drained versions are dropped, and the audit passes."""
+    spec = _short_spec(tmp_path)
+    yaml = YAML()
+    data = yaml.load(spec.read_text())
+    data["placement"] = {"rollout": {"versions_per_engine": 2}}
+    with spec.open("w") as f:
+        yaml.dump(data, f)
+    out = tmp_path / "mv"
+    code, text = _apply(spec, "streaming", out)
+    assert code == 0, text
+    assert json.loads((out / "runtime.json").read_text())["versions_per_engine"] == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["audit"]["ok"], summary["audit"]["violations"]
+    assert summary["audit"]["num_consumed"] == STEPS * PROMPTS * SAMPLES
+    events = read_jsonl(out / "trace.jsonl")
+    assert all(len({v for v, _ in e["spans"]}) == 1 for e in events if e["type"] == "finished")

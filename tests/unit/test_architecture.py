@@ -91,8 +91,8 @@ def test_tiny_local_hand_count():
     attn = 4 * 64 * 64            # q, k, v, o each 64 x 64
     ffn = 3 * 64 * 256
     norms = 2 * 64 * 2 + 64       # two per layer plus final
-    embed = 64 * 64               # tied
-    assert tiny.total_params == 2 * (attn + ffn) + norms + embed == 135_488
+    embed = 192 * 64              # tied (vocab 192)
+    assert tiny.total_params == 2 * (attn + ffn) + norms + embed == 143_680
     assert tiny.kv_bytes_per_token(4) == 2 * 2 * 4 * 16 * 4
     assert tiny.matmul_params_per_token == tiny.total_params  # tied: LM head is the only use of the table
 

@@ -34,8 +34,8 @@ def test_values_mirror_spec_and_plan() -> None:
     spec = resolved.spec
     assert (config.mode, config.max_version_lag, config.rollout_workers) == (plan.mode, 2, plan.rollout.replicas)
     assert config.versions_per_engine == plan.rollout.versions_per_engine
-    assert config.algorithm.learning_rate == spec.algorithm.learning_rate == 3.0e-4
-    assert config.task is not None and config.task.warmup_steps == 150
+    assert config.algorithm.learning_rate == spec.algorithm.learning_rate == 1.0e-3
+    assert config.task is not None and config.task.warmup_steps == 500
     assert config.response_length.p99_tokens == 96 and config.response_length.kind == "lognormal"
     assert config.model.name == "tiny-local" and config.model.dtype == "fp32" and config.model.checkpoint is None
     assert (config.rollout_engine, config.trainer, config.output_dir) == ("torch", "torch", "runs/local-tiny")
