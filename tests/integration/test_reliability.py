@@ -187,10 +187,13 @@ def _controller(tmp_path: Path, mode: str, steps: int, **changes):
 
 
 @pytest.fixture
-def joined(ray_head):
+def joined():
+    """A fresh local Ray instance of its own: sharing the module's head with the cluster and kill -9 tests made the
+    trainer actor queue behind their lingering actors (seen once in CI)."""
     import ray
 
-    ray.init(address=ray_head[0], log_to_driver=False, configure_logging=False)
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
