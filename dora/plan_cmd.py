@@ -8,13 +8,19 @@ always means "the plan changed".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from dora.planning import CalibrationFileError, InfeasibleError, Planned, load_calibration, make_plan
+from dora.planning import (
+    CalibrationFileError,
+    InfeasibleError,
+    Planned,
+    load_calibration,
+    make_plan,
+    read_json_object,
+)
 from dora.report import plan_diff, plan_report_text, render_diff, render_plan
 from dora.spec import ResolvedSpec, SpecError, load_spec
 from planner.plan import FORMAT_VERSION, Plan
@@ -32,14 +38,7 @@ class PlanFileError(Exception):
 
 
 def read_plan_file(path: str) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlanFileError(f"plan file '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanFileError(f"plan file '{path}' is not readable JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise PlanFileError(f"plan file '{path}' must hold a JSON object")
+    data = read_json_object(path, "plan file", PlanFileError)
     version = data.get("format_version")
     if version != FORMAT_VERSION:
         raise PlanFileError(f"plan file '{path}' has format_version {version!r}; this dora reads {FORMAT_VERSION} "

@@ -31,17 +31,24 @@ class CalibrationFileError(Exception):
     pass
 
 
-def load_calibration(path: str | None) -> Calibration:
-    if path is None:
-        return DEFAULT_CALIBRATION
+def read_json_object(path: str, what: str, error: type[Exception]) -> dict:
+    """The JSON object in ``path``; ``error`` (naming ``what`` and the path) when missing, unreadable or not an
+    object."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CalibrationFileError(f"calibration file '{path}' does not exist") from None
+        raise error(f"{what} '{path}' does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CalibrationFileError(f"calibration file '{path}' is not readable JSON: {exc}") from None
+        raise error(f"{what} '{path}' is not readable JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise CalibrationFileError(f"calibration file '{path}' must hold a JSON object")
+        raise error(f"{what} '{path}' must hold a JSON object")
+    return data
+
+
+def load_calibration(path: str | None) -> Calibration:
+    if path is None:
+        return DEFAULT_CALIBRATION
+    data = read_json_object(path, "calibration file", CalibrationFileError)
     values = data.get("calibration", data)
     try:
         return Calibration.from_dict(values)
