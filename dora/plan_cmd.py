@@ -56,6 +56,9 @@ def _atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; plan files are meant to be shared and committed
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -68,11 +71,8 @@ def schedule_artifacts(planned: Planned) -> dict[str, str]:
     space = Space(inputs)
     steps = sim_steps_for(inputs)
     replicas = chosen.screened.placement.replicas
-    scaled = scale_for(inputs, replicas, steps)
-    while scaled.factor > 0 and inputs.batch_samples * steps / scaled.factor > DISPLAY_SAMPLES and scaled.replicas > 1:
-        scaled = type(scaled)(replicas=max(1, scaled.replicas // 2),
-                              prompts_per_step=max(1, scaled.prompts_per_step // 2),
-                              factor=inputs.prompts_per_step / max(1, scaled.prompts_per_step // 2))
+    # a picture, not a prediction: any scale that keeps it readable and small
+    scaled = scale_for(inputs, replicas, steps, max_factor=float(replicas), budget=DISPLAY_SAMPLES)
     sim = simulate_candidate(space, chosen.screened, steps=steps, scale=scaled, record_events=True)
     events = list(sim.events or ())
     report = check_trace(events, k=chosen.screened.k, allow_version_mixing=inputs.allow_version_mixing)

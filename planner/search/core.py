@@ -144,7 +144,8 @@ class Scaled:
     """Full batch / simulated batch: rates are multiplied by it, the trainer is charged for the full batch."""
 
 
-def scale_for(inputs: SearchInputs, replicas: int, steps: int, max_factor: float = DEFAULT_MAX_SCALE) -> Scaled:
+def scale_for(inputs: SearchInputs, replicas: int, steps: int, max_factor: float = DEFAULT_MAX_SCALE,
+              budget: float = SIM_SAMPLES_BUDGET) -> Scaled:
     """Reduced-scale simulation for very large specs.
 
     Rollout replicas are identical and share one admission queue, so R/f replicas serving P/f prompt groups, with
@@ -152,7 +153,7 @@ def scale_for(inputs: SearchInputs, replicas: int, steps: int, max_factor: float
     scaled batch still samples the tail and the replicas hold it as the full cluster would (``max_factor``). The prompt count is scaled by exactly the replica
     ratio actually used, so the slots-per-prompt balance is unchanged.
     """
-    f = max(1.0, inputs.batch_samples * steps / SIM_SAMPLES_BUDGET)
+    f = max(1.0, inputs.batch_samples * steps / budget)
     f = min(f, max_factor, float(replicas))
     r = max(1, round(replicas / f))
     if r == replicas:
