@@ -44,7 +44,8 @@ def ray_head():
     """A real local Ray head for this module; yields ``(gcs address, dashboard URL)``."""
     from ray.job_submission import JobSubmissionClient
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # the in-process clients and ray.init below
+    previous_auth = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the in-process Jobs API clients; restored at teardown
     temp = tempfile.mkdtemp(prefix="dray-", dir="/tmp")
     gcs, dash = _free_port(), _free_port()
     argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
@@ -67,6 +68,12 @@ def ray_head():
                 time.sleep(1.0)
         yield f"127.0.0.1:{gcs}", url
     finally:
+        # a leaked RAY_AUTH_MODE made the next module's in-process Ray session cancel its actors before they
+        # started (a token-auth mismatch with the earlier session in the same process)
+        if previous_auth is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = previous_auth
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
             try:
                 os.killpg(head.pid, sig)

@@ -40,11 +40,9 @@ def _controller(tmp_path: Path, mode: str, steps: int, **changes):
 
 @pytest.fixture
 def joined():
-    """A fresh local Ray instance of its own (in CI, running beside the cluster tests' Ray head left the trainer
-    actor unscheduled: "cancelled before it started running")."""
+    """A fresh local Ray instance of its own."""
     import ray
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
