@@ -4,10 +4,11 @@ Table 1: ms per batched decode step (one token for each of ``B`` slots whose
 cached context is ``C`` tokens), median over ``--iters`` steps, repeated
 ``--repeats`` times; printed as ``median [min-max over repeats]``.
 
-Table 2: ms per decode *iteration* of a multi-version engine — ``B`` active
-sequences spread round-robin over ``k`` hosted versions, so one iteration is
-``k`` batched forwards over scattered slots (gathered from the shared cache)
-instead of one forward over a contiguous slot range (read as a view).
+Table 2: ms per decode *iteration* of a multi-version engine -- ``B`` active
+sequences spread round-robin over ``V`` hosted versions -- done two ways: ``V``
+separate forwards over scattered slots (gathered from the shared cache), and one
+``decode_versions`` pass (per-version weights on each version's rows; rotary,
+cache and attention once, over the contiguous slot range).
 
 Table 3: trainer throughput (packed GRPO step, tokens per second).
 
@@ -23,7 +24,13 @@ import time
 import torch
 
 from dora.runtime.engines.base import FinishedTrajectory, ScoredTrajectory
-from dora.runtime.engines.tiny_model import KVCache, TinyModelConfig, TinyTransformer, export_weights
+from dora.runtime.engines.tiny_model import (
+    KVCache,
+    TinyModelConfig,
+    TinyTransformer,
+    decode_versions,
+    export_weights,
+)
 from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig
 from dora.runtime.tasks import TaskConfig
 
@@ -66,23 +73,30 @@ def decode_table(config: TinyModelConfig, batches: list[int], contexts: list[int
 @torch.no_grad()
 def multi_version_table(config: TinyModelConfig, batches: list[int], context: int, iters: int, repeats: int) -> None:
     models = [TinyTransformer(config, seed=s).eval() for s in range(4)]
-    print(f"\nmulti-version decode ms/iteration at context {context}; rows: batch, columns: hosted versions")
-    print("batch " + "".join(f"{k:>22}" for k in (1, 2, 4)))
+    print(f"\nmulti-version decode ms/iteration at context {context}: B slots spread round-robin over V versions;")
+    print("'separate': one forward per version over its scattered slots; 'one pass': decode_versions "
+          "(per-version weights, shared attention)")
+    print("batch " + "".join(f"{f'V={k} {how}':>24}" for k in (1, 2, 3) for how in ("separate", "one pass")))
     for b in batches:
         cache = KVCache(config, num_slots=b, max_len=context + 1)
         cache.k.normal_()
         cache.v.normal_()
         tokens, positions = torch.randint(0, config.vocab_size, (b,)), torch.full((b,), context)
+        all_slots = torch.arange(b)
         row = []
-        for k in (1, 2, 4):
+        for k in (1, 2, 3):
             groups = [torch.arange(v, b, k) for v in range(k) if v < b]
 
-            def iteration(groups=groups, tokens=tokens, positions=positions, cache=cache) -> None:
+            def separate(groups=groups, tokens=tokens, positions=positions, cache=cache) -> None:
                 for v, slots in enumerate(groups):
                     models[v].decode(tokens[slots], positions[slots], cache, slots)
 
-            row.append(_cell([_time_ms(iteration, iters) for _ in range(repeats)]))
-        print(f"{b:5d} " + "".join(f"{x:>22}" for x in row), flush=True)
+            def one_pass(groups=groups, k=k, tokens=tokens, positions=positions, cache=cache) -> None:
+                decode_versions(models[:k], groups if k > 1 else None, tokens, positions, cache, all_slots)
+
+            row.append(_cell([_time_ms(separate, iters) for _ in range(repeats)]))
+            row.append(_cell([_time_ms(one_pass, iters) for _ in range(repeats)]))
+        print(f"{b:5d} " + "".join(f"{x:>24}" for x in row), flush=True)
 
 
 def train_table(config: TinyModelConfig, repeats: int) -> None:

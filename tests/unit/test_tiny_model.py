@@ -7,6 +7,7 @@ from dora.runtime.engines.tiny_model import (
     KVCache,
     TinyModelConfig,
     TinyTransformer,
+    decode_versions,
     export_weights,
     model_from_weights,
 )
@@ -65,6 +66,32 @@ def test_decode_with_per_slot_lengths() -> None:
         logits = model.decode(torch.tensor([a[-1], b[-1]]), torch.tensor([6, 2]), cache, torch.tensor([0, 1]))
         torch.testing.assert_close(logits[0], _full_logits(model, a)[-1], atol=1e-5, rtol=0)
         torch.testing.assert_close(logits[1], _full_logits(model, b)[-1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_multi_version_decode_matches_each_versions_own_decode(name: str) -> None:
+    """Rows of three versions decoded in one pass get exactly their own version's logits and cache entries."""
+    config = CONFIGS[name]
+    models = [TinyTransformer(config, seed=s).eval() for s in (1, 2, 3)]
+    gen = torch.Generator().manual_seed(5)
+    owner = [2, 0, 1, 0, 2, 1]  # row -> version (interleaved, so the per-version rows are scattered)
+    prefixes = [torch.randint(0, 32, (n,), generator=gen).tolist() for n in (4, 7, 2, 9, 5, 3)]
+    new_tokens = torch.randint(0, 32, (6,), generator=gen)
+    positions = torch.tensor([len(p) for p in prefixes])
+    with torch.no_grad():
+        for slots in (torch.arange(6), torch.tensor([5, 0, 3, 1, 4, 2])):
+            cache = KVCache(config, num_slots=6, max_len=12)
+            for row, (v, p) in enumerate(zip(owner, prefixes, strict=True)):
+                t = torch.tensor([p])
+                models[v].forward_rows(t, torch.arange(len(p))[None], torch.zeros_like(t), cache=cache,
+                                       cache_slots=[int(slots[row])])
+            rows = [torch.tensor([r for r, o in enumerate(owner) if o == v]) for v in range(3)]
+            logits = decode_versions(models, rows, new_tokens, positions, cache, slots)
+            for row, v in enumerate(owner):
+                expected = _full_logits(models[v], [*prefixes[row], int(new_tokens[row])])[-1]
+                torch.testing.assert_close(logits[row], expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="no rows"):
+        decode_versions(models, None, new_tokens, positions, cache, slots)
 
 
 def test_packed_rows_match_separate_forwards() -> None:

@@ -15,11 +15,19 @@ Three forwards share the same weights and maths:
   prefill puts one request per row and writes its keys/values into the cache.
 - ``decode``: one new token for each of ``B`` cache slots, attending to that
   slot's cached prefix of length ``positions[b]`` (per-slot lengths by masking).
+- ``decode_versions``: the same decode for a batch whose rows belong to several
+  policy versions (a multi-version engine). Only the parts that hold weights
+  (embedding, norms, linears, LM head) run per version, on that version's rows;
+  rotary tables, the KV-cache write and read and attention itself run once for
+  the whole batch. At this size a decode step is dominated by per-op overhead,
+  so a second version costs a fraction of a second forward.
 """
+
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -158,29 +166,61 @@ class _Block(nn.Module):
         x = x + self.o(out.transpose(1, 2).reshape(r, n, c.num_heads * c.head_dim))
         return self._mlp(x), k, v
 
-    def decode(self, x: torch.Tensor, cache: KVCache, layer: int, ctx: _DecodeContext) -> torch.Tensor:
-        """``x [B, hidden]``: write this token's k/v at ``positions`` and attend to ``0..positions[b]``."""
-        c = self.c
-        b = x.shape[0]
-        group = c.num_heads // c.num_kv_heads
-        qkv = self.qkv(self.attn_norm(x)).view(b, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-        qk = _rotate(qkv[:, : c.num_heads + c.num_kv_heads], ctx.cos, ctx.sin)
-        q, k, v = qk[:, : c.num_heads], qk[:, c.num_heads :], qkv[:, c.num_heads + c.num_kv_heads :]
-        cache.k[layer, ctx.slots, :, ctx.positions] = k
-        cache.v[layer, ctx.slots, :, ctx.positions] = v
-        # A contiguous slot range is read as a view; scattered slots (several versions
-        # sharing one cache) need a gather, which copies.
-        if ctx.contiguous is not None:
-            keys = cache.k[layer, ctx.contiguous, :, : ctx.length]
-            values = cache.v[layer, ctx.contiguous, :, : ctx.length]
-        else:
-            keys = cache.k[layer, :, :, : ctx.length].index_select(0, ctx.slots)
-            values = cache.v[layer, :, :, : ctx.length].index_select(0, ctx.slots)
-        qg = q.view(b, c.num_kv_heads, group, c.head_dim)
-        scores = torch.matmul(qg, keys.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim)) + ctx.additive_mask
-        out = torch.matmul(torch.softmax(scores, dim=-1), values)
-        x = x + self.o(out.reshape(b, c.num_heads * c.head_dim))
-        return self._mlp(x)
+    def qkv_in(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv(self.attn_norm(x))
+
+    def attn_out_mlp(self, x_and_attn: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, attn = x_and_attn
+        return self._mlp(x + self.o(attn))
+
+
+def _per_version(
+    fns: Sequence[Callable[..., torch.Tensor]], rows: Sequence[torch.Tensor] | None, *args: torch.Tensor
+) -> torch.Tensor:
+    """``fns[i]`` applied to the rows ``rows[i]`` of every tensor in ``args``, results scattered back in row order.
+
+    ``rows`` is ``None`` for a single version: then it is just ``fns[0](*args)``.
+    """
+    if rows is None:
+        return fns[0](args[0] if len(args) == 1 else args)
+    out: torch.Tensor | None = None
+    for fn, idx in zip(fns, rows, strict=True):
+        part = [a.index_select(0, idx) for a in args]
+        y = fn(part[0] if len(part) == 1 else tuple(part))
+        if out is None:
+            out = y.new_empty((args[0].shape[0], *y.shape[1:]))
+        out.index_copy_(0, idx, y)
+    assert out is not None
+    return out
+
+
+def _decode_layer(
+    blocks: Sequence[_Block], rows: Sequence[torch.Tensor] | None, x: torch.Tensor, cache: KVCache, layer: int,
+    ctx: _DecodeContext,
+) -> torch.Tensor:
+    """``x [B, hidden]``: write this token's k/v at ``positions`` and attend to ``0..positions[b]``.
+
+    Row ``b`` uses ``blocks[i]`` (its version's weights) for every ``b`` in ``rows[i]``.
+    """
+    c = blocks[0].c
+    b = x.shape[0]
+    group = c.num_heads // c.num_kv_heads
+    qkv = _per_version([blk.qkv_in for blk in blocks], rows, x).view(b, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+    qk = _rotate(qkv[:, : c.num_heads + c.num_kv_heads], ctx.cos, ctx.sin)
+    q, k, v = qk[:, : c.num_heads], qk[:, c.num_heads :], qkv[:, c.num_heads + c.num_kv_heads :]
+    cache.k[layer, ctx.slots, :, ctx.positions] = k
+    cache.v[layer, ctx.slots, :, ctx.positions] = v
+    # A contiguous slot range is read as a view; scattered slots need a gather, which copies.
+    if ctx.contiguous is not None:
+        keys = cache.k[layer, ctx.contiguous, :, : ctx.length]
+        values = cache.v[layer, ctx.contiguous, :, : ctx.length]
+    else:
+        keys = cache.k[layer, :, :, : ctx.length].index_select(0, ctx.slots)
+        values = cache.v[layer, :, :, : ctx.length].index_select(0, ctx.slots)
+    qg = q.view(b, c.num_kv_heads, group, c.head_dim)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim)) + ctx.additive_mask
+    out = torch.matmul(torch.softmax(scores, dim=-1), values).reshape(b, c.num_heads * c.head_dim)
+    return _per_version([blk.attn_out_mlp for blk in blocks], rows, x, out)
 
 
 class TinyTransformer(nn.Module):
@@ -246,23 +286,41 @@ class TinyTransformer(nn.Module):
         self, token_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor
     ) -> torch.Tensor:
         """Logits ``[B, vocab]`` for one new token per slot; ``positions[b]`` = cached length of ``slots[b]``."""
-        first, count = int(slots[0]), slots.shape[0]
-        contiguous = (
-            slice(first, first + count)
-            if int(slots[-1]) == first + count - 1 and bool((slots.diff() == 1).all())
-            else None
-        )
-        length = int(positions.max()) + 1
-        beyond = torch.arange(length)[None, :] > positions[:, None]
-        cos, sin = _rotary_tables(positions[:, None], self.config.head_dim, self.config.rope_theta)
-        ctx = _DecodeContext(
-            slots=slots, positions=positions, contiguous=contiguous, length=length, cos=cos, sin=sin,
-            additive_mask=torch.zeros(beyond.shape).masked_fill_(beyond, float("-inf"))[:, None, None, :],
-        )
-        x = self.embed(token_ids)
-        for i, layer in enumerate(self.layers):
-            x = layer.decode(x, cache, i, ctx)
-        return self._logits(x)
+        return decode_versions([self], None, token_ids, positions, cache, slots)
+
+
+@torch.no_grad()
+def decode_versions(
+    models: Sequence[TinyTransformer], rows: Sequence[torch.Tensor] | None, token_ids: torch.Tensor,
+    positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
+) -> torch.Tensor:
+    """``TinyTransformer.decode`` for a batch mixing versions: row ``b`` runs ``models[i]`` for ``b`` in ``rows[i]``.
+
+    ``rows`` partitions ``0..B-1`` (int64 index tensors, one per model); ``None`` means one model, all rows.
+    Each row's logits equal those of its own model's ``decode`` (same maths; only the batching differs).
+    """
+    if rows is not None and len(rows) == 1:
+        rows = None
+    if rows is None and len(models) != 1:
+        raise ValueError(f"{len(models)} models but no rows saying which rows each one decodes")
+    first, count = int(slots[0]), slots.shape[0]
+    contiguous = (
+        slice(first, first + count)
+        if int(slots[-1]) == first + count - 1 and bool((slots.diff() == 1).all())
+        else None
+    )
+    config = models[0].config
+    length = int(positions.max()) + 1
+    beyond = torch.arange(length)[None, :] > positions[:, None]
+    cos, sin = _rotary_tables(positions[:, None], config.head_dim, config.rope_theta)
+    ctx = _DecodeContext(
+        slots=slots, positions=positions, contiguous=contiguous, length=length, cos=cos, sin=sin,
+        additive_mask=torch.zeros(beyond.shape).masked_fill_(beyond, float("-inf"))[:, None, None, :],
+    )
+    x = _per_version([m.embed for m in models], rows, token_ids)
+    for i in range(config.num_layers):
+        x = _decode_layer([m.layers[i] for m in models], rows, x, cache, i, ctx)  # type: ignore[misc]
+    return _per_version([m._logits for m in models], rows, x)
 
 
 def export_weights(model: TinyTransformer) -> dict[str, torch.Tensor]:
