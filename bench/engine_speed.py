@@ -91,7 +91,8 @@ def multi_version_table(config: TinyModelConfig, batches: list[int], context: in
                 for v, slots in enumerate(groups):
                     models[v].decode(tokens[slots], positions[slots], cache, slots)
 
-            def one_pass(groups=groups, k=k, tokens=tokens, positions=positions, cache=cache) -> None:
+            def one_pass(groups=groups, k=k, tokens=tokens, positions=positions, cache=cache,
+                         all_slots=all_slots) -> None:
                 decode_versions(models[:k], groups if k > 1 else None, tokens, positions, cache, all_slots)
 
             row.append(_cell([_time_ms(separate, iters) for _ in range(repeats)]))

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from dora.cli import main
-from conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "plans"
 SPECS = REPO / "specs"
