@@ -7,8 +7,8 @@ cached context is ``C`` tokens), median over ``--iters`` steps, repeated
 Table 2: ms per decode *iteration* of a multi-version engine -- ``B`` active
 sequences spread round-robin over ``V`` hosted versions -- done two ways: ``V``
 separate forwards over scattered slots (gathered from the shared cache), and one
-``decode_versions`` pass (per-version weights on each version's rows; rotary,
-cache and attention once, over the contiguous slot range).
+``decode_versions`` pass (weights stacked per version, one batched matmul per
+linear over rows padded per version; rotary, cache and attention once).
 
 Table 3: trainer throughput (packed GRPO step, tokens per second).
 
@@ -30,6 +30,7 @@ from dora.runtime.engines.tiny_model import (
     TinyTransformer,
     decode_versions,
     export_weights,
+    stack_versions,
 )
 from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig
 from dora.runtime.tasks import TaskConfig
@@ -75,7 +76,7 @@ def multi_version_table(config: TinyModelConfig, batches: list[int], context: in
     models = [TinyTransformer(config, seed=s).eval() for s in range(4)]
     print(f"\nmulti-version decode ms/iteration at context {context}: B slots spread round-robin over V versions;")
     print("'separate': one forward per version over its scattered slots; 'one pass': decode_versions "
-          "(per-version weights, shared attention)")
+          "(stacked weights, batched matmuls)")
     print("batch " + "".join(f"{f'V={k} {how}':>24}" for k in (1, 2, 3) for how in ("separate", "one pass")))
     for b in batches:
         cache = KVCache(config, num_slots=b, max_len=context + 1)
@@ -91,9 +92,14 @@ def multi_version_table(config: TinyModelConfig, batches: list[int], context: in
                 for v, slots in enumerate(groups):
                     models[v].decode(tokens[slots], positions[slots], cache, slots)
 
-            def one_pass(groups=groups, k=k, tokens=tokens, positions=positions, cache=cache,
-                         all_slots=all_slots) -> None:
-                decode_versions(models[:k], groups if k > 1 else None, tokens, positions, cache, all_slots)
+            stacked, index = stack_versions(models[:k]), torch.arange(b) % k
+
+            def one_pass(k=k, tokens=tokens, positions=positions, cache=cache, all_slots=all_slots,
+                         stacked=stacked, index=index) -> None:
+                if k == 1:
+                    models[0].decode(tokens, positions, cache, all_slots)
+                else:
+                    decode_versions(config, stacked, index, tokens, positions, cache, all_slots)
 
             row.append(_cell([_time_ms(separate, iters) for _ in range(repeats)]))
             row.append(_cell([_time_ms(one_pass, iters) for _ in range(repeats)]))

@@ -10,6 +10,7 @@ from dora.runtime.engines.tiny_model import (
     decode_versions,
     export_weights,
     model_from_weights,
+    stack_versions,
 )
 
 torch.set_num_threads(1)
@@ -85,13 +86,13 @@ def test_multi_version_decode_matches_each_versions_own_decode(name: str) -> Non
                 t = torch.tensor([p])
                 models[v].forward_rows(t, torch.arange(len(p))[None], torch.zeros_like(t), cache=cache,
                                        cache_slots=[int(slots[row])])
-            rows = [torch.tensor([r for r, o in enumerate(owner) if o == v]) for v in range(3)]
-            logits = decode_versions(models, rows, new_tokens, positions, cache, slots)
+            logits = decode_versions(config, stack_versions(models), torch.tensor(owner), new_tokens, positions,
+                                     cache, slots)
             for row, v in enumerate(owner):
                 expected = _full_logits(models[v], [*prefixes[row], int(new_tokens[row])])[-1]
                 torch.testing.assert_close(logits[row], expected, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="no rows"):
-        decode_versions(models, None, new_tokens, positions, cache, slots)
+    with pytest.raises(ValueError, match="one configuration"):
+        stack_versions([models[0], TinyTransformer(CONFIGS["gqa" if name != "gqa" else "mha"])])
 
 
 def test_packed_rows_match_separate_forwards() -> None:

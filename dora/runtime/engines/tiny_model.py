@@ -16,11 +16,11 @@ Three forwards share the same weights and maths:
 - ``decode``: one new token for each of ``B`` cache slots, attending to that
   slot's cached prefix of length ``positions[b]`` (per-slot lengths by masking).
 - ``decode_versions``: the same decode for a batch whose rows belong to several
-  policy versions (a multi-version engine). Only the parts that hold weights
-  (embedding, norms, linears, LM head) run per version, on that version's rows;
-  rotary tables, the KV-cache write and read and attention itself run once for
-  the whole batch. At this size a decode step is dominated by per-op overhead,
-  so a second version costs a fraction of a second forward.
+  policy versions (a multi-version engine), on weights stacked per version
+  (``stack_versions``): batched matmuls over rows padded per version, and
+  rotary, the KV cache and attention once for the whole batch. At this size a
+  decode step is dominated by per-op overhead, so hosting more versions costs
+  a few extra ops per step, not a forward per version.
 """
 
 
@@ -166,46 +166,20 @@ class _Block(nn.Module):
         x = x + self.o(out.transpose(1, 2).reshape(r, n, c.num_heads * c.head_dim))
         return self._mlp(x), k, v
 
-    def qkv_in(self, x: torch.Tensor) -> torch.Tensor:
-        return self.qkv(self.attn_norm(x))
+    def decode(self, x: torch.Tensor, cache: KVCache, layer: int, ctx: _DecodeContext) -> torch.Tensor:
+        """``x [B, hidden]``: write this token's k/v at ``positions`` and attend to ``0..positions[b]``."""
+        c = self.c
+        qkv = self.qkv(self.attn_norm(x)).view(x.shape[0], c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        return self._mlp(x + self.o(_attend(c, qkv, cache, layer, ctx)))
 
-    def attn_out_mlp(self, x_and_attn: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, attn = x_and_attn
-        return self._mlp(x + self.o(attn))
 
-
-def _per_version(
-    fns: Sequence[Callable[..., torch.Tensor]], rows: Sequence[torch.Tensor] | None, *args: torch.Tensor
+def _attend(
+    c: TinyModelConfig, qkv: torch.Tensor, cache: KVCache, layer: int, ctx: _DecodeContext
 ) -> torch.Tensor:
-    """``fns[i]`` applied to the rows ``rows[i]`` of every tensor in ``args``, results scattered back in row order.
-
-    ``rows`` is ``None`` for a single version: then it is just ``fns[0](*args)``.
-    """
-    if rows is None:
-        return fns[0](args[0] if len(args) == 1 else args)
-    out: torch.Tensor | None = None
-    for fn, idx in zip(fns, rows, strict=True):
-        part = [a.index_select(0, idx) for a in args]
-        y = fn(part[0] if len(part) == 1 else tuple(part))
-        if out is None:
-            out = y.new_empty((args[0].shape[0], *y.shape[1:]))
-        out.index_copy_(0, idx, y)
-    assert out is not None
-    return out
-
-
-def _decode_layer(
-    blocks: Sequence[_Block], rows: Sequence[torch.Tensor] | None, x: torch.Tensor, cache: KVCache, layer: int,
-    ctx: _DecodeContext,
-) -> torch.Tensor:
-    """``x [B, hidden]``: write this token's k/v at ``positions`` and attend to ``0..positions[b]``.
-
-    Row ``b`` uses ``blocks[i]`` (its version's weights) for every ``b`` in ``rows[i]``.
-    """
-    c = blocks[0].c
-    b = x.shape[0]
+    """``qkv [B, heads + 2 kv_heads, head_dim]`` of this token: rotate, write k/v at ``positions``, attend to
+    ``0..positions[b]``; returns ``[B, heads * head_dim]``. No weights: shared by every version in a batch."""
+    b = qkv.shape[0]
     group = c.num_heads // c.num_kv_heads
-    qkv = _per_version([blk.qkv_in for blk in blocks], rows, x).view(b, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
     qk = _rotate(qkv[:, : c.num_heads + c.num_kv_heads], ctx.cos, ctx.sin)
     q, k, v = qk[:, : c.num_heads], qk[:, c.num_heads :], qkv[:, c.num_heads + c.num_kv_heads :]
     cache.k[layer, ctx.slots, :, ctx.positions] = k
@@ -219,8 +193,78 @@ def _decode_layer(
         values = cache.v[layer, :, :, : ctx.length].index_select(0, ctx.slots)
     qg = q.view(b, c.num_kv_heads, group, c.head_dim)
     scores = torch.matmul(qg, keys.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim)) + ctx.additive_mask
-    out = torch.matmul(torch.softmax(scores, dim=-1), values).reshape(b, c.num_heads * c.head_dim)
-    return _per_version([blk.attn_out_mlp for blk in blocks], rows, x, out)
+    return torch.matmul(torch.softmax(scores, dim=-1), values).reshape(b, c.num_heads * c.head_dim)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackedVersions:
+    """The weights of ``V`` versions stacked on a leading axis, for ``decode_versions`` (build: ``stack_versions``).
+
+    Linear weights are stored transposed (``[V, in, out]``) for ``torch.baddbmm``; norm weights ``[V, h]``.
+    """
+
+    versions: int
+    embed: torch.Tensor
+    """``[V * vocab, hidden]``: version ``i``'s token ``t`` is row ``i * vocab + t``."""
+    layers: tuple[dict[str, torch.Tensor], ...]
+    norm: torch.Tensor
+    head: torch.Tensor
+    """``[V, hidden, vocab]``."""
+
+
+def stack_versions(models: Sequence[TinyTransformer]) -> StackedVersions:
+    """Stack the weights of ``models`` (same config) for a multi-version decode. Copies them (~V x weights)."""
+    config = models[0].config
+    if any(m.config != config for m in models):
+        raise ValueError("stack_versions needs models of one configuration")
+
+    def t(get: Callable[[TinyTransformer], torch.Tensor]) -> torch.Tensor:
+        return torch.stack([get(m).detach() for m in models])
+
+    layers = []
+    for i in range(config.num_layers):
+        def blk(m: TinyTransformer, i: int = i) -> _Block:
+            return m.layers[i]  # type: ignore[return-value]
+        layers.append({
+            "attn_norm": t(lambda m: blk(m).attn_norm.weight),
+            "qkv": t(lambda m: blk(m).qkv.weight.T),
+            "o": t(lambda m: blk(m).o.weight.T),
+            "mlp_norm": t(lambda m: blk(m).mlp_norm.weight),
+            "up": t(lambda m: blk(m).up.weight.T),
+            "up_bias": t(lambda m: blk(m).up.bias[None]),
+            "down": t(lambda m: blk(m).down.weight.T),
+            "down_bias": t(lambda m: blk(m).down.bias[None]),
+        })
+    head = t(lambda m: m.embed.weight.T if m.lm_head is None else m.lm_head.weight.T)
+    return StackedVersions(
+        versions=len(models), embed=t(lambda m: m.embed.weight).reshape(-1, config.hidden_size),
+        layers=tuple(layers), norm=t(lambda m: m.norm.weight), head=head.contiguous(),
+    )
+
+
+class _Padded:
+    """Moves rows between batch order ``[B, d]`` and per-version padded order ``[V, Bmax, d]`` (for bmm)."""
+
+    def __init__(self, version_index: torch.Tensor, versions: int) -> None:
+        counts = torch.bincount(version_index, minlength=versions)
+        order = torch.argsort(version_index, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.shape[0]) - starts[version_index[order]]
+        self.width = int(counts.max())
+        self.dest = version_index * self.width + rank
+        self.versions = versions
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros((self.versions * self.width, x.shape[-1]))
+        return out.index_copy_(0, self.dest, x).view(self.versions, self.width, x.shape[-1])
+
+    def unpad(self, y: torch.Tensor) -> torch.Tensor:
+        return y.reshape(self.versions * self.width, y.shape[-1]).index_select(0, self.dest)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
 
 
 class TinyTransformer(nn.Module):
@@ -286,41 +330,55 @@ class TinyTransformer(nn.Module):
         self, token_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor
     ) -> torch.Tensor:
         """Logits ``[B, vocab]`` for one new token per slot; ``positions[b]`` = cached length of ``slots[b]``."""
-        return decode_versions([self], None, token_ids, positions, cache, slots)
+        ctx = _decode_context(self.config, positions, slots)
+        x = self.embed(token_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer.decode(x, cache, i, ctx)
+        return self._logits(x)
 
 
-@torch.no_grad()
-def decode_versions(
-    models: Sequence[TinyTransformer], rows: Sequence[torch.Tensor] | None, token_ids: torch.Tensor,
-    positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
-) -> torch.Tensor:
-    """``TinyTransformer.decode`` for a batch mixing versions: row ``b`` runs ``models[i]`` for ``b`` in ``rows[i]``.
-
-    ``rows`` partitions ``0..B-1`` (int64 index tensors, one per model); ``None`` means one model, all rows.
-    Each row's logits equal those of its own model's ``decode`` (same maths; only the batching differs).
-    """
-    if rows is not None and len(rows) == 1:
-        rows = None
-    if rows is None and len(models) != 1:
-        raise ValueError(f"{len(models)} models but no rows saying which rows each one decodes")
+def _decode_context(config: TinyModelConfig, positions: torch.Tensor, slots: torch.Tensor) -> _DecodeContext:
     first, count = int(slots[0]), slots.shape[0]
     contiguous = (
         slice(first, first + count)
         if int(slots[-1]) == first + count - 1 and bool((slots.diff() == 1).all())
         else None
     )
-    config = models[0].config
     length = int(positions.max()) + 1
     beyond = torch.arange(length)[None, :] > positions[:, None]
     cos, sin = _rotary_tables(positions[:, None], config.head_dim, config.rope_theta)
-    ctx = _DecodeContext(
+    return _DecodeContext(
         slots=slots, positions=positions, contiguous=contiguous, length=length, cos=cos, sin=sin,
         additive_mask=torch.zeros(beyond.shape).masked_fill_(beyond, float("-inf"))[:, None, None, :],
     )
-    x = _per_version([m.embed for m in models], rows, token_ids)
-    for i in range(config.num_layers):
-        x = _decode_layer([m.layers[i] for m in models], rows, x, cache, i, ctx)  # type: ignore[misc]
-    return _per_version([m._logits for m in models], rows, x)
+
+
+@torch.no_grad()
+def decode_versions(
+    config: TinyModelConfig, stacked: StackedVersions, version_index: torch.Tensor, token_ids: torch.Tensor,
+    positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
+) -> torch.Tensor:
+    """``TinyTransformer.decode`` for a batch mixing versions: row ``b`` uses version ``version_index[b]`` of
+    ``stacked``. Each row's logits equal its own version's ``decode`` (same maths, up to float rounding).
+
+    Only what holds weights runs per version, and all versions at once: the embedding is one lookup in the
+    stacked table, each linear one ``baddbmm`` over rows padded per version (``[V, Bmax, d]``), norms scale by
+    a per-row weight. Rotary, the cache and attention run once over the batch. So a step costs about one
+    single-version step plus a pad/unpad per linear, however many versions are hosted.
+    """
+    c = config
+    n = stacked.versions
+    ctx = _decode_context(c, positions, slots)
+    rows = _Padded(version_index, n)
+    b = token_ids.shape[0]
+    x = F.embedding(version_index * c.vocab_size + token_ids, stacked.embed)
+    for i, w in enumerate(stacked.layers):
+        h = _rms(x, w["attn_norm"][version_index])
+        qkv = rows.unpad(torch.bmm(rows.pad(h), w["qkv"])).view(b, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        x = x + rows.unpad(torch.bmm(rows.pad(_attend(c, qkv, cache, i, ctx)), w["o"]))
+        up = F.gelu(torch.baddbmm(w["up_bias"], rows.pad(_rms(x, w["mlp_norm"][version_index])), w["up"]))
+        x = x + rows.unpad(torch.baddbmm(w["down_bias"], up, w["down"]))
+    return rows.unpad(torch.bmm(rows.pad(_rms(x, stacked.norm[version_index])), stacked.head))
 
 
 def export_weights(model: TinyTransformer) -> dict[str, torch.Tensor]:

@@ -39,10 +39,12 @@ from dora.runtime.engines.base import (
 from dora.runtime.engines.sampling import sample_tokens
 from dora.runtime.engines.tiny_model import (
     KVCache,
+    StackedVersions,
     TinyModelConfig,
     TinyTransformer,
     decode_versions,
     model_from_weights,
+    stack_versions,
 )
 
 
@@ -117,6 +119,7 @@ class TorchRolloutEngine:
         torch.set_num_threads(config.num_threads)
         self.config = config
         self._models: dict[int, TinyTransformer] = {}
+        self._stacks: dict[tuple[int, ...], StackedVersions] = {}
         self._cache = KVCache(config.model, num_slots=config.max_num_seqs, max_len=config.max_model_len)
         self._slots: list[_Sequence] = []
         self._waiting: deque[_Sequence] = deque()
@@ -129,12 +132,22 @@ class TorchRolloutEngine:
     # ----- versions -------------------------------------------------------------------------
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         self._models[version] = model_from_weights(self.config.model, weights)
+        self._stacks.clear()
+
+    def _stacked(self, versions: tuple[int, ...]) -> StackedVersions:
+        """The hosted versions' weights stacked for a one-pass multi-version decode (rebuilt when they change)."""
+        stacked = self._stacks.get(versions)
+        if stacked is None:
+            self._stacks.clear()
+            stacked = self._stacks[versions] = stack_versions([self._models[v] for v in versions])
+        return stacked
 
     def drop_version(self, version: int) -> None:
         busy = [s.request.request_id for s in (*self._slots, *self._waiting) if s.request.version == version]
         if busy:
             raise RuntimeError(f"cannot drop version {version}: {len(busy)} requests use it (e.g. {busy[0]!r})")
         self._models.pop(version, None)
+        self._stacks.clear()
 
     def hosted_versions(self) -> tuple[int, ...]:
         return tuple(sorted(self._models))
@@ -303,12 +316,14 @@ class TorchRolloutEngine:
         tokens = torch.tensor([s.next_input() for s in group])
         positions = torch.tensor([s.cached_len for s in group])
         slots = torch.tensor([s.slot for s in group])
-        rows_of: dict[int, list[int]] = {}
-        for i, s in enumerate(group):
-            rows_of.setdefault(s.request.version, []).append(i)
-        versions = sorted(rows_of)
-        rows = None if len(versions) == 1 else [torch.tensor(rows_of[v]) for v in versions]
-        logits = decode_versions([self._models[v] for v in versions], rows, tokens, positions, self._cache, slots)
+        versions = sorted({s.request.version for s in group})
+        if len(versions) == 1:
+            logits = self._models[versions[0]].decode(tokens, positions, self._cache, slots)
+        else:
+            index = {v: i for i, v in enumerate(versions)}
+            version_index = torch.tensor([index[s.request.version] for s in group])
+            logits = decode_versions(self.config.model, self._stacked(tuple(versions)), version_index, tokens,
+                                     positions, self._cache, slots)
         # A row samples once its last known token went in; rows still ingesting only filled the cache.
         keep = [i for i, s in enumerate(group) if not s.ingesting()]
         for s in group:
