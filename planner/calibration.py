@@ -144,6 +144,14 @@ class Calibration:
     GRPO step.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
     2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
 
+    cpu_extra_version_step_s: float | None = 0.0002
+    """On `cpu`: what each extra policy version with running requests adds to one decode step of a multi-version
+    engine (the torch engine stacks the versions' weights and runs one batched matmul per linear over rows padded
+    per version, so a version costs a few pad/unpad ops, not a forward).  None: a full `decode_step_overhead_s`
+    per extra version (a separate forward, as an engine without stacking would run).  Default measured with
+    `python bench/engine_speed.py` (multi-version table: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms, one
+    thread) on the development machine class on 2026-11-21."""
+
     cpu_weight_reload_fixed_s: float | None = 0.0025
     """On `cpu`, replaces weight_reload_fixed_s (None: keep it): building the engine's model from a received
     state dict.  The GPU prior (0.5 s engine pause/resume) is two orders of magnitude too slow for the tiny CPU
@@ -201,6 +209,13 @@ class Calibration:
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def extra_version_step_s(self, accelerator_name: str) -> float:
+        """Overhead one more hosted version (with running requests) adds to a decode step, on top of reading its
+        weights (s); see `cpu_extra_version_step_s`."""
+        if accelerator_name == "cpu" and self.cpu_extra_version_step_s is not None:
+            return self.cpu_extra_version_step_s
+        return self.resolved_for(accelerator_name).decode_step_overhead_s
+
     def resolved_for(self, accelerator_name: str) -> Calibration:
         """The calibration the formulas should use on `accelerator_name`.
 
@@ -229,6 +244,6 @@ class Calibration:
 
 
 _OPTIONAL_FIELDS = frozenset({"cpu_prefill_compute_efficiency", "cpu_train_compute_efficiency",
-                              "cpu_weight_reload_fixed_s"})
+                              "cpu_weight_reload_fixed_s", "cpu_extra_version_step_s"})
 
 DEFAULT_CALIBRATION = Calibration()

@@ -30,6 +30,11 @@ from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import Accelerator, all_to_all_s, group_link_bandwidth_bytes_per_s, ring_all_reduce_s
 
 _GIB = 1024**3
+CPU_DECODE_INGEST_MAX_TOKENS = 8
+"""dora's CPU (torch) rollout engine feeds prompts of at most this many tokens through the decode batch, one
+token per step, instead of a prefill forward (``RolloutConfig.decode_ingest_max_tokens``; a test keeps the two
+equal)."""
+
 VLLM_BLOCK_SIZE_TOKENS = 16
 """vLLM's default KV page (block) size in tokens: a sequence occupies ceil(len / 16) pages."""
 

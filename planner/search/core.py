@@ -230,12 +230,20 @@ def _rank_key(s: Simulated, best: float) -> tuple:
     return (not within_tie, *tie_break, -s.trained_tokens_per_s, s.screened.label)
 
 
+def _hosts(p: Placement, mode: Mode, k: int) -> bool:
+    """Is ``p``'s versions-per-engine meaningful for ``mode`` at lag ``k``? Several versions per engine only
+    in streaming, at most k + 1; a pinned count is kept for every mode (it is clamped by ``versions_per_engine``)."""
+    v = p.rollout.versions
+    return v == 1 or (mode == "streaming" and v <= k + 1) or not p.rollout.versions_searched
+
+
 def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bool = False) -> SearchOutcome:
     """Plan the spec: see the module docstring. ``exhaustive`` simulates every screened candidate (tests)."""
     space = Space(inputs)
     screen = Screen(space)
     placements = _placements(space, screen)
-    screened = sorted((screen.evaluate(p, mode, k) for p in placements for mode, k in mode_ks(inputs, p.colocated)),
+    screened = sorted((screen.evaluate(p, mode, k) for p in placements for mode, k in mode_ks(inputs, p.colocated)
+                       if _hosts(p, mode, k)),
                       key=lambda c: (-c.trained_tokens_per_s, c.label))
     rejections = tuple(sorted(space.rejections, key=lambda r: (r.need_over_have, r.what)))
     if not screened:

@@ -44,12 +44,14 @@ class RolloutOption:
     slots: int
     memory: RolloutMemory
     versions: int = 1
-    """Policy versions one replica may host in streaming (``placement.rollout.versions_per_engine``; default 1),
-    with ``memory`` sized for them."""
+    """Policy versions one replica may host in streaming (``placement.rollout.versions_per_engine``; default 1,
+    searched over 1..k+1 on ``cpu``), with ``memory`` sized for them."""
+    versions_searched: bool = False
+    """True when ``versions`` is one of several the search tries (not a pin)."""
 
     @property
     def label(self) -> str:
-        return f"tp{self.tp}" + (f"ep{self.ep}" if self.ep > 1 else "")
+        return f"tp{self.tp}" + (f"ep{self.ep}" if self.ep > 1 else "") + (f"v{self.versions}" if self.versions > 1 else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +127,14 @@ class Space:
     @cached_property
     def rollout_options(self) -> tuple[RolloutOption, ...]:
         inp, arch, pins = self.inp, self.inp.arch, self.inp.pins
-        extra = (pins.versions_per_engine or 1) - 1
+        if pins.versions_per_engine:
+            version_counts = [pins.versions_per_engine]
+        elif inp.accelerator.name == "cpu":
+            # dora's CPU engine hosts several versions in one batched step (``extra_version_step_s``); on GPUs
+            # DORA gives each replica one version and moves replicas between versions instead.
+            version_counts = list(range(1, inp.max_version_lag + 2))
+        else:
+            version_counts = [1]
         heads = arch.num_attention_heads
         max_tp = min(inp.total_accelerators, 4 * inp.accelerators_per_node)
         tps = [pins.rollout_tp] if pins.rollout_tp else [t for t in powers_of_two_upto(max_tp) if heads % t == 0]
@@ -137,26 +146,27 @@ class Space:
             for ep in eps:
                 if arch.is_moe and ep > 1 and arch.num_experts % ep:
                     continue
-                mem = rollout_instance_memory(
-                    arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
-                    gpu_memory_utilization=inp.gpu_memory_utilization, extra_versions=extra,
-                    context_tokens=inp.max_context_tokens, calib=inp.calibration)
-                if not mem.fits:
-                    ratio = mem.needed_bytes_per_device / max(mem.usable_bytes_per_device, 1.0)
-                    self.rejections.append(Rejection(what=f"rollout tp{tp}" + (f"ep{ep}" if ep > 1 else ""),
-                                                     reason=mem.message, need_over_have=ratio))
-                    continue
-                slots = min(inp.max_num_seqs_cap, int(mem.kv_capacity_tokens // self.ctx_avg))
-                slots = max(slots, 1)
-                if slots < inp.samples_per_prompt:
-                    self.rejections.append(Rejection(
-                        what=f"rollout tp{tp}", need_over_have=inp.samples_per_prompt / slots,
-                        reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples needs "
-                                f"{inp.samples_per_prompt} slots, KV cache holds {slots} at the mean context "
-                                f"{self.ctx_avg:.0f} tokens")))
-                    continue
-                versions = extra + 1  # memory above is sized for the pinned versions
-                out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem, versions=versions))
+                for versions in version_counts:
+                    mem = rollout_instance_memory(
+                        arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
+                        gpu_memory_utilization=inp.gpu_memory_utilization, extra_versions=versions - 1,
+                        context_tokens=inp.max_context_tokens, calib=inp.calibration)
+                    if not mem.fits:
+                        ratio = mem.needed_bytes_per_device / max(mem.usable_bytes_per_device, 1.0)
+                        self.rejections.append(Rejection(what=f"rollout tp{tp}" + (f"ep{ep}" if ep > 1 else ""),
+                                                         reason=mem.message, need_over_have=ratio))
+                        continue
+                    slots = min(inp.max_num_seqs_cap, int(mem.kv_capacity_tokens // self.ctx_avg))
+                    slots = max(slots, 1)
+                    if slots < inp.samples_per_prompt:
+                        self.rejections.append(Rejection(
+                            what=f"rollout tp{tp}", need_over_have=inp.samples_per_prompt / slots,
+                            reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples needs "
+                                    f"{inp.samples_per_prompt} slots, KV cache holds {slots} at the mean context "
+                                    f"{self.ctx_avg:.0f} tokens")))
+                        continue
+                    out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem, versions=versions,
+                                             versions_searched=len(version_counts) > 1))
         return tuple(out)
 
     # ------------------------------------------------------------------ training

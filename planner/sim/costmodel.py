@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from planner.architecture import ModelArch
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import Accelerator
-from planner.rollout_cost import RolloutCostModel, make_rollout_cost_model
+from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS, RolloutCostModel, make_rollout_cost_model
 from planner.train_cost import TrainCostModel
 from planner.weight_sync import weight_sync_time_s
 
@@ -35,6 +35,12 @@ class CostModelTiming:
     weight_load_peer_s: float
     kv_migration_s_per_token: float
     weight_bytes_per_group: float
+    extra_version_step_s: float
+    """Multi-version engines: per extra hosted version with running requests, a decode step also reads that
+    version's weights and pays ``Calibration.extra_version_step_s``."""
+    prompt_ingest_max_tokens: int = 0
+    """Prompts up to this many tokens enter the decode batch directly (``CPU_DECODE_INGEST_MAX_TOKENS``): their
+    prefill costs those rows of a decode step, not a forward of its own."""
     _per_batch: dict[int, tuple[float, float, float]] = field(default_factory=dict, compare=False, repr=False)
     """batch size -> (bytes, FLOPs, comm + overhead s) of ``RolloutCostModel.decode_step_s`` that do not depend on
     the context: the simulator calls decode_step_s ~10^6 times for few distinct batch sizes."""
@@ -54,7 +60,12 @@ class CostModelTiming:
         return max(bytes_moved / r.memory_rate_bytes_per_s, flops / r.decode_flops_per_s) + terms[2]
 
     def prefill_s(self, num_tokens: int) -> float:
-        return self.rollout.prefill_s(num_tokens) if num_tokens > 0 else 0.0
+        if num_tokens <= 0:
+            return 0.0
+        if num_tokens <= self.prompt_ingest_max_tokens:
+            r = self.rollout  # rows added to decode steps: their matmul FLOPs at the decode rate
+            return r._matmul_flops(num_tokens) / r.decode_flops_per_s
+        return self.rollout.prefill_s(num_tokens)
 
     def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:
         return self.train.train_step_s(num_tokens, sum_sq_seq_len, num_seqs)
@@ -100,6 +111,8 @@ def cost_model_timing(
     calib_r = calib.resolved_for(rollout_acc.name)
     nic = calib_r.scale_out_efficiency * rollout_acc.scale_out_bandwidth_bytes_per_s
     bytes_per_device = sync.bytes_per_replica / rollout_tp
+    extra_version = (rollout.nonexpert_weight_bytes_per_device / rollout.memory_rate_bytes_per_s
+                     + calib.extra_version_step_s(rollout_acc.name))
     return CostModelTiming(
         rollout=rollout,
         train=train,
@@ -108,4 +121,6 @@ def cost_model_timing(
         weight_load_peer_s=bytes_per_device / nic + sync.reload_s,
         kv_migration_s_per_token=rollout.kv_bytes_per_token_per_device / nic,
         weight_bytes_per_group=sync.bytes_per_replica,
+        extra_version_step_s=extra_version,
+        prompt_ingest_max_tokens=CPU_DECODE_INGEST_MAX_TOKENS if rollout_acc.name == "cpu" else 0,
     )

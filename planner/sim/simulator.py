@@ -15,8 +15,9 @@ A replica is a heap of ``(finish_pos, trajectory)`` and costs O(log B) per finis
 Admitting a prompt group pauses decoding for one prefill of the shared prompt (the group's
 samples share it, as with prefix caching). Loading weights pauses the replica; with
 ``resume_in_flight`` the in-flight contexts are re-prefilled on the new weights afterwards.
-With ``max_versions_per_engine > 1`` a replica runs one forward per hosted version with running
-sequences, so its step time is ``sum_v decode_step_s(B_v, C_v(pos))`` (per-version batch and context);
+With ``max_versions_per_engine > 1`` a replica decodes all its sequences in one batched step whatever
+their versions, plus ``extra_version_step_s`` per hosted version with running sequences beyond the
+first (reading that version's weights, and the engine's per-version overhead);
 a ``LoadWeights(keep_loaded=True)`` pauses the replica for the load, without touching its sequences.
 Migration moves sequences with their generated tokens; the source replica is busy for
 ``kv_migration_s_per_token * moved context`` before it can load new weights (the destination is
@@ -94,8 +95,6 @@ class Simulator:
         self.multi = config.max_versions_per_engine > 1
         self.e_vcount: list[dict[int, int]] = [{} for _ in range(n)]
         """Multi-version engines only: replica -> {version: running sequences}."""
-        self.e_vstart: list[dict[int, float]] = [{} for _ in range(n)]
-        """Multi-version engines only: replica -> {version: sum of its sequences' start positions}."""
         self.t_len: list[int] = []
         self.t_spans: dict[int, list[tuple[int, int]]] = {}
         """Trajectory -> [(version, first token index)], only for trajectories that changed version."""
@@ -142,16 +141,12 @@ class Simulator:
         dpos = h[0][0] - pos
         if dpos < 0.0:
             dpos = 0.0
+        ctx = b * (self.prompt + pos) - self.e_sum_start[r] + b * dpos * 0.5
+        step = self.timing.decode_step_s(b, ctx)
         if self.multi:
-            step = 0.0
-            starts = self.e_vstart[r]
-            for v, bv in self.e_vcount[r].items():
-                if bv:
-                    ctx = bv * (self.prompt + pos) - starts[v] + bv * dpos * 0.5
-                    step += self.timing.decode_step_s(bv, ctx)
-        else:
-            ctx = b * (self.prompt + pos) - self.e_sum_start[r] + b * dpos * 0.5
-            step = self.timing.decode_step_s(b, ctx)
+            busy = sum(1 for bv in self.e_vcount[r].values() if bv)
+            if busy > 1:
+                step += (busy - 1) * self.timing.extra_version_step_s
         self.e_step_s[r] = step
         self._push(self.e_t[r] + dpos * step, _EV_ENGINE, r, self.e_gen[r])
 
@@ -207,7 +202,6 @@ class Simulator:
             if self.multi:
                 v = self.policy.group_version[gid]
                 self.e_vcount[r][v] -= 1
-                self.e_vstart[r][v] -= finish - length
             seq_tokens = self.prompt + length
             self.group_tokens[gid] += seq_tokens
             self.group_sq[gid] += seq_tokens * seq_tokens
@@ -260,7 +254,6 @@ class Simulator:
         if not self.multi or self.e_vcount[r].get(v, 0):
             raise ValueError(f"DropVersion v{v} on engine {r} with {self.e_vcount[r].get(v, 0)} requests of it")
         self.e_vcount[r].pop(v, None)
-        self.e_vstart[r].pop(v, None)
         if self.record:
             self.trace.append({"t": self.now, "type": "version_dropped", "rollout_group": r, "version": v})
 
@@ -285,7 +278,6 @@ class Simulator:
         if self.multi:
             v = act.version
             self.e_vcount[r][v] = self.e_vcount[r].get(v, 0) + n
-            self.e_vstart[r][v] = self.e_vstart[r].get(v, 0.0) + pos * n
         prefill = self.timing.prefill_s(self.prompt)
         if prefill > 0.0:
             start = max(self.e_t[r], now)

@@ -25,6 +25,8 @@ class StepTiming(Protocol):
     weight_load_peer_s: float
     kv_migration_s_per_token: float
     weight_bytes_per_group: float
+    extra_version_step_s: float
+    """Added to a decode step for each hosted version with running requests beyond the first (multi-version)."""
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
 
@@ -55,10 +57,14 @@ class LinearTiming:
     weight_load_peer_s: float = 0.0
     kv_migration_s_per_token: float = 0.0
     weight_bytes_per_group: float = 0.0
+    extra_version_step_s: float | None = None
+    """None: ``decode_base_s`` (each extra hosted version costs a step's fixed part)."""
 
     def __post_init__(self) -> None:
         if self.decode_base_s <= 0:
             raise ValueError(f"decode_base_s must be > 0, got {self.decode_base_s}")
+        if self.extra_version_step_s is None:
+            object.__setattr__(self, "extra_version_step_s", self.decode_base_s)
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
         return (

@@ -229,3 +229,10 @@ def test_min_new_tokens_masks_eos_and_records_the_masked_logprobs() -> None:
             if j < 10:
                 row[EOS] = float("-inf")
             assert t.behaviour_logprobs[j] == pytest.approx(float(torch.log_softmax(row, -1)[tok]), abs=1e-5)
+
+
+def test_planner_models_the_engines_prompt_ingestion_limit() -> None:
+    """The cost model charges short prompts as decode rows exactly up to the engine's default limit."""
+    from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS
+
+    assert RolloutConfig(model=MODEL, eos_token_id=EOS).decode_ingest_max_tokens == CPU_DECODE_INGEST_MAX_TOKENS
