@@ -56,7 +56,8 @@ def predict(resolved: Any, rc: RuntimeConfig) -> dict[str, float] | str:
         config = PolicyConfig(mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
                               slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
                               samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
-                              allow_version_mixing=rc.allow_version_mixing)
+                              allow_version_mixing=rc.allow_version_mixing,
+                              max_versions_per_engine=rc.versions_per_engine)
         workload = Workload(prompt_tokens=4, response_length=resolved.response_lengths)
         sim = simulate(config, workload, timing, seed=rc.seed, record_events=False)
         return {"trained_tokens_per_s": sim.tokens_per_s, "occupancy": sim.rollout_slot_occupancy,
