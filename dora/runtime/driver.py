@@ -92,6 +92,9 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
         allow_version_mixing=rc.allow_version_mixing, max_versions_per_engine=rc.versions_per_engine,
         colocated=rc.colocated,
     )
+    # A request still ingesting its prompt has no token yet: resumed on new weights it would start on a version
+    # other than the one it was admitted on. Modes that interrupt in-flight requests prefill in one forward.
+    interrupts = policy.mode == "partial-rollout" or policy.update == "interrupt"
     cores = cpus if cpus is not None else os.cpu_count() or 2
     share = int(100 * cores / (rc.rollout_workers + 1)) / 100  # Ray CPU reservation per actor
     out = base_dir / rc.output_dir
@@ -99,7 +102,8 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
     return ControllerConfig(
         policy=policy,
         rollout=RolloutConfig(model=model, eos_token_id=task.eos_token_id, max_num_seqs=rc.max_num_seqs,
-                              max_model_len=max(rc.max_model_len, 4 + rl.max_tokens + 1), num_threads=1),
+                              max_model_len=max(rc.max_model_len, 4 + rl.max_tokens + 1), num_threads=1,
+                              **({"decode_ingest_max_tokens": 0} if interrupts else {})),
         trainer=TrainerConfig(model=model, learning_rate=a.learning_rate, off_policy_correction=a.off_policy_correction,
                               is_weight_cap=a.tis_cap, ppo_clip_eps=a.clip_ratio, num_minibatches=a.minibatches_per_step,
                               temperature=a.temperature, num_threads=trainer_threads, seed=rc.seed),

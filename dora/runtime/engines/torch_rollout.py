@@ -66,7 +66,8 @@ class RolloutConfig:
     (chunked prefill with chunk 1). On CPU at this size a forward costs ~1.5 ms however few rows it has,
     so a 4-token prompt costs 3 extra rows of a decode step (~0.05 ms) instead of a whole extra forward;
     measured: prefill was 22% of the engine thread in streaming. Longer ones (a resumed partial rollout)
-    are prefilled in one forward. 0 turns it off."""
+    are prefilled in one forward. 0 turns it off -- as modes that resume in-flight requests on new weights must
+    (partial rollout): a request interrupted mid-ingest has no token yet and would start on the new version."""
 
 
 @dataclass(kw_only=True)
