@@ -14,6 +14,12 @@ sequence order, so it never sees a trajectory finish on an engine after that eng
 Run as Ray actors with ``max_concurrency=2``: one thread serves the poll, one the commands; the
 controller keeps at most one of each outstanding per worker.
 
+Incarnations: Ray restarts a dead worker on its own and delivers later calls to the new process, which
+holds none of the old one's requests, versions or message sequence. Every process draws a fresh
+``incarnation`` token; the controller sends the token it addresses with each poll and command, and a
+process refuses a call meant for another incarnation (``WorkerRestarted``) without touching its state.
+So a restart is always seen, even when no call was in flight at the moment of death.
+
 Occupancy accounting (per worker, wall clock since ``start_clock``): ``busy_slot_s`` integrates the
 sequences holding a slot over each step's duration, ``busy_s`` the time with at least one; the
 rollout slot occupancy is ``busy_slot_s / (max_num_seqs * wall_s)``.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -68,12 +75,21 @@ class WorkerMessage:
     export_reply: bool = False
 
 
+class WorkerRestarted(RuntimeError):
+    """A call addressed to an earlier incarnation of a rollout worker reached the process Ray restarted."""
+
+
 class RolloutWorker:
-    """One rollout group: a continuous-batching engine hosting one version (or several: ``keep_loaded``)."""
+    """One rollout group: a continuous-batching engine hosting one version (or several: ``keep_loaded``).
+
+    Polls and commands take the ``incarnation`` they address (see the module doc); ``None``, for
+    in-process use where no restart can happen, skips the check.
+    """
 
     def __init__(self, config: RolloutConfig, *, index: int) -> None:
         torch.set_num_threads(config.num_threads)
         self.index = index
+        self._incarnation = uuid.uuid4().hex
         self.config = config
         self._engine = TorchRolloutEngine(config)
         self._inbox: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
@@ -124,8 +140,14 @@ class RolloutWorker:
             except queue.Empty:
                 return
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
+    def _expect(self, incarnation: str | None) -> None:
+        if incarnation is not None and incarnation != self._incarnation:
+            raise WorkerRestarted(f"rollout worker {self.index}: a call for incarnation {incarnation[:8]} reached "
+                                  f"incarnation {self._incarnation[:8]} (the process was restarted)")
+
+    def _call(self, fn: Callable[[], Any], incarnation: str | None) -> Any:
         """Run ``fn`` on the engine thread between two steps and return its result."""
+        self._expect(incarnation)
         if self._stopping:
             raise RuntimeError(f"rollout worker {self.index} is stopped")
         future: Future[Any] = Future()
@@ -150,13 +172,20 @@ class RolloutWorker:
         )
 
     # ------------------------------------------------------------------ controller API
-    def poll(self, timeout_s: float, linger_s: float = 0.0, min_batch: int = 1) -> WorkerMessage:
+    def incarnation(self) -> str:
+        """This process's token (a restarted worker has a new one)."""
+        return self._incarnation
+
+    def poll(
+        self, timeout_s: float, linger_s: float = 0.0, min_batch: int = 1, *, incarnation: str | None = None,
+    ) -> WorkerMessage:
         """Wait up to ``timeout_s`` for a finished trajectory, then up to ``linger_s`` more until
         ``min_batch`` have finished; return them (possibly none) as the next message.
 
         Lingering trades a few milliseconds of refill latency for fewer, larger messages: each message
         costs the controller a Ray round trip, and on a small machine that CPU comes out of rollout.
         """
+        self._expect(incarnation)
         with self._cond:
             self._cond.wait_for(lambda: bool(self._outbox) or self._stopping, timeout=timeout_s)
             if self._outbox and linger_s > 0:
@@ -168,7 +197,7 @@ class RolloutWorker:
         with self._cond:
             return self._counters()
 
-    def start_clock(self) -> None:
+    def start_clock(self, *, incarnation: str | None = None) -> None:
         """Zero the occupancy counters: the run's wall clock starts now (after warm-up and first load)."""
 
         def reset() -> None:
@@ -177,10 +206,11 @@ class RolloutWorker:
                 self._busy_s = self._busy_slot_s = 0.0
                 self._generated_base = self._engine.stats().generated_tokens
 
-        self._call(reset)
+        self._call(reset, incarnation)
 
     def load_weights(
         self, version: int, weights: dict[str, torch.Tensor], resume_in_flight: bool = False, keep_loaded: bool = False,
+        *, incarnation: str | None = None,
     ) -> None:
         """Serve ``version``. Ray resolves ``weights`` from the object store (one copy per version).
 
@@ -214,20 +244,20 @@ class RolloutWorker:
                     temperature=request.temperature, seed=request.seed, prefix=partial,
                 ))
 
-        self._call(load)
+        self._call(load, incarnation)
 
-    def drop_version(self, version: int) -> None:
+    def drop_version(self, version: int, *, incarnation: str | None = None) -> None:
         """Free ``version``'s weights (no request of it may remain; the engine checks)."""
-        self._call(lambda: self._engine.drop_version(version))
+        self._call(lambda: self._engine.drop_version(version), incarnation)
 
-    def add_requests(self, requests: list[GenerationRequest]) -> None:
+    def add_requests(self, requests: list[GenerationRequest], *, incarnation: str | None = None) -> None:
         def add() -> None:
             for r in requests:
                 self._engine.add_request(r)
 
-        self._call(add)
+        self._call(add, incarnation)
 
-    def export_requests(self) -> WorkerMessage:
+    def export_requests(self, *, incarnation: str | None = None) -> WorkerMessage:
         """Remove every in-flight request with its KV cache; the reply also carries unpolled finishes."""
 
         def export() -> WorkerMessage:
@@ -236,14 +266,14 @@ class RolloutWorker:
             with self._cond:
                 return self._message(exported=moved, export=True)
 
-        return self._call(export)
+        return self._call(export, incarnation)
 
-    def import_requests(self, requests: list[MigratingRequest]) -> None:
+    def import_requests(self, requests: list[MigratingRequest], *, incarnation: str | None = None) -> None:
         def imp() -> None:
             for m in requests:
                 self._engine.import_request(m)
 
-        self._call(imp)
+        self._call(imp, incarnation)
 
     def pid(self) -> int:
         """The worker's process id (fault-injection tests and benchmarks kill it)."""

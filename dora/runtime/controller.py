@@ -31,7 +31,7 @@ from typing import Any
 
 import ray
 
-from dora.runtime.actors import RolloutWorker, TrainerActor, WorkerCounters, WorkerMessage
+from dora.runtime.actors import RolloutWorker, TrainerActor, WorkerCounters, WorkerMessage, WorkerRestarted
 from dora.runtime.checkpoint import Checkpoint, ResumePoint, checkpoint_dir, write_checkpoint
 from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, ScoredTrajectory, TrainMetrics
 from dora.runtime.engines.torch_rollout import RolloutConfig
@@ -128,6 +128,8 @@ class _Worker:
     running: Command | None = None
     epoch: int = 0
     """Incremented at each restart: replies from an earlier incarnation are ignored."""
+    incarnation: str | None = None
+    """The process token every poll and command addresses (see ``dora.runtime.actors``)."""
     target: int | None = None
     """The (global) version this worker serves or is loading, as last commanded."""
     requests: dict[str, GenerationRequest] = field(default_factory=dict)
@@ -249,8 +251,12 @@ class Controller:
             if held != self.base:
                 raise RuntimeError(f"checkpoint {cfg.resume.trainer_state} holds v{held}, expected v{self.base}")
         self._weights[self.base] = self._trainer.publish.remote(self.base)
-        ray.get([w.actor.load_weights.remote(self.base, self._weights[self.base]) for w in self._workers])
-        ray.get([w.actor.start_clock.remote() for w in self._workers])
+        tokens = ray.get([w.actor.incarnation.remote() for w in self._workers])
+        for w, token in zip(self._workers, tokens, strict=True):
+            w.incarnation = token
+        ray.get([w.actor.load_weights.remote(self.base, self._weights[self.base], incarnation=w.incarnation)
+                 for w in self._workers])
+        ray.get([w.actor.start_clock.remote(incarnation=w.incarnation) for w in self._workers])
         now = time.perf_counter()
         for w in self._workers:
             w.last_heard = now
@@ -294,7 +300,7 @@ class Controller:
                 return  # a reply of an incarnation that died: its work was regenerated
             try:
                 msg: WorkerMessage = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
+            except (ray.exceptions.RayActorError, WorkerRestarted) as exc:
                 self._worker_failed(w, exc)
                 return
             w.last_heard = time.perf_counter()
@@ -302,7 +308,8 @@ class Controller:
                 self._poll(w)  # re-arm first: the worker keeps reporting while we process
             self._deliver(w, msg)
 
-        self._submit(w.actor.poll.remote(self.config.poll_timeout_s, self.config.poll_linger_s, self.spp), done)
+        self._submit(w.actor.poll.remote(self.config.poll_timeout_s, self.config.poll_linger_s, self.spp,
+                                         incarnation=w.incarnation), done)
 
     def _command(self, w: _Worker, kind: str, call: Callable[[], Any], on_done: Callable[[Any], None]) -> None:
         w.commands.append((kind, call, on_done))
@@ -324,7 +331,7 @@ class Controller:
                 return  # the restart replayed this command's effect
             try:
                 result = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
+            except (ray.exceptions.RayActorError, WorkerRestarted) as exc:
                 self._worker_failed(w, exc)
                 return
             self._next_command(w)
@@ -335,7 +342,8 @@ class Controller:
     def _add(self, w: _Worker, requests: list[GenerationRequest], kind: str = "add") -> None:
         for r in requests:
             w.requests[r.request_id] = r
-        self._command(w, kind, lambda: w.actor.add_requests.remote(requests), lambda _: None)
+        self._command(w, kind, lambda: w.actor.add_requests.remote(requests, incarnation=w.incarnation),
+                      lambda _: None)
 
     def _deliver(self, w: _Worker, msg: WorkerMessage) -> None:
         """Process ``w``'s messages strictly in sequence order (see the module doc)."""
@@ -389,7 +397,8 @@ class Controller:
         deadline = started + cfg.restart_timeout_s
         while True:
             try:
-                ray.get(w.actor.counters.remote(), timeout=max(0.1, min(5.0, deadline - time.perf_counter())))
+                w.incarnation = ray.get(w.actor.incarnation.remote(),
+                                        timeout=max(0.1, min(5.0, deadline - time.perf_counter())))
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:
                 if time.perf_counter() > deadline:
@@ -397,7 +406,7 @@ class Controller:
                                      f"within {cfg.restart_timeout_s:.0f} s ({type(again).__name__})") from None
                 time.sleep(0.1)
         if w.target is not None:
-            ray.get(w.actor.load_weights.remote(w.target, self._weights[w.target]))
+            ray.get(w.actor.load_weights.remote(w.target, self._weights[w.target], incarnation=w.incarnation))
         lost = list(w.requests.values())
         w.requests.clear()
         self.trace.event(self.now(), "worker_restarted", rollout_group=w.index, version=w.target or 0)
@@ -491,21 +500,23 @@ class Controller:
             self._execute(self.policy.handle(WeightsLoaded(rollout_group=r, version=act.version)))
             self._forget_old_weights()
 
-        self._command(w, "load", lambda: w.actor.load_weights.remote(v, ref, act.resume_in_flight, act.keep_loaded),
+        self._command(w, "load", lambda: w.actor.load_weights.remote(v, ref, act.resume_in_flight, act.keep_loaded,
+                                                               incarnation=w.incarnation),
                       loaded)
 
     def _drop(self, act: DropVersion) -> None:
         r, v = act.rollout_group, act.version + self.base
         w = self._workers[r]
         self.trace.event(self.now(), "version_dropped", rollout_group=r, version=v)
-        self._command(w, "drop", lambda: w.actor.drop_version.remote(v), lambda _: None)
+        self._command(w, "drop", lambda: w.actor.drop_version.remote(v, incarnation=w.incarnation), lambda _: None)
 
     def _migrate(self, act: MigrateRequests) -> None:
         w = self._workers[act.src]
         if w.migration is not None:
             raise RuntimeError(f"engine {act.src}: a migration is already in progress")
         w.migration = act
-        self._command(w, "export", lambda: w.actor.export_requests.remote(), lambda msg: self._deliver(w, msg))
+        self._command(w, "export", lambda: w.actor.export_requests.remote(incarnation=w.incarnation),
+                      lambda msg: self._deliver(w, msg))
 
     def _migrated(self, w: _Worker, msg: WorkerMessage) -> None:
         act, w.migration = w.migration, None
@@ -523,7 +534,8 @@ class Controller:
                 d = self._workers[dst]
                 for m in batch:
                     d.requests[m.request.request_id] = m.request
-                self._command(d, "import", lambda d=d, batch=batch: d.actor.import_requests.remote(batch),
+                self._command(d, "import",
+                              lambda d=d, batch=batch: d.actor.import_requests.remote(batch, incarnation=d.incarnation),
                               lambda _: None)
                 self.trace.event(t, "migrated", src=w.index, dst=dst, trajs=[m.request.request_id for m in batch])
         if left:

@@ -1,8 +1,9 @@
 """Fault injection for the reliability tests and ``bench/faults.py``: kill rollout workers, kill the run.
 
 - ``WorkerKiller``: an ``on_progress`` hook for an in-process ``Controller`` that kills a rollout worker's
-  process (``ray.kill`` with restart allowed, or ``SIGKILL`` of its PID) each time the run passes one of
-  the given counts of finished trajectories. The controller must notice, restart and re-admit.
+  process (``ray.kill`` with restart allowed, or ``SIGKILL`` of its PID) once the given count of
+  trajectories finished after the controller recovered from the previous kill, and waits for Ray to restart
+  it. The controller must notice, reload and regenerate.
 - ``kill_and_resume``: run a command (the driver, or ``dora apply``) in its own process group, ``SIGKILL``
   the group at random moments after it made progress, re-run the same command, and time each recovery.
 - ``ledger``: from a trace, how many admitted trajectories were lost (neither trained nor accounted for)
@@ -26,14 +27,25 @@ from dora.runtime.trace import read_jsonl
 
 @dataclass
 class WorkerKiller:
-    """Kill a rollout worker once ``gaps[i]`` more trajectories finished since the previous kill, alternating ``ray.kill`` (restart allowed) and ``SIGKILL``
-    of its PID. (The controller recovers synchronously, so the finishes of the other workers during a
-    recovery are delivered together after it.)"""
+    """Kill a rollout worker holding requests once ``gaps[i]`` more trajectories finished since the controller
+    recovered from the previous kill, alternating ``ray.kill`` (restart allowed) and ``SIGKILL`` of its PID.
+
+    Each kill is seen by the controller, exactly once:
+
+    - the hook blocks (the controller with it) until Ray has restarted the victim, so the controller's
+      outstanding poll of the dead process has failed, or reaches the new process and is refused there
+      (``WorkerRestarted``), by the time the controller looks again: a fast run cannot end first;
+    - the next kill waits for the controller to have restarted the previous victim
+      (``stats.worker_restarts``), so two deaths never fold into the one failure the controller sees.
+
+    (The controller recovers synchronously, so the finishes of the other workers during a recovery are
+    delivered together after it.)"""
 
     controller: Any
     gaps: Sequence[int]
     rng: random.Random
     methods: Sequence[str] = ("ray", "sigkill")
+    restart_timeout_s: float = 60.0
     kills: list[dict[str, Any]] = field(default_factory=list)
     _armed_at: int = 0
 
@@ -43,23 +55,43 @@ class WorkerKiller:
         if len(self.kills) >= len(self.gaps):
             return
         if self.kills and self.kills[-1]["recovered_at"] is None:
-            self.kills[-1]["recovered_at"] = stats.finished_trajectories
+            if stats.worker_restarts < len(self.kills):
+                return  # the previous victim is not back yet
+            self.kills[-1]["recovered_at"] = self._armed_at = stats.finished_trajectories
         if stats.finished_trajectories - self._armed_at < self.gaps[len(self.kills)]:
             return
-        workers = self.controller._workers
-        w = workers[self.rng.randrange(len(workers))]
+        busy = [w for w in self.controller._workers if w.requests]
+        if not busy:
+            return  # kill one with work to regenerate: wait
+        w = busy[self.rng.randrange(len(busy))]
         method = self.methods[len(self.kills) % len(self.methods)]
-        try:  # a worker killed earlier may still be restarting: pick again at the next call
+        try:  # the victim must be up to be killed; if it is not, pick again at the next call
             pid = ray.get(w.actor.pid.remote(), timeout=30)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return
+        started = time.monotonic()
         if method == "ray":
             ray.kill(w.actor, no_restart=False)
         else:
             os.kill(pid, signal.SIGKILL)
+        while (new_pid := _pid(w.actor, timeout_s=5.0)) in (None, pid):
+            if time.monotonic() - started > self.restart_timeout_s:
+                raise RuntimeError(f"rollout worker {w.index} was not restarted within {self.restart_timeout_s} s")
+            time.sleep(0.05)
         self._armed_at = stats.finished_trajectories
         self.kills.append({"worker": w.index, "method": method, "at_finished": stats.finished_trajectories,
-                           "in_flight": len(w.requests), "recovered_at": None})
+                           "in_flight": len(w.requests), "pid": pid, "new_pid": new_pid,
+                           "restart_s": round(time.monotonic() - started, 3), "recovered_at": None})
+
+
+def _pid(actor: Any, timeout_s: float) -> int | None:
+    """The actor's process id, or None while it is dead or restarting."""
+    import ray
+
+    try:
+        return ray.get(actor.pid.remote(), timeout=timeout_s)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return None
 
 
 def ledger(trace: Path) -> dict[str, int]:

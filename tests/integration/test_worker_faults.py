@@ -49,9 +49,9 @@ def joined():
 
 
 def test_rollout_workers_killed_at_five_points_are_restarted_and_nothing_is_lost(tmp_path, joined):
-    # Kills land in steps 1-8 of 16: each killed worker's groups must be trained within k + 1 steps, so the run
-    # cannot end before every killed worker is back (with 10 steps a fast run could finish before the 5th restart).
-    controller, config = _controller(tmp_path, "streaming", steps=16)
+    # Each kill hits a worker holding requests 1-8 finished trajectories after the controller restarted the
+    # previous victim; results arrive about a step's worth at a time, so five kills take some 10 of the 24 steps.
+    controller, config = _controller(tmp_path, "streaming", steps=24)
     rng = random.Random(3)
     killer = WorkerKiller(controller, [rng.randint(1, 8) for _ in range(5)], rng)
     controller.on_progress = killer
@@ -64,7 +64,7 @@ def test_rollout_workers_killed_at_five_points_are_restarted_and_nothing_is_lost
     assert report.ok, report.violations[:5]
     counts = ledger(config.output_dir / "trace.jsonl")
     assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
-    assert report.num_consumed == 16 * 4 * 4
+    assert report.num_consumed == 24 * 4 * 4
     print("worker kills:", killer.kills, "recovery_s:", stats.recovery_s)
 
 
