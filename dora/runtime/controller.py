@@ -342,8 +342,12 @@ class Controller:
     def _add(self, w: _Worker, requests: list[GenerationRequest], kind: str = "add") -> None:
         for r in requests:
             w.requests[r.request_id] = r
+        self._count_open()
         self._command(w, kind, lambda: w.actor.add_requests.remote(requests, incarnation=w.incarnation),
                       lambda _: None)
+
+    def _count_open(self) -> None:
+        self.stats.trajectories_open(self.now(), sum(len(w.requests) for w in self._workers))
 
     def _deliver(self, w: _Worker, msg: WorkerMessage) -> None:
         """Process ``w``'s messages strictly in sequence order (see the module doc)."""
@@ -360,6 +364,7 @@ class Controller:
     def _finished(self, w: _Worker, traj: FinishedTrajectory) -> None:
         r = w.index
         w.requests.pop(traj.request_id, None)
+        self._count_open()
         gid_s, sample_s = traj.request_id[1:].split("/")
         gid, sample = int(gid_s), int(sample_s)
         reward = score(self._prompts[gid], traj.response_ids)

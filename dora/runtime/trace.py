@@ -114,10 +114,11 @@ class StepRecord:
     """One line of ``metrics.jsonl``. Times in seconds on the run clock; tokens are response tokens.
 
     Interval figures cover ``(previous step's end, this step's end]``: ``rollout_occupancy`` is
-    occupied slot-seconds over ``slots x workers x interval``; ``rollout_share`` is the mean over
-    workers of the time with at least one sequence in flight over the interval (in ``sync`` this
-    is rollout time over step time). ``mean_staleness`` is ``step - version - 1`` averaged over the
-    batch (the constraint's own measure: 0 is on-policy).
+    occupied slot-seconds over ``slots x workers x interval``; ``rollout_share`` is the part of the
+    interval with rollout under way: at least one admitted trajectory unfinished on any worker (in
+    ``sync``, the generation phase over the step time, as the simulator and the published step
+    breakdowns count it). ``mean_staleness`` is ``step - version - 1`` averaged over the batch (the
+    constraint's own measure: 0 is on-policy).
     """
 
     step: int
@@ -147,6 +148,9 @@ class StepRecord:
     cum_generated_tokens: int
     cum_busy_slot_s: float
     cum_busy_s: float
+    """Summed over workers: each worker's time with at least one sequence in its engine."""
+    cum_rollout_s: float
+    """Time with at least one admitted trajectory unfinished anywhere (see ``rollout_share``)."""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -197,6 +201,17 @@ class RunStats:
     worker_restarts: int = 0
     recovery_s: list[float] = field(default_factory=list)
     """Per worker restart: seconds from noticing the failure to the worker serving again."""
+    rollout_s: float = 0.0
+    """Time with at least one admitted trajectory unfinished anywhere, up to ``_open_t``."""
+    _open: int = 0
+    _open_t: float = 0.0
+
+    def trajectories_open(self, now_s: float, count: int) -> None:
+        """``count`` admitted trajectories are unfinished from ``now_s`` on (the controller calls this at
+        each admission and finish): accumulates ``rollout_s``."""
+        if self._open > 0:
+            self.rollout_s += max(0.0, now_s - self._open_t)
+        self._open, self._open_t = count, now_s
 
     def observe(self, now_s: float, counters: Sequence[Any], live: tuple[int, ...], engines: tuple[int, ...]) -> None:
         """Refresh the live figures (called between events, a few times a second)."""
@@ -213,11 +228,12 @@ class RunStats:
         versions: Sequence[int], counters: Sequence[Any], live: tuple[int, ...], engines: tuple[int, ...],
     ) -> StepRecord:
         self.observe(end_s, counters, live, engines)
+        self.trajectories_open(end_s, self._open)
         prev_end = self.steps[-1].end_s if self.steps else 0.0
         prev = self.steps[-1] if self.steps else None
         interval = max(end_s - prev_end, 1e-9)
         d_slot = self.busy_slot_s - (prev.cum_busy_slot_s if prev else 0.0)
-        d_busy = self.busy_s - (prev.cum_busy_s if prev else 0.0)
+        d_rollout = self.rollout_s - (prev.cum_rollout_s if prev else 0.0)
         d_gen = self.generated_tokens - (prev.cum_generated_tokens if prev else 0)
         staleness = [step - v - 1 for v in versions]
         record = StepRecord(
@@ -230,8 +246,9 @@ class RunStats:
             trained_tokens=metrics.num_trained_tokens, forward_tokens=metrics.num_forward_tokens,
             mean_response_tokens=metrics.num_trained_tokens / metrics.num_sequences, generated_tokens=d_gen,
             rollout_occupancy=d_slot / (self.num_workers * self.slots_per_worker * interval),
-            rollout_share=d_busy / (self.num_workers * interval), live_versions=live, engine_versions=engines,
+            rollout_share=d_rollout / interval, live_versions=live, engine_versions=engines,
             cum_generated_tokens=self.generated_tokens, cum_busy_slot_s=self.busy_slot_s, cum_busy_s=self.busy_s,
+            cum_rollout_s=self.rollout_s,
         )
         self.steps.append(record)
         return record
@@ -265,7 +282,7 @@ class RunStats:
             "steady_generated_tokens_per_s": (s[-1].cum_generated_tokens - (base.cum_generated_tokens if base else 0)) / span,
             "steady_rollout_occupancy": (s[-1].cum_busy_slot_s - (base.cum_busy_slot_s if base else 0.0))
             / (self.num_workers * self.slots_per_worker * span),
-            "steady_rollout_share": (s[-1].cum_busy_s - (base.cum_busy_s if base else 0.0)) / (self.num_workers * span),
+            "steady_rollout_share": (s[-1].cum_rollout_s - (base.cum_rollout_s if base else 0.0)) / span,
             "mean_staleness": sum(r.mean_staleness * r.num_sequences for r in s) / sum(seqs),
             "max_staleness": max(r.max_staleness for r in s),
             "mean_trained_response_tokens": sum(tokens) / sum(seqs),

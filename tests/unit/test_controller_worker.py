@@ -129,8 +129,14 @@ def _metrics(tokens: int, n: int) -> SimpleNamespace:
 def test_step_records_use_interval_deltas_and_the_staleness_definition_of_the_checker():
     stats = RunStats(num_workers=2, slots_per_worker=4, total_steps=3, mode="streaming")
     common = dict(live=(0, 1), engines=(0, 1))
+    stats.trajectories_open(0.5, 8)
+    stats.trajectories_open(1.0, 3)
+    stats.trajectories_open(1.5, 0)  # rollout under way 0.5 -> 1.5
     r1 = stats.step_finished(step=1, start_s=1.0, end_s=2.0, metrics=_metrics(40, 4), rewards=[1.0, 0, 0, 0],
                              versions=[0, 0, 0, 0], counters=[_counters(6, 2, 50), _counters(2, 1, 30)], **common)
+    stats.trajectories_open(2.2, 4)
+    stats.trajectories_open(2.5, 0)
+    stats.trajectories_open(2.8, 2)  # still open at the end of step 2: 0.3 + 0.2 s of its 1 s
     r2 = stats.step_finished(step=2, start_s=2.5, end_s=3.0, metrics=_metrics(20, 4), rewards=[0.5] * 4,
                              versions=[0, 0, 1, 1], counters=[_counters(8, 2.5, 70), _counters(4, 1.5, 40)], **common)
     assert r1.rollout_occupancy == pytest.approx(8 / (2 * 4 * 2.0))
@@ -138,7 +144,8 @@ def test_step_records_use_interval_deltas_and_the_staleness_definition_of_the_ch
     assert r2.step_time_s == pytest.approx(1.0)
     assert r2.generated_tokens == 30
     assert r2.rollout_occupancy == pytest.approx(4 / (2 * 4 * 1.0))
-    assert r2.rollout_share == pytest.approx(1.0 / 2)
+    assert r1.rollout_share == pytest.approx(1.0 / 2.0)
+    assert r2.rollout_share == pytest.approx(0.5 / 1.0)
     assert r2.mean_staleness == pytest.approx(0.5) and r2.max_staleness == 1
     s = stats.summary()
     assert s["steady_trained_tokens_per_s"] == pytest.approx(20 / 1.0)
