@@ -44,7 +44,7 @@ def predict(resolved: Any, rc: RuntimeConfig) -> dict[str, float] | str:
     """The simulator's prediction for ``rc`` (or why there is none)."""
     try:
         from planner.hardware import ACCELERATORS
-        from planner.policies import PolicyConfig
+        from planner.policies import PolicyConfig, admission_queue_for
         from planner.sim import simulate
         from planner.sim.costmodel import cost_model_timing
         from planner.workload import Workload
@@ -57,7 +57,8 @@ def predict(resolved: Any, rc: RuntimeConfig) -> dict[str, float] | str:
                               slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
                               samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
                               allow_version_mixing=rc.allow_version_mixing,
-                              max_versions_per_engine=rc.versions_per_engine)
+                              max_versions_per_engine=rc.versions_per_engine,
+                              admission_queue=admission_queue_for(rc.mode, rc.accelerator, rc.samples_per_prompt))
         workload = Workload(prompt_tokens=4, response_length=resolved.response_lengths)
         sim = simulate(config, workload, timing, seed=rc.seed, record_events=False)
         return {"trained_tokens_per_s": sim.tokens_per_s, "occupancy": sim.rollout_slot_occupancy,

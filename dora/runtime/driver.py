@@ -63,7 +63,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
     from dora.runtime.engines.torch_rollout import RolloutConfig
     from dora.runtime.engines.torch_trainer import TrainerConfig
     from dora.runtime.tasks import TaskConfig
-    from planner.policies import PolicyConfig
+    from planner.policies import PolicyConfig, admission_queue_for
     from planner.workload import LengthDistribution
 
     if rc.rollout_engine != "torch" or rc.trainer != "torch":
@@ -90,7 +90,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
         slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
         samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
         allow_version_mixing=rc.allow_version_mixing, max_versions_per_engine=rc.versions_per_engine,
-        colocated=rc.colocated,
+        colocated=rc.colocated, admission_queue=admission_queue_for(rc.mode, rc.accelerator, rc.samples_per_prompt),
     )
     # A request still ingesting its prompt has no token yet: resumed on new weights it would start on a version
     # other than the one it was admitted on. Modes that interrupt in-flight requests prefill in one forward.

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from planner.policies.base import PolicyBase
 from planner.policies.batch import BatchPolicy
-from planner.policies.config import MODES, Mode, PolicyConfig
+from planner.policies.config import MODES, Mode, PolicyConfig, admission_queue_for
 from planner.policies.continuous import ContinuousPolicy
 from planner.policies.streaming import StreamingPolicy
 from planner.policies.vocabulary import (
@@ -82,6 +82,7 @@ __all__ = [
     "Mode",
     "PolicyBase",
     "PolicyConfig",
+    "admission_queue_for",
     "PublishWeights",
     "RequestsMigrated",
     "StartTrainStep",

@@ -33,6 +33,10 @@ class PolicyConfig:
     """Versions one engine can hold at once (streaming only; 1 on GPUs, DORA's design; more for small models)."""
     colocated: bool = False
     """Rollout and training time-share the same accelerators (sync only)."""
+    admission_queue: int = 0
+    """Requests an engine may hold waiting beyond its ``slots_per_group`` running ones (streaming only; see
+    ``admission_queue_for``). Queued requests start in the engine the moment a slot frees, on the version
+    they were admitted with."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -45,6 +49,10 @@ class PolicyConfig:
             "total_steps": self.total_steps,
             "max_versions_per_engine": self.max_versions_per_engine,
         }
+        if self.admission_queue < 0:
+            raise ValueError(f"admission_queue must be >= 0, got {self.admission_queue}")
+        if self.admission_queue and self.mode != "streaming":
+            raise ValueError(f"admission_queue is for mode 'streaming' (it admits groups ahead), not {self.mode!r}")
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -86,3 +94,17 @@ class PolicyConfig:
     @property
     def total_slots(self) -> int:
         return self.num_rollout_groups * self.slots_per_group
+
+
+def admission_queue_for(mode: str, accelerator: str, samples_per_prompt: int) -> int:
+    """The admission queue the planner simulates and the runtime runs: one prompt group ahead in
+    ``streaming`` on the ``cpu`` accelerator, none elsewhere.
+
+    A group needs ``samples_per_prompt`` free slots, so without a queue an engine idles the slots freed
+    since its last admission until the controller has seen a group's worth of finishes and sent the next
+    group. On CPU that round trip (Ray call and controller, ~2-5 ms measured) is as long as a decode
+    step (1.5-3 ms), and queueing one group ahead raised the local run's slot occupancy from 82% to
+    87-89%. On GPUs a decode step is 10x longer than the round trip, and the simulator, which does not
+    model the round trip, only sees that a queue admits groups earlier, on older versions.
+    """
+    return samples_per_prompt if mode == "streaming" and accelerator == "cpu" else 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.policies import PolicyConfig
+from planner.policies import PolicyConfig, admission_queue_for
 from planner.policies.config import Mode
 from planner.search.inputs import SearchInputs
 from planner.search.screen import Placement, Screen, Screened
@@ -200,7 +200,8 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         mode=c.mode, max_version_lag=c.k, num_rollout_groups=scale.replicas, slots_per_group=p.rollout.slots,
         prompts_per_step=scale.prompts_per_step, samples_per_prompt=inp.samples_per_prompt,
         total_steps=steps, allow_version_mixing=inp.allow_version_mixing, update="interrupt" if mixing else "drain",
-        colocated=p.colocated, max_versions_per_engine=versions_per_engine(c))
+        colocated=p.colocated, max_versions_per_engine=versions_per_engine(c),
+        admission_queue=admission_queue_for(c.mode, inp.accelerator.name, inp.samples_per_prompt))
     workload = Workload(response_length=inp.response_lengths, prompt_tokens=max(1, round(space.prompt_mean)))
     return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,
                     accelerators_per_group=p.rollout.tp,

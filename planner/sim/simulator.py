@@ -12,6 +12,8 @@ as constant, evaluated at the interval's mean context:
     dt = (next_finish_pos - pos) * decode_step_s(B, C(pos) + B * (next_finish_pos - pos) / 2)
 
 A replica is a heap of ``(finish_pos, trajectory)`` and costs O(log B) per finished trajectory.
+At most ``slots_per_group`` sequences run; requests admitted beyond them (the policy's
+``admission_queue``) wait in a FIFO and start, from the replica's current ``pos``, when a slot frees.
 Admitting a prompt group pauses decoding for one prefill of the shared prompt (the group's
 samples share it, as with prefix caching). Loading weights pauses the replica; with
 ``resume_in_flight`` the in-flight contexts are re-prefilled on the new weights afterwards.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import deque
 from typing import Any
 
 from planner.policies import (
@@ -84,6 +87,10 @@ class Simulator:
             )
         n = config.num_rollout_groups
         self.e_heap: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        """Running sequences of each replica, at most ``slots_per_group``."""
+        self.e_wait: list[deque[tuple[int, float]]] = [deque() for _ in range(n)]
+        """Admitted, not yet running: ``(trajectory, tokens generated so far)`` in FIFO order."""
+        self.cap = config.slots_per_group
         self.e_pos = [0.0] * n
         self.e_t = [0.0] * n
         """Time at which ``e_pos`` holds; in the future while the replica is busy prefilling/sending."""
@@ -211,7 +218,21 @@ class Simulator:
             actions = on_finish(gid, r)
             if actions:
                 self._execute(actions)
+        self._start_waiting(r)
         self.dirty.add(r)
+
+    def _enqueue(self, r: int, idx: int, generated: float) -> None:
+        """Trajectory ``idx`` (``generated`` tokens done) joins replica ``r``'s queue; it runs as soon as a slot is free."""
+        self.e_wait[r].append((idx, generated))
+        self._start_waiting(r)
+
+    def _start_waiting(self, r: int) -> None:
+        h, waiting = self.e_heap[r], self.e_wait[r]
+        while waiting and len(h) < self.cap:
+            idx, generated = waiting.popleft()
+            start = self.e_pos[r] - generated
+            heapq.heappush(h, (start + self.t_len[idx], idx))
+            self.e_sum_start[r] += start
 
     def _record_finish(self, idx: int, r: int, length: int) -> None:
         gid, sample = divmod(idx, self.spp)
@@ -271,10 +292,8 @@ class Simulator:
         self.group_tokens.append(0)
         self.group_sq.append(0.0)
         self.group_left.append(n)
-        h, pos = self.e_heap[r], self.e_pos[r]
-        for i, length in enumerate(lengths):
-            heapq.heappush(h, (pos + length, base + i))
-        self.e_sum_start[r] += pos * n
+        for i in range(n):
+            self._enqueue(r, base + i, 0)
         if self.multi:
             v = act.version
             self.e_vcount[r][v] = self.e_vcount[r].get(v, 0) + n
@@ -296,8 +315,10 @@ class Simulator:
         self._advance(r, now)
         h = self.e_heap[r]
         keep = act.keep_loaded and self.multi
-        if h and not act.resume_in_flight and not keep:
+        if (h or self.e_wait[r]) and not act.resume_in_flight and not keep:
             raise ValueError(f"LoadWeights v{act.version} on engine {r} with {len(h)} requests in flight")
+        if self.e_wait[r] and not keep:
+            raise ValueError(f"LoadWeights v{act.version} resuming engine {r} with queued requests (no queue here)")
         duration = self.timing.weight_load_peer_s if act.source == "peer" else self.timing.weight_load_trainer_s
         start = max(self.e_t[r], now)
         if h and not keep:
@@ -340,31 +361,32 @@ class Simulator:
             raise ValueError("MigrateRequests with multi-version engines")
         self._advance(src, now)
         h_src, pos_src = self.e_heap[src], self.e_pos[src]
+        items: list[tuple[int, float]] = []  # (trajectory, tokens generated): running, soonest finish first; queued
+        while h_src:
+            finish, idx = heapq.heappop(h_src)
+            items.append((idx, pos_src - (finish - self.t_len[idx])))
+        items.extend(self.e_wait[src])
+        self.e_wait[src].clear()
         moves: list[tuple[int, int]] = []
         moved_ctx = 0.0
         caps = list(act.capacity)
+        i = 0
         for dst, cap in caps:
-            if not h_src:
+            if i >= len(items):
                 break
             self._advance(dst, now)
-            h_dst, pos_dst = self.e_heap[dst], self.e_pos[dst]
-            count, ids = 0, []
-            while h_src and count < cap:
-                finish, idx = heapq.heappop(h_src)
-                generated = pos_src - (finish - self.t_len[idx])
-                start = pos_dst - generated
-                heapq.heappush(h_dst, (start + self.t_len[idx], idx))
-                self.e_sum_start[dst] += start
+            batch = items[i:i + cap]
+            i += len(batch)
+            for idx, generated in batch:
+                self._enqueue(dst, idx, generated)
                 moved_ctx += self.prompt + generated
-                count += 1
-                if self.record:
-                    ids.append(f"g{idx // self.spp}/{idx % self.spp}")
-            moves.append((dst, count))
+            moves.append((dst, len(batch)))
             self.dirty.add(dst)
-            if self.record and ids:
+            if self.record and batch:
+                ids = [f"g{idx // self.spp}/{idx % self.spp}" for idx, _ in batch]
                 self.trace.append({"t": now, "type": "migrated", "src": src, "dst": dst, "trajs": ids})
-        if h_src:
-            raise ValueError(f"MigrateRequests from engine {src}: capacity {caps} leaves {len(h_src)} requests")
+        if i < len(items):
+            raise ValueError(f"MigrateRequests from engine {src}: capacity {caps} leaves {len(items) - i} requests")
         self.e_sum_start[src] = 0.0
         self.migrated += sum(c for _, c in moves)
         send = self.timing.kv_migration_s_per_token * moved_ctx

@@ -119,3 +119,36 @@ def test_simulator_charges_one_forward_per_hosted_version():
     assert check_trace(list(two.events), k=1, allow_version_mixing=False).ok
     assert [s.end_s for s in one.steps] == pytest.approx([1.5, 2.0, 3.0])
     assert [s.end_s for s in two.steps] == pytest.approx([1.5, 2.0, 3.5])
+
+
+# ----------------------------------------------------------------------------- admission queue
+def test_admission_queue_admits_a_group_ahead_of_free_slots():
+    # 4 slots, groups of 2, k = 2, P = 1: the bound allows 3 groups; without a queue only 2 fit.
+    assert len(list(make_policy(_cfg(1, max_version_lag=2)).start())) == 2
+    p = make_policy(_cfg(1, max_version_lag=2, admission_queue=2))
+    assert [a.group_id for a in p.start()] == [0, 1, 2]
+    assert p.engine_active == [6]
+
+
+def test_simulated_queue_runs_at_most_the_slots_and_starts_a_queued_request_when_one_frees():
+    # Fixed 100-token responses, 10 ms per step whatever the batch: g0, g1 fill the 4 slots over 0-1 s; g2 waits
+    # in the queue and runs 1-2 s. Occupancy can never exceed the running slots.
+    fixed = Workload(response_length=LengthDistribution.lognormal(median=100, p99=100, max_tokens=1000),
+                     prompt_tokens=10)
+    timing = LinearTiming(decode_base_s=0.01, train_base_s=0.5)
+    r = simulate(_cfg(1, max_version_lag=2, total_steps=3, admission_queue=2), fixed, timing, seed=0)
+    assert check_trace(list(r.events), k=2, allow_version_mixing=False).ok
+    finished = {e["traj"]: e["t"] for e in r.events if e["type"] == "finished"}
+    assert finished["g0/0"] == pytest.approx(1.0) and finished["g1/1"] == pytest.approx(1.0)
+    assert finished["g2/0"] == pytest.approx(2.0) and finished["g2/1"] == pytest.approx(2.0)
+    assert r.rollout_slot_occupancy <= 1.0
+
+
+def test_admission_queue_is_streaming_on_cpu_only():
+    from planner.policies import admission_queue_for
+
+    with pytest.raises(ValueError, match="admission_queue is for mode 'streaming'"):
+        _cfg(1, mode="bounded-async", admission_queue=2)
+    assert admission_queue_for("streaming", "cpu", 8) == 8
+    assert admission_queue_for("streaming", "h800", 8) == 0
+    assert admission_queue_for("sync", "cpu", 8) == 0
