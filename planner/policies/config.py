@@ -102,9 +102,9 @@ def admission_queue_for(mode: str, accelerator: str, samples_per_prompt: int) ->
 
     A group needs ``samples_per_prompt`` free slots, so without a queue an engine idles the slots freed
     since its last admission until the controller has seen a group's worth of finishes and sent the next
-    group. On CPU that round trip (Ray call and controller, ~2-5 ms measured) is as long as a decode
-    step (1.5-3 ms), and queueing one group ahead raised the local run's slot occupancy from 82% to
-    87-89%. On GPUs a decode step is 10x longer than the round trip, and the simulator, which does not
+    group. On CPU that round trip (the poll reply and the add, ~1 ms each for an idle Ray actor call
+    here, plus the controller's own work, more under load) is as long as a decode step (1.5-3 ms), and
+    queueing one group ahead raised the local run's engine-measured slot occupancy from 82% to 87-89%. On GPUs a decode step is 10x longer than the round trip, and the simulator, which does not
     model the round trip, only sees that a queue admits groups earlier, on older versions.
     """
     return samples_per_prompt if mode == "streaming" and accelerator == "cpu" else 0
