@@ -114,7 +114,8 @@ def test_audit_fails_loudly_on_planted_violations(tmp_path):
     (planted / "trace.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     result = finish_job(planted, {"mode": "streaming", "steps": 0, "total_steps": STEPS, "wall_s": 0.0,
                                   "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 0},
-                        k=2, allow_version_mixing=False, title="planted")
+                        k=next(e["k"] for e in events if e["type"] == "run_config"), allow_version_mixing=False,
+                        title="planted")
     assert not result.ok
     constraints = {v["constraint"] for v in result.audit["violations"]}
     assert constraints == {"integrity", "consistency"}

@@ -108,8 +108,11 @@ def _dora(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, cwd=REPO)
 
 
-def _audit(out: Path, k: int = 2, mixing: bool = False):
-    return check_trace(read_jsonl(out / "trace.jsonl"), k=k, allow_version_mixing=mixing)
+def _audit(out: Path, mixing: bool = False):
+    """The checker's verdict on ``out``'s trace, under the k the run recorded (its ``run_config`` event)."""
+    events = read_jsonl(out / "trace.jsonl")
+    k = next(e["k"] for e in events if e["type"] == "run_config")
+    return check_trace(events, k=k, allow_version_mixing=mixing)
 
 
 def test_cluster_job_runs_audits_and_can_be_stopped(tmp_path, ray_head):
