@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dora.runtime.actors import RolloutWorker, WorkerMessage
+from dora.runtime.actors import RolloutWorker, WorkerMessage, WorkerRestarted
 from dora.runtime.engines.base import GenerationRequest
 from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer, export_weights
 from dora.runtime.engines.torch_rollout import RolloutConfig
@@ -74,6 +74,24 @@ def test_poll_returns_every_finish_once_with_increasing_sequence_numbers(workers
     assert c.generated_tokens == 72
     assert 0 < c.busy_s <= c.wall_s
     assert c.busy_slot_s <= CONFIG.max_num_seqs * c.busy_s + 1e-9
+
+
+def test_a_call_for_another_incarnation_is_refused_and_changes_nothing(workers):
+    # What a restarted process sees: calls the controller addressed to the process that died.
+    w, other = workers(0), workers(1)
+    assert w.incarnation() != other.incarnation()  # every process draws its own token
+    stale = other.incarnation()
+    with pytest.raises(WorkerRestarted, match="was restarted"):
+        w.add_requests(_requests(2), incarnation=stale)
+    with pytest.raises(WorkerRestarted):
+        w.poll(0.01, incarnation=stale)
+    with pytest.raises(WorkerRestarted):
+        w.load_weights(1, _weights(1), incarnation=stale)
+    assert w.counters().num_active == 0
+    w.add_requests(_requests(2, max_new_tokens=5), incarnation=w.incarnation())
+    messages: list[WorkerMessage] = []
+    assert sorted(_drain(w, 2, messages)) == ["g0/0", "g0/1"]
+    assert messages[0].seq == 1  # the refused poll took no sequence number
 
 
 def test_migrated_requests_continue_with_identical_tokens(workers):
