@@ -31,6 +31,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -48,6 +49,16 @@ from dora.runtime.engines.base import (
 from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
 from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig, warm_up
 from dora.runtime.tasks import LengthSampler, TaskConfig
+
+
+STEP_LOG_COLUMNS = ("start_s", "duration_s", "kind", "decode_rows", "context_tokens", "versions", "prefill_tokens")
+"""One row per engine step (kind ``step``): when it started (worker clock since ``start_clock``), how long it
+took, and its ``StepShape`` (what the cost model's step time depends on); and one per weight load run on the
+engine thread (kind ``load``, shape zeros): how long decoding paused for it."""
+STEP_LOG_LIMIT = 200_000
+STEP_LOG_FILE = "engine_steps.jsonl"
+"""Where the controller writes every worker's step log at the end of a run (in the output directory)."""
+"""Rows a worker keeps (about 10 MB; a 10-minute local run makes ~30K)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +112,7 @@ class RolloutWorker:
         self._busy_s = 0.0
         self._busy_slot_s = 0.0
         self._generated_base = 0
+        self._step_log: deque[tuple[float, ...]] = deque(maxlen=STEP_LOG_LIMIT)
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{index}", daemon=True)
         self._thread.start()
 
@@ -117,7 +129,9 @@ class RolloutWorker:
             finished = engine.step()
             duration = time.perf_counter() - start
             occupied = engine.num_active() + len(finished)
+            shape = engine.last_step_shape()
             with self._cond:
+                self._step_log.append((round(start - self._t0, 6), round(duration, 7), "step", *shape))
                 self._busy_s += duration
                 self._busy_slot_s += occupied * duration
                 if finished:
@@ -197,6 +211,14 @@ class RolloutWorker:
         with self._cond:
             return self._counters()
 
+    def step_log(self) -> tuple[float, list[tuple[float, ...]]]:
+        """``(clock origin, rows)``: every engine step since ``start_clock`` (the latest ``STEP_LOG_LIMIT``) as
+        ``STEP_LOG_COLUMNS`` rows, ``start_s`` counted from the origin (a ``time.perf_counter()`` reading: one
+        system-wide monotonic clock on Linux, so the controller can put the rows on its own clock). The in-situ
+        timings ``dora calibrate --from-run`` fits the cost model to."""
+        with self._cond:
+            return self._t0, list(self._step_log)
+
     def start_clock(self, *, incarnation: str | None = None) -> None:
         """Zero the occupancy counters: the run's wall clock starts now (after warm-up and first load)."""
 
@@ -204,6 +226,7 @@ class RolloutWorker:
             with self._cond:
                 self._t0 = time.perf_counter()
                 self._busy_s = self._busy_slot_s = 0.0
+                self._step_log.clear()
                 self._generated_base = self._engine.stats().generated_tokens
 
         self._call(reset, incarnation)
@@ -221,6 +244,13 @@ class RolloutWorker:
         """
 
         def load() -> None:
+            start = time.perf_counter()
+            _load()
+            with self._cond:
+                self._step_log.append((round(start - self._t0, 6), round(time.perf_counter() - start, 7), "load",
+                                       0, 0, 0, 0))
+
+        def _load() -> None:
             engine = self._engine
             partials = []
             if keep_loaded:

@@ -21,6 +21,7 @@ workers resolve that reference when they load it, the controller never fetches t
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import time
 from collections import deque
@@ -31,13 +32,21 @@ from typing import Any
 
 import ray
 
-from dora.runtime.actors import RolloutWorker, TrainerActor, WorkerCounters, WorkerMessage, WorkerRestarted
+from dora.runtime.actors import (
+    STEP_LOG_COLUMNS,
+    STEP_LOG_FILE,
+    RolloutWorker,
+    TrainerActor,
+    WorkerCounters,
+    WorkerMessage,
+    WorkerRestarted,
+)
 from dora.runtime.checkpoint import Checkpoint, ResumePoint, checkpoint_dir, write_checkpoint
 from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, ScoredTrajectory, TrainMetrics
 from dora.runtime.engines.torch_rollout import RolloutConfig
 from dora.runtime.engines.torch_trainer import TrainerConfig
 from dora.runtime.tasks import Prompt, TaskConfig, make_prompt, score
-from dora.runtime.trace import JsonlWriter, RunStats, TraceWriter
+from dora.runtime.trace import JsonlWriter, RunStats, TraceWriter, write_text_atomic
 from planner.policies import (
     Admit,
     DropVersion,
@@ -223,6 +232,7 @@ class Controller:
                 self._wait_once()
             self.stats.observe(self.now(), self._final_counters(), self._live(), self._engines())
             self.stats.end_s = self.now()
+            self._write_step_logs()
             return self.stats
         finally:
             self._close()
@@ -634,6 +644,20 @@ class Controller:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 pass  # died at the very end: its last polled counters stand
         return self._latest_counters()
+
+    def _write_step_logs(self) -> None:
+        """``engine_steps.jsonl``: every engine step of this attempt (a header line, then one row per step with
+        the worker index first, ``start_s`` on the run clock of ``metrics.jsonl``); ``dora calibrate --from-run``
+        fits the cost model to it."""
+        rows: list[str] = [json.dumps({"columns": ["worker", *STEP_LOG_COLUMNS]})]
+        for w in self._workers:
+            try:
+                origin, log = ray.get(w.actor.step_log.remote(), timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                continue  # died at the very end: its steps are lost with it (the calibration fits the others)
+            shift = origin - self._t0
+            rows.extend(json.dumps([w.index, round(start + shift, 6), *rest]) for start, *rest in log)
+        write_text_atomic(self.config.output_dir / STEP_LOG_FILE, "\n".join(rows) + "\n")
 
     def _observe(self) -> None:
         self.stats.observe(self.now(), self._latest_counters(), self._live(), self._engines())

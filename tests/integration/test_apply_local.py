@@ -86,6 +86,15 @@ def test_apply_runs_every_mode_and_the_audit_passes(tmp_path, mode):
     if mode == "one-step-off":
         assert max(lag for lag, _ in k) == 1
     assert "audit: ok" in text
+    # every engine step and weight load of both workers, on the run clock (what `dora calibrate --from-run` reads)
+    steps = read_jsonl(out / "engine_steps.jsonl")
+    assert steps[0]["columns"][:4] == ["worker", "start_s", "duration_s", "kind"]
+    rows = steps[1:]
+    assert {r[0] for r in rows} == {0, 1} and all(r[2] > 0 for r in rows)
+    decoded = sum(r[4] for r in rows if r[3] == "step")
+    assert decoded >= summary["audit"]["num_consumed"]  # every trajectory decoded at least one row
+    assert len([r for r in rows if r[3] == "load"]) >= STEPS - 1
+    assert all(-1.0 < r[1] < events[-1]["t"] + 1.0 for r in rows)
 
 
 def test_partial_rollout_records_mixed_trajectories_and_passes_with_mixing_allowed(tmp_path):

@@ -236,3 +236,22 @@ def test_planner_models_the_engines_prompt_ingestion_limit() -> None:
     from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS
 
     assert RolloutConfig(model=MODEL, eos_token_id=EOS).decode_ingest_max_tokens == CPU_DECODE_INGEST_MAX_TOKENS
+
+
+def test_last_step_shape_reports_what_the_step_computed() -> None:
+    engine = _engine(4, v0=W0, v1=W1)
+    assert tuple(engine.last_step_shape()) == (0, 0, 0, 0)
+    for i in range(3):
+        engine.add_request(_request(i, version=i % 2, max_new_tokens=20, min_new_tokens=20))
+    engine.step()  # admits all three: prompts are ingested through the decode batch or prefilled
+    first = engine.last_step_shape()
+    prompt_tokens = sum(len(_request(i).prompt_ids) for i in range(3))
+    if INGEST["ingest"]:
+        assert (first.decode_rows, first.context_tokens, first.prefill_tokens) == (3, 0, 0)
+    else:
+        assert (first.decode_rows, first.prefill_tokens) == (0, prompt_tokens)
+    _step_until_generated(engine, 3 * 5)
+    engine.step()
+    shape = engine.last_step_shape()
+    assert shape.decode_rows == 3 and shape.versions == 2 and shape.prefill_tokens == 0
+    assert shape.context_tokens == sum(s.cached_len for s in engine._slots) - 3  # each row took one position

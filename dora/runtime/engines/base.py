@@ -24,7 +24,7 @@ the objects are hashable, comparable in tests, and cheap to pickle through Ray.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -112,6 +112,19 @@ class MigratingRequest:
     """Last sampled token, not yet written to the cache (``None`` if not yet prefilled)."""
 
 
+class StepShape(NamedTuple):
+    """What one engine ``step()`` computed (what its duration depends on; vLLM's scheduler reports the same)."""
+
+    decode_rows: int
+    """Sequences in the batched decode forward (0: a prefill-only step)."""
+    context_tokens: int
+    """Cached positions the decode rows attend over, summed."""
+    versions: int
+    """Distinct policy versions among the decode rows (> 1 only on multi-version engines)."""
+    prefill_tokens: int
+    """Prompt tokens run through a separate prefill forward this step."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RolloutStats:
     """Cumulative counters of one rollout engine since construction."""
@@ -157,6 +170,8 @@ class TrainMetrics:
     """Response tokens that carry loss (prompt tokens are forwarded but not trained)."""
     num_forward_tokens: int
     """Prompt plus response tokens forwarded (the packed length; no padding)."""
+    forward_sum_sq_tokens: int
+    """Sum over sequences of (prompt + response tokens) squared: what causal attention's cost follows."""
     reward_mean: float
     is_weight_mean: float
     """Mean over tokens of ``pi_prox / mu`` (before any cap)."""
@@ -213,6 +228,10 @@ class RolloutEngine(Protocol):
     def num_waiting(self) -> int: ...
 
     def stats(self) -> RolloutStats: ...
+
+    def last_step_shape(self) -> StepShape:
+        """What the latest ``step()`` computed (all zero before the first)."""
+        ...
 
 
 @runtime_checkable

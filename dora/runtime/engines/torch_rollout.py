@@ -35,6 +35,7 @@ from dora.runtime.engines.base import (
     MigratingRequest,
     PartialTrajectory,
     RolloutStats,
+    StepShape,
 )
 from dora.runtime.engines.sampling import sample_tokens
 from dora.runtime.engines.tiny_model import (
@@ -129,6 +130,7 @@ class TorchRolloutEngine:
              "slot_steps_busy", "finished", "aborted"), 0)
         self._decode_time_s = 0.0
         self._prefill_time_s = 0.0
+        self._shape = _IDLE
 
     # ----- versions -------------------------------------------------------------------------
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
@@ -257,6 +259,7 @@ class TorchRolloutEngine:
         decoding = list(self._slots)
         admitted = self._admit()
         if not decoding and not admitted:
+            self._shape = _IDLE
             return []
         self._counters["steps"] += 1
         self._counters["slot_steps_busy"] += len(self._slots)
@@ -270,12 +273,18 @@ class TorchRolloutEngine:
                 decoding.append(s)  # ingests its prompt through the decode batch
             else:
                 to_prefill.append(s)
+        prefill_tokens = sum(len(s.request.prompt_ids) + len(s.response) for s in to_prefill)
         if to_prefill:
             start = time.perf_counter()
             for version, group in _by_version(to_prefill).items():
                 self._prefill(self._models[version], group)
             self._prefill_time_s += time.perf_counter() - start
         sampled = to_prefill
+        self._shape = StepShape(
+            decode_rows=len(decoding), context_tokens=sum(s.cached_len for s in decoding),
+            versions=len({s.request.version for s in decoding}),
+            prefill_tokens=prefill_tokens,
+        )
         if decoding:
             start = time.perf_counter()
             sampled = self._decode(sorted(decoding, key=lambda s: s.slot)) + to_prefill
@@ -376,6 +385,9 @@ class TorchRolloutEngine:
             return "length"
         return None
 
+    def last_step_shape(self) -> StepShape:
+        return self._shape
+
     def stats(self) -> RolloutStats:
         return RolloutStats(
             num_active=len(self._slots),
@@ -385,6 +397,9 @@ class TorchRolloutEngine:
             prefill_time_s=self._prefill_time_s,
             **self._counters,
         )
+
+
+_IDLE = StepShape(decode_rows=0, context_tokens=0, versions=0, prefill_tokens=0)
 
 
 def _by_version(seqs: list[_Sequence]) -> dict[int, list[_Sequence]]:

@@ -198,6 +198,7 @@ class TorchTrainer:
             num_sequences=len(batch),
             num_trained_tokens=total_tokens,
             num_forward_tokens=sum(s.trajectory.num_tokens for s in batch),
+            forward_sum_sq_tokens=sum(s.trajectory.num_tokens ** 2 for s in batch),
             reward_mean=sum(s.reward for s in batch) / len(batch),
             is_weight_mean=sum(s.is_weight_sum for s in stats) / n_tok,
             is_weight_max=max(s.is_weight_max for s in stats),
