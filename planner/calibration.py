@@ -113,50 +113,87 @@ class Calibration:
     """Fixed cost per weight update on the rollout side (s): pausing the engine, resetting the prefix cache,
     resuming.  Prior."""
 
-    cpu_compute_efficiency: float = 0.22
+    cpu_compute_efficiency: float = 0.0848
     """On the local `cpu` entry, replaces the decode compute efficiency: tiny PyTorch matmuls on one core reach only
-    a small fraction of the FMA peak.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
-    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
+    a small fraction of the FMA peak.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC
+    --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine
+    class (AMD EPYC VM, 2 cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours."""
 
-    cpu_memory_efficiency: float = 0.31
-    """On `cpu`, replaces eta_mem.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
-    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
+    cpu_memory_efficiency: float = 1.0
+    """On `cpu`, replaces eta_mem.  The fit hits the bound: for this tiny model a decode step is dispatch overhead
+    plus compute, never memory bound.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC
+    --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine
+    class (AMD EPYC VM, 2 cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours."""
 
-    cpu_step_overhead_s: float = 0.0014
+    cpu_step_overhead_s: float = 0.00152
     """On `cpu`, replaces decode_step_overhead_s: Python and operator-dispatch cost of one engine step for the
-    tiny model.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
-    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
+    tiny model.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run
+    STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD
+    EPYC VM, 2 cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours."""
 
-    cpu_train_step_overhead_s: float = 0.0035
-    """On `cpu`, replaces train_step_overhead_s.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
-    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
+    cpu_train_step_overhead_s: float = 0.0125
+    """On `cpu`, replaces train_step_overhead_s.  In a run it includes the Ray call and the batch's serialisation.
+    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
+    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
+    torch thread per actor) on 2026-11-21; rerun it on yours."""
 
     # Optional CPU constants: None means "fall back" (named in each docstring).  They are left out of `to_dict`
     # while None, so calibration files and plan fingerprints written before they existed stay valid.
     cpu_prefill_compute_efficiency: float | None = 0.43
     """On `cpu`, replaces eta_pre (None: `cpu_compute_efficiency`).  A prefill is a few large batched matmuls,
     while a decode step is dozens of tiny ones, so the two reach very different fractions of the FMA peak on one
-    core; `dora calibrate` fits them separately.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
-    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
+    core; `dora calibrate` fits them separately.  Default measured by the micro-benchmarks of `dora calibrate
+    specs/local-tiny.yaml` on the development machine class (AMD EPYC VM, 2 cores, 1 torch thread per engine) on
+    2026-11-21 (the local runs ingest prompts through the decode batch, so `--from-run` does not refit it)."""
 
-    cpu_train_compute_efficiency: float | None = 0.46
+    cpu_train_compute_efficiency: float | None = 0.478
     """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed
-    GRPO step.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
-    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
+    GRPO step.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`,
+    runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2
+    cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours."""
 
-    cpu_extra_version_step_s: float | None = 0.0002
+    cpu_extra_version_step_s: float | None = 0.000306
     """On `cpu`: what each extra policy version with running requests adds to one decode step of a multi-version
     engine (the torch engine stacks the versions' weights and runs one batched matmul per linear over rows padded
     per version, so a version costs a few pad/unpad ops, not a forward).  None: a full `decode_step_overhead_s`
-    per extra version (a separate forward, as an engine without stacking would run).  Default measured with
-    `python bench/engine_speed.py` (multi-version table: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms, one
-    thread) on the development machine class on 2026-11-21."""
+    per extra version (a separate forward, as an engine without stacking would run).  (Engine alone, `python
+    bench/engine_speed.py`: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms.)  Default measured in situ (`dora
+    calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1,
+    versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1 torch thread per
+    actor) on 2026-11-21; rerun it on yours."""
 
-    cpu_weight_reload_fixed_s: float | None = 0.0025
+    cpu_weight_reload_fixed_s: float | None = 0.0
     """On `cpu`, replaces weight_reload_fixed_s (None: keep it): building the engine's model from a received
-    state dict.  The GPU prior (0.5 s engine pause/resume) is two orders of magnitude too slow for the tiny CPU
-    model.  Default measured by `dora calibrate specs/local-tiny.yaml` on the development machine class (AMD EPYC VM,
-    2 cores, 1 torch thread per engine) on 2026-11-21; rerun it on yours."""
+    state dict, beyond the formula's per-tensor term.  The GPU prior (0.5 s engine pause/resume) is two orders of
+    magnitude too slow for the tiny CPU model; in a run the engine thread's loads took no longer than the
+    per-tensor term already charges.
+    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
+    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
+    torch thread per actor) on 2026-11-21; rerun it on yours."""
+
+    cpu_weight_publish_fixed_s: float | None = 0.0208
+    """On `cpu`: trainer-side time to publish a version beyond the formula's gather/convert terms (the local
+    runtime checkpoints the step, exports the state dict and puts it in Ray's object store before the version is
+    published; the trainer is busy, the engines keep decoding).  None: 0.  `dora calibrate --from-run` measures
+    it as the mean train-step end -> weights-published interval.
+    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
+    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
+    torch thread per actor) on 2026-11-21; rerun it on yours."""
+
+    cpu_rollout_contention: float | None = 1.077
+    """On `cpu` with rollout and training on disjoint cores of one host: a decode step takes this many times
+    longer while the trainer runs (they share the host's caches and memory bus, and with the controller, its
+    cores).  None: 1 (no contention).  `dora calibrate --from-run` measures it as sum measured / sum
+    predicted-alone over the engine steps that overlap a training step.
+    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
+    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
+    torch thread per actor) on 2026-11-21; rerun it on yours."""
+
+    cpu_train_contention: float | None = 1.293
+    """The same for a training step that starts while rollout is under way (None: 1).
+    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
+    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
+    torch thread per actor) on 2026-11-21; rerun it on yours."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -176,9 +213,9 @@ class Calibration:
             elif name.endswith("overlap_fraction"):
                 if not 0.0 <= value <= 1.0:
                     raise ValueError(f"Calibration.{name} = {value} must lie in [0, 1]")
-            elif name == "moe_imbalance_factor":
+            elif name == "moe_imbalance_factor" or name.endswith("_contention"):
                 if value < 1.0:
-                    raise ValueError(f"Calibration.moe_imbalance_factor = {value} must be >= 1")
+                    raise ValueError(f"Calibration.{name} = {value} must be >= 1")
             elif value < 0.0:
                 raise ValueError(f"Calibration.{name} = {value} must be >= 0")
 
@@ -216,6 +253,20 @@ class Calibration:
             return self.cpu_extra_version_step_s
         return self.resolved_for(accelerator_name).decode_step_overhead_s
 
+    def publish_fixed_s(self, accelerator_name: str) -> float:
+        """Trainer-side publish time beyond the formula (`cpu_weight_publish_fixed_s` on `cpu`, else 0)."""
+        if accelerator_name == "cpu" and self.cpu_weight_publish_fixed_s is not None:
+            return self.cpu_weight_publish_fixed_s
+        return 0.0
+
+    def contention(self, accelerator_name: str, *, colocated: bool) -> tuple[float, float]:
+        """(rollout, train) slow-down factors while the other side runs at the same time on the same host: the
+        `cpu_*_contention` constants for disaggregated `cpu` plans, else 1 (separate devices; colocated
+        plans never run both at once)."""
+        if accelerator_name != "cpu" or colocated:
+            return 1.0, 1.0
+        return self.cpu_rollout_contention or 1.0, self.cpu_train_contention or 1.0
+
     def resolved_for(self, accelerator_name: str) -> Calibration:
         """The calibration the formulas should use on `accelerator_name`.
 
@@ -244,6 +295,7 @@ class Calibration:
 
 
 _OPTIONAL_FIELDS = frozenset({"cpu_prefill_compute_efficiency", "cpu_train_compute_efficiency",
-                              "cpu_weight_reload_fixed_s", "cpu_extra_version_step_s"})
+                              "cpu_weight_reload_fixed_s", "cpu_extra_version_step_s", "cpu_rollout_contention",
+                              "cpu_train_contention", "cpu_weight_publish_fixed_s"})
 
 DEFAULT_CALIBRATION = Calibration()

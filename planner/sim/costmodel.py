@@ -38,6 +38,10 @@ class CostModelTiming:
     extra_version_step_s: float
     """Multi-version engines: per extra hosted version with running requests, a decode step also reads that
     version's weights and pays ``Calibration.extra_version_step_s``."""
+    rollout_contention: float = 1.0
+    """A decode step takes this many times longer while the trainer runs (`Calibration.contention`)."""
+    train_contention: float = 1.0
+    """A training step started while rollout runs takes this many times longer."""
     prompt_ingest_max_tokens: int = 0
     """Prompts up to this many tokens enter the decode batch directly (``CPU_DECODE_INGEST_MAX_TOKENS``): their
     prefill costs those rows of a decode step, not a forward of its own."""
@@ -113,14 +117,19 @@ def cost_model_timing(
     bytes_per_device = sync.bytes_per_replica / rollout_tp
     extra_version = (rollout.nonexpert_weight_bytes_per_device / rollout.memory_rate_bytes_per_s
                      + calib.extra_version_step_s(rollout_acc.name))
+    shared_host = rollout_acc.name == train_acc.name
+    rollout_contention, train_contention = (
+        calib.contention(rollout_acc.name, colocated=colocated) if shared_host else (1.0, 1.0))
     return CostModelTiming(
         rollout=rollout,
         train=train,
-        weight_publish_s=sync.gather_s + sync.convert_s,
+        weight_publish_s=sync.gather_s + sync.convert_s + calib.publish_fixed_s(train_acc.name),
         weight_load_trainer_s=sync.transfer_s + sync.bucket_overhead_s + sync.reload_s,
         weight_load_peer_s=bytes_per_device / nic + sync.reload_s,
         kv_migration_s_per_token=rollout.kv_bytes_per_token_per_device / nic,
         weight_bytes_per_group=sync.bytes_per_replica,
         extra_version_step_s=extra_version,
+        rollout_contention=rollout_contention,
+        train_contention=train_contention,
         prompt_ingest_max_tokens=CPU_DECODE_INGEST_MAX_TOKENS if rollout_acc.name == "cpu" else 0,
     )

@@ -21,6 +21,10 @@ With ``max_versions_per_engine > 1`` a replica decodes all its sequences in one 
 their versions, plus ``extra_version_step_s`` per hosted version with running sequences beyond the
 first (reading that version's weights, and the engine's per-version overhead);
 a ``LoadWeights(keep_loaded=True)`` pauses the replica for the load, without touching its sequences.
+On one host (``cpu`` rollout and trainer on disjoint cores) the two slow each other down: while a training
+step runs, decode steps take ``rollout_contention`` times longer (every replica's step time is re-evaluated
+when a step starts and ends), and a training step started while some replica decodes takes
+``train_contention`` times longer; both are 1 on separate devices.
 Migration moves sequences with their generated tokens; the source replica is busy for
 ``kv_migration_s_per_token * moved context`` before it can load new weights (the destination is
 not slowed: an optimistic simplification).
@@ -72,6 +76,10 @@ class Simulator:
         self.cfg = config
         self.policy = make_policy(config)
         self.timing = timing
+        self.rollout_contention = timing.rollout_contention
+        self.train_contention = timing.train_contention
+        self.training = False
+        """A training step is running (decode steps take ``rollout_contention`` times longer meanwhile)."""
         self.dist = workload.response_length
         self.prompt = workload.prompt_tokens
         self.spp = config.samples_per_prompt
@@ -154,6 +162,8 @@ class Simulator:
             busy = sum(1 for bv in self.e_vcount[r].values() if bv)
             if busy > 1:
                 step += (busy - 1) * self.timing.extra_version_step_s
+        if self.training:
+            step *= self.rollout_contention
         self.e_step_s[r] = step
         self._push(self.e_t[r] + dpos * step, _EV_ENGINE, r, self.e_gen[r])
 
@@ -404,6 +414,9 @@ class Simulator:
             tokens += self.group_tokens[g]
             sq += self.group_sq[g]
         duration = self.timing.train_step_s(tokens, sq, len(gids) * spp)
+        if self.train_contention != 1.0 and any(h and not p for h, p in zip(self.e_heap, self.e_paused, strict=True)):
+            duration *= self.train_contention
+        self._set_training(True)
         versions = [self.policy.group_version[g] for g in gids]
         self.m.train_started(
             step=step, now=self.now, duration_s=duration, group_ids=gids, versions=versions, spp=spp, tokens=tokens
@@ -417,7 +430,16 @@ class Simulator:
                  "consumed": consumed, "produced_version": step}
             )
 
+    def _set_training(self, on: bool) -> None:
+        """Start or end a training step; with contention, every replica's step time changes from now on."""
+        self.training = on
+        if self.rollout_contention != 1.0:
+            for r in range(len(self.e_heap)):
+                self._advance(r, self.now)
+                self.dirty.add(r)
+
     def _trained(self, step: int) -> None:
+        self._set_training(False)
         self.m.train_finished(step, self.now)
         self._execute(self.policy.on_train_step_finished(step))
 

@@ -11,6 +11,8 @@ from architecture, accelerator, placement and calibration):
     weight_load_peer_s   one replica loading a version from a peer replica, s
     kv_migration_s_per_token  KV-cache transfer time per context token moved between replicas, s
     weight_bytes_per_group  bytes of one policy version on one replica (for the extra-memory metric)
+    rollout_contention   factor on a decode step while the trainer runs (1: separate devices)
+    train_contention     factor on a training step started while rollout runs (1: separate devices)
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class StepTiming(Protocol):
     weight_bytes_per_group: float
     extra_version_step_s: float
     """Added to a decode step for each hosted version with running requests beyond the first (multi-version)."""
+    rollout_contention: float
+    train_contention: float
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
 
@@ -59,6 +63,8 @@ class LinearTiming:
     weight_bytes_per_group: float = 0.0
     extra_version_step_s: float | None = None
     """None: ``decode_base_s`` (each extra hosted version costs a step's fixed part)."""
+    rollout_contention: float = 1.0
+    train_contention: float = 1.0
 
     def __post_init__(self) -> None:
         if self.decode_base_s <= 0:

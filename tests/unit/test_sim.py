@@ -123,3 +123,23 @@ def test_cost_model_timing_cache_matches_the_cost_model() -> None:
                 assert timing.decode_step_s(batch, ctx) == pytest.approx(timing.rollout.decode_step_s(batch, ctx),
                                                                          rel=1e-12)
         assert timing.decode_step_s(0, 0.0) == 0.0
+
+
+def test_contention_slows_only_what_overlaps():
+    from dataclasses import replace
+
+    both = replace(HAND, rollout_contention=1.5, train_contention=2.0)
+    # sync never decodes while it trains: nothing changes
+    plain = simulate(cfg("sync", max_version_lag=0), FIXED, HAND, seed=0)
+    slowed = simulate(cfg("sync", max_version_lag=0), FIXED, both, seed=0)
+    assert [s.end_s for s in slowed.steps] == pytest.approx([s.end_s for s in plain.steps])
+    # one-step-off (see test_one_step_off_by_hand): batch 1 decodes alone (1 s), batches 2 and 3 during steps 1
+    # and 2 (1.5 s each); every training step starts with the engine idle or loading, so they keep 5 s
+    r = simulate(cfg("one-step-off"), FIXED, replace(HAND, rollout_contention=1.5), seed=0)
+    assert [s.end_s for s in r.steps] == pytest.approx([6.0, 12.0, 18.0])
+    assert r.rollout_busy_fraction * r.total_time_s == pytest.approx(1.0 + 1.5 + 1.5)
+    # streaming: step 1 starts while the engine decodes the groups admitted ahead (10 s instead of 5); by step 2
+    # the staleness budget has emptied the engine, so it trains alone
+    t = replace(HAND, train_contention=2.0, weight_load_trainer_s=0.0)
+    r = simulate(cfg("streaming", max_version_lag=2, slots_per_group=8, total_steps=4), FIXED, t, seed=0)
+    assert [s.end_s - s.start_s for s in r.steps] == pytest.approx([10.0, 5.0, 5.0, 5.0])
