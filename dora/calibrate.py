@@ -392,7 +392,7 @@ def calibration_document(calib: Calibration, fits: Sequence[Fit], points: Sequen
 
 
 def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: bool = False,
-                  grid: Grid | None = None) -> int:
+                  grid: Grid | None = None, from_runs: Sequence[str] = ()) -> int:
     """Implementation of `dora calibrate SPEC --out FILE [--quick]`: returns the exit code, never raises on bad
     input."""
     from rich.console import Console
@@ -432,6 +432,8 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
                        extra_forward_passes=inputs.extra_forward_passes,
                        micro_batch_tokens=max(8192, inputs.max_context_tokens),
                        accelerators_per_node=inputs.accelerators_per_node)
+    if from_runs:
+        return _calibrate_from_runs(spec_path, out_path, console, resolved, ctx, from_runs)
     grid = grid or (Grid.quick() if quick else Grid())
     threads = torch.get_num_threads()
     torch.set_num_threads(cc.rollout.num_threads)  # the runtime's actors run one torch thread each
@@ -452,6 +454,37 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
     calib, fits = fit_all(decode, prefill, train, publish, ctx, DEFAULT_CALIBRATION, source)
     text = calibration_document(calib, fits, [*decode, *prefill, *train, *publish], machine, spec.name,
                                 resolved.spec_hash)
+    return _write(console, spec_path, out_path, text, calib, fits)
+
+
+def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: Any, ctx: ModelContext,
+                         from_runs: Sequence[str]) -> int:
+    """`--from-run`: fit the constants to real runs of this spec (`dora.calibrate_run`)."""
+    from dora.calibrate_run import RunDataError, RunTimings, fit_runs, points_of, read_run
+
+    data = RunTimings()
+    try:
+        for run in from_runs:
+            read_run(Path(run), data)
+        machine = machine_description()
+        engine_steps = sum(len(c) for c in data.decode_alone.values()) + len(data.decode_contended) + len(data.multi)
+        source = (f"measured in situ: {engine_steps} engine steps and "
+                  f"{len(data.train_alone) + len(data.train_contended)} training steps of {len(from_runs)} "
+                  f"`dora apply` run(s) of {resolved.spec.name} on {machine['cpu_model']}, "
+                  f"{machine['cpu_count']} cores")
+        calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, source)
+    except RunDataError as exc:
+        console.print(f"[bold red]error[/bold red]: {exc}", highlight=False)
+        return EXIT_INVALID
+    if not data.prefill_steps:
+        console.print("  prefill  not refitted: the runs ingested every prompt through the decode batch "
+                      f"(kept cpu_prefill_compute_efficiency={calib.cpu_prefill_compute_efficiency})",
+                      highlight=False)
+    text = calibration_document(calib, fits, points_of(data), machine, resolved.spec.name, resolved.spec_hash)
+    return _write(console, spec_path, out_path, text, calib, fits)
+
+
+def _write(console: Any, spec_path: str, out_path: str, text: str, calib: Calibration, fits: Sequence[Fit]) -> int:
     out = Path(out_path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -480,13 +513,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="calibration.json",
                         help="calibration file to write (default: calibration.json)")
     parser.add_argument("--quick", action="store_true", help="a smaller grid (seconds instead of ~a minute)")
+    parser.add_argument("--from-run", action="append", default=[], metavar="RUN_DIR",
+                        help="fit to a finished `dora apply` run's output directory instead of micro-benchmarks "
+                             "(repeat it: one sync run and one asynchronous run; see dora/calibrate_run.py)")
 
 
 def main(argv: Sequence[str] | None = None, run: Callable[..., int] = run_calibrate) -> int:
     ap = argparse.ArgumentParser(prog="dora calibrate", description=__doc__.splitlines()[0])
     add_arguments(ap)
     args = ap.parse_args(argv)
-    return run(args.spec, args.out, quick=args.quick)
+    return run(args.spec, args.out, quick=args.quick, from_runs=args.from_run)
 
 
 if __name__ == "__main__":

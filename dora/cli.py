@@ -154,7 +154,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from dora.calibrate import run_calibrate
 
-    return run_calibrate(args.spec, args.out, _err_console(), quick=args.quick)
+    return run_calibrate(args.spec, args.out, _err_console(), quick=args.quick, from_runs=args.from_run)
 
 
 def cmd_examples(args: argparse.Namespace) -> int:

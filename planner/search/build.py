@@ -91,6 +91,8 @@ def catalog_defaults_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -
     cal = inputs.calibration
     p = outcome.chosen.screened.placement
     if inputs.accelerator.name == "cpu":
+        if cal.source.startswith("measured"):
+            return ()  # written by `dora calibrate`, which fits every field below (a fit may land on a default)
         fields = ["cpu_memory_efficiency", "cpu_compute_efficiency", "cpu_step_overhead_s",
                   "cpu_train_step_overhead_s", "weight_reload_fixed_s" if cal.cpu_weight_reload_fixed_s is None
                   else "cpu_weight_reload_fixed_s"]

@@ -1,0 +1,234 @@
+"""`dora calibrate SPEC --from-run RUN ...`: fit the cost model to what real local runs measured.
+
+The micro-benchmarks of `dora.calibrate` time each engine alone. In a run, the rollout worker, the trainer
+and the controller share the host: on the 2-core development machine a decode step of a streaming run took
+1.3-1.9x what the engine takes alone, and a training step 1.35x. This module reads the files a finished
+`dora apply` leaves in its output directory and fits the same constants from them:
+
+    engine_steps.jsonl  every engine step: start on the run clock, duration, StepShape (decode rows,
+                        context tokens, versions, prefill tokens)
+    metrics.jsonl       every training step: its span on the run clock, forward tokens, sum of squared
+                        sequence lengths, sequences
+    trace.jsonl         train-step ends, weight publications and loads
+
+Engine steps are split by whether they overlap a training step, training steps by whether engine steps
+cover at least half of their span. Then, with the cost model's own formulas (`dora.calibrate`):
+
+    decode       (eta_mem, eta_c, t_step) from single-version decode steps with no training step running,
+                 as cells of (batch size, mean context rounded to 8 tokens) with >= MIN_CELL_STEPS steps, each
+                 cell's mean duration (means, not medians: a run's throughput pays for the slow steps too)
+    contention   cpu_rollout_contention = sum measured / sum predicted-alone over single-version decode steps
+                 during a training step; cpu_train_contention = the same over training steps run while rollout
+                 ran (alone = fitted on training steps with no rollout)
+    versions     cpu_extra_version_step_s = sum over multi-version steps of (measured / contention - predicted
+                 single-version) / sum (versions - 1), less the weight read the formula already charges
+    train        (eta_train, t_train) from training steps with no rollout running
+    weights      cpu_weight_publish_fixed_s from train-step end -> weights published (the trainer side: the
+                 checkpoint, export and object-store put of a real step); cpu_weight_reload_fixed_s from the
+                 engine thread's weight loads (``load`` rows of engine_steps.jsonl: decoding paused); means
+
+A sync run gives the alone figures (rollout and training alternate), an asynchronous run the contended ones,
+so pass one of each, e.g. `--from-run runs/sync --from-run runs/streaming`. Prefill is not refitted when the
+runs have no prefill steps (prompts that fit the decode batch are ingested there): the base value is kept and
+the fit says so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dora.calibrate import Fit, ModelContext, Point, _rollout_model, _train_seconds, fit_decode, fit_train
+from planner.calibration import Calibration
+
+MIN_CELL_STEPS = 5
+"""Engine steps a (batch, context) cell needs to become a decode point (its median is the point)."""
+MIN_POINTS = 3
+"""Fewest points (cells, training steps) a fit accepts."""
+CONTEXT_BUCKET = 8
+"""Mean context per row is rounded to this many tokens to form cells."""
+
+
+class RunDataError(ValueError):
+    """The runs cannot calibrate: missing files, or not enough alone / contended measurements."""
+
+
+@dataclass(kw_only=True)
+class RunTimings:
+    """What the runs measured, split as the fits need it."""
+
+    runs: list[str] = field(default_factory=list)
+    decode_alone: dict[tuple[int, int], list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    """(batch, context bucket) -> [(context tokens, seconds)] of single-version steps with no training step."""
+    decode_contended: list[tuple[int, float, float]] = field(default_factory=list)
+    """(batch, context tokens, seconds) of single-version steps during a training step."""
+    multi: list[tuple[int, float, int, bool, float]] = field(default_factory=list)
+    """(batch, context tokens, versions, during a training step, seconds) of multi-version steps."""
+    train_alone: list[Point] = field(default_factory=list)
+    train_contended: list[Point] = field(default_factory=list)
+    publish: list[Point] = field(default_factory=list)
+    """Train-step end -> weights published (trainer side: checkpoint, export, object store)."""
+    loads: list[float] = field(default_factory=list)
+    """Seconds the engine thread spent loading a version (decoding paused)."""
+    prefill_steps: int = 0
+
+    def decode_points(self) -> list[Point]:
+        out = []
+        for (b, _), cell in sorted(self.decode_alone.items()):
+            if len(cell) < MIN_CELL_STEPS:
+                continue
+            secs = sorted(s for _, s in cell)
+            out.append(Point(kind="decode", x={"batch_size": b, "total_context_tokens": statistics.fmean(c for c, _ in cell)},
+                             seconds=statistics.fmean(secs), seconds_min=secs[len(secs) // 10],
+                             seconds_max=secs[(9 * len(secs)) // 10]))
+        return out
+
+
+def _jsonl(path: Path) -> list[Any]:
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as exc:
+        raise RunDataError(f"{path}: {exc.strerror or exc}; pass the output directory of a finished `dora apply` "
+                           "run (it writes engine_steps.jsonl, metrics.jsonl and trace.jsonl)") from None
+    except ValueError as exc:
+        raise RunDataError(f"{path}: not JSON lines ({exc})") from None
+
+
+def read_run(run_dir: Path, into: RunTimings) -> None:
+    """Add one run directory's measurements to ``into``."""
+    steps = _jsonl(run_dir / "engine_steps.jsonl")
+    metrics = _jsonl(run_dir / "metrics.jsonl")
+    trace = _jsonl(run_dir / "trace.jsonl")
+    if not steps or "columns" not in steps[0]:
+        raise RunDataError(f"{run_dir / 'engine_steps.jsonl'}: no header line; was it written by `dora apply`?")
+    cols = steps[0]["columns"]
+    need = ["worker", "start_s", "duration_s", "kind", "decode_rows", "context_tokens", "versions", "prefill_tokens"]
+    if cols != need:
+        raise RunDataError(f"{run_dir / 'engine_steps.jsonl'}: columns {cols}, expected {need}")
+    missing = [m.get("step", "?") for m in metrics if "forward_sum_sq_tokens" not in m]
+    if missing:
+        raise RunDataError(f"{run_dir / 'metrics.jsonl'}: steps {missing[:3]} lack forward_sum_sq_tokens (written "
+                           "by an older dora); re-run the job")
+    into.runs.append(str(run_dir))
+    spans = sorted((m["start_s"], m["end_s"]) for m in metrics)
+    starts = [s for s, _ in spans]
+    busy_in: dict[int, float] = defaultdict(float)
+    """training step index -> engine-step seconds inside its span."""
+
+    def training_at(t0: float, t1: float) -> int | None:
+        i = bisect.bisect_right(starts, t1) - 1
+        return i if i >= 0 and spans[i][1] > t0 else None
+
+    for _, start, dur, kind, rows, ctx, versions, prefill in steps[1:]:
+        if kind == "load":
+            into.loads.append(dur)
+            continue
+        i = training_at(start, start + dur)
+        if i is not None:
+            busy_in[i] += min(start + dur, spans[i][1]) - max(start, spans[i][0])
+        if prefill:
+            into.prefill_steps += 1
+            continue
+        if rows == 0:
+            continue
+        if versions > 1:
+            into.multi.append((rows, ctx, versions, i is not None, dur))
+        elif i is None:
+            into.decode_alone[(rows, round(ctx / rows / CONTEXT_BUCKET))].append((ctx, dur))
+        else:
+            into.decode_contended.append((rows, ctx, dur))
+    for m in metrics:
+        i = bisect.bisect_left(starts, m["start_s"])
+        span = m["end_s"] - m["start_s"]
+        point = Point(kind="train", x={"tokens": m["forward_tokens"], "sum_sq_seq_len": m["forward_sum_sq_tokens"],
+                                       "num_seqs": m["num_sequences"]}, seconds=span, seconds_min=span, seconds_max=span)
+        (into.train_contended if busy_in.get(i, 0.0) >= 0.5 * span else into.train_alone).append(point)
+    ends = {e["step"]: e["t"] for e in trace if e.get("type") == "train_step"}
+    for e in trace:
+        if e.get("type") == "weights_published" and e["version"] in ends:
+            secs = e["t"] - ends[e["version"]]
+            into.publish.append(Point(kind="publish", x={"version": e["version"]}, seconds=secs, seconds_min=secs,
+                                      seconds_max=secs))
+
+
+def _require(points: Sequence[Any], what: str, hint: str) -> None:
+    if len(points) < MIN_POINTS:
+        raise RunDataError(f"the runs hold {len(points)} {what} (need >= {MIN_POINTS}); {hint}")
+
+
+def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str) -> tuple[Calibration, list[Fit]]:
+    """Fit every in-situ constant (see the module docstring) onto ``base``; the calibration and its fits."""
+    decode = data.decode_points()
+    _require(decode, f"decode cells of >= {MIN_CELL_STEPS} single-version steps with no training step running",
+             "add a sync run (--from-run runs/<sync>): its rollout runs while the trainer idles")
+    _require(data.decode_contended, "single-version decode steps during a training step",
+             "add an asynchronous run (streaming or one-step-off)")
+    _require(data.train_alone, "training steps with no rollout running", "add a sync run")
+    _require(data.train_contended, "training steps run while rollout ran", "add an asynchronous run")
+    fits = [fit_decode(decode, ctx, base)]
+    calib = base.with_overrides(**_rounded(fits[0].constants))
+    alone = _rollout_model(ctx, calib)
+    predicted = [alone.decode_step_s(b, c) for b, c, _ in data.decode_contended]
+    rollout_f = max(1.0, sum(s for *_, s in data.decode_contended) / sum(predicted))
+    ratios = [s / p for (*_, s), p in zip(data.decode_contended, predicted, strict=True)]
+    train_fit = fit_train(data.train_alone, ctx, calib)
+    calib = calib.with_overrides(**_rounded(train_fit.constants))
+    train_pred = [_train_seconds(ctx, calib, p) for p in data.train_contended]
+    train_f = max(1.0, sum(p.seconds for p in data.train_contended) / sum(train_pred))
+    train_ratios = [p.seconds / q for p, q in zip(data.train_contended, train_pred, strict=True)]
+    fits.append(Fit(kind="contention", constants={"cpu_rollout_contention": rollout_f, "cpu_train_contention": train_f},
+                    residuals=tuple([r / rollout_f - 1 for r in ratios] + [r / train_f - 1 for r in train_ratios])))
+    calib = calib.with_overrides(**_rounded(fits[-1].constants))
+    if data.multi:
+        weight_read = alone.nonexpert_weight_bytes_per_device / alone.memory_rate_bytes_per_s
+        excess = [s / (rollout_f if during else 1.0) - alone.decode_step_s(b, c) for b, c, v, during, s in data.multi]
+        extra = max(0.0, sum(excess) / sum(v - 1 for _, _, v, _, _ in data.multi) - weight_read)
+        extras = [e / (v - 1) - weight_read for e, (_, _, v, _, _) in zip(excess, data.multi, strict=True)]
+        fits.append(Fit(kind="versions", constants={"cpu_extra_version_step_s": extra},
+                        residuals=tuple((e - extra) / (alone.decode_step_s(b, c) + extra)
+                                        for e, (b, c, *_) in zip(extras, data.multi, strict=True))))
+        calib = calib.with_overrides(**_rounded(fits[-1].constants))
+    fits.append(train_fit)
+    if data.publish and data.loads:
+        fits.append(fit_weights(data.publish, data.loads, ctx, calib))
+        calib = calib.with_overrides(**_rounded(fits[-1].constants))
+    fitted = {k: float(f"{v:.6g}") for f in fits for k, v in f.constants.items()}
+    return base.with_overrides(source=source, **fitted), fits
+
+
+def fit_weights(publish: Sequence[Point], loads: Sequence[float], ctx: ModelContext, calib: Calibration) -> Fit:
+    """(cpu_weight_publish_fixed_s, cpu_weight_reload_fixed_s): the measured medians beyond the formula's
+    trainer-side (gather, convert) and engine-side (transfer, buckets, per-tensor reload) terms."""
+    from planner.sim.costmodel import cost_model_timing
+
+    def timing(cal: Calibration) -> Any:
+        return cost_model_timing(ctx.arch, rollout_acc=ctx.accelerator, train_acc=ctx.accelerator, rollout_tp=1,
+                                 num_rollout_groups=1, train_tp=1, train_pp=1, train_dp=1, dtype_bytes=ctx.dtype_bytes,
+                                 micro_batch_tokens=ctx.micro_batch_tokens, calib=cal,
+                                 accelerators_per_node=ctx.accelerators_per_node)
+
+    zero = timing(calib.with_overrides(cpu_weight_publish_fixed_s=0.0, cpu_weight_reload_fixed_s=0.0))
+    pub = max(0.0, statistics.fmean(p.seconds for p in publish) - zero.weight_publish_s)
+    load = max(0.0, statistics.fmean(loads) - zero.weight_load_trainer_s)
+    final = timing(calib.with_overrides(cpu_weight_publish_fixed_s=pub, cpu_weight_reload_fixed_s=load))
+    return Fit(kind="weights", constants={"cpu_weight_publish_fixed_s": pub, "cpu_weight_reload_fixed_s": load},
+               residuals=tuple([final.weight_publish_s / p.seconds - 1 for p in publish]
+                               + [final.weight_load_trainer_s / y - 1 for y in loads if y > 0]))
+
+
+def _rounded(constants: dict[str, float]) -> dict[str, float]:
+    return {k: float(f"{v:.6g}") for k, v in constants.items()}
+
+
+def points_of(data: RunTimings) -> list[Point]:
+    """The measurements the calibration file records: decode cells, training steps (alone, then contended),
+    publishes."""
+    contended = [Point(kind="train_contended", x=p.x, seconds=p.seconds, seconds_min=p.seconds_min,
+                       seconds_max=p.seconds_max) for p in data.train_contended]
+    return [*data.decode_points(), *data.train_alone, *contended, *data.publish]
