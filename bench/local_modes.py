@@ -40,9 +40,11 @@ TARGET_SPEEDUP = 1.3
 LENGTH_TOLERANCE = 0.05
 
 
-def predict(resolved: Any, rc: RuntimeConfig) -> dict[str, float] | str:
-    """The simulator's prediction for ``rc`` (or why there is none)."""
+def predict(resolved: Any, rc: RuntimeConfig, calibration: Any = None) -> dict[str, float] | str:
+    """The simulator's prediction for ``rc`` (or why there is none), in the measured columns' units: trained
+    tokens are response tokens (the simulator counts prompt + response: the prompts are subtracted)."""
     try:
+        from planner.calibration import DEFAULT_CALIBRATION
         from planner.hardware import ACCELERATORS
         from planner.policies import PolicyConfig, admission_queue_for
         from planner.sim import simulate
@@ -52,17 +54,19 @@ def predict(resolved: Any, rc: RuntimeConfig) -> dict[str, float] | str:
         acc = ACCELERATORS[rc.accelerator]
         timing = cost_model_timing(resolved.arch, rollout_acc=acc, train_acc=acc, rollout_tp=1,
                                    num_rollout_groups=rc.rollout_workers, train_tp=1, train_pp=1, train_dp=1,
-                                   dtype_bytes=4, accelerators_per_node=resolved.spec.cluster.accelerators_per_node)
+                                   dtype_bytes=4, accelerators_per_node=resolved.spec.cluster.accelerators_per_node,
+                                   calib=calibration or DEFAULT_CALIBRATION)
         config = PolicyConfig(mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
                               slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
                               samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
                               allow_version_mixing=rc.allow_version_mixing,
                               max_versions_per_engine=rc.versions_per_engine,
                               admission_queue=admission_queue_for(rc.mode, rc.accelerator, rc.samples_per_prompt))
-        workload = Workload(prompt_tokens=4, response_length=resolved.response_lengths)
+        prompt = max(1, round(resolved.prompt_lengths.mean_tokens()))
+        workload = Workload(prompt_tokens=prompt, response_length=resolved.response_lengths)
         sim = simulate(config, workload, timing, seed=rc.seed, record_events=False)
-        return {"trained_tokens_per_s": sim.tokens_per_s, "occupancy": sim.rollout_slot_occupancy,
-                "step_time_s": sim.step_time_s}
+        return {"trained_tokens_per_s": sim.tokens_per_s - sim.samples_per_s * prompt,
+                "occupancy": sim.rollout_slot_occupancy, "step_time_s": sim.step_time_s}
     except Exception as exc:  # a prediction is informative only; never let it stop the measured bench
         return f"n/a ({type(exc).__name__}: {exc})"
 
@@ -86,6 +90,8 @@ def main() -> int:
     ap.add_argument("--samples-per-prompt", type=int, default=None, help="override the spec (tuning)")
     ap.add_argument("--learning-rate", type=float, default=None, help="override the spec (tuning)")
     ap.add_argument("--out-dir", default="runs/bench-local-modes")
+    ap.add_argument("--calibration", metavar="FILE", help="predict with this calibration file (`dora calibrate`; "
+                    "default: the catalog constants)")
     args = ap.parse_args()
     console = Console(highlight=False, width=max(160, Console().width))
     try:
@@ -94,6 +100,11 @@ def main() -> int:
         console.print(f"error: {exc}")
         return 2
 
+    calibration = None
+    if args.calibration:
+        from dora.planning import load_calibration
+
+        calibration = load_calibration(args.calibration)
     import ray
 
     from dora.runtime.driver import run_job
@@ -113,7 +124,7 @@ def main() -> int:
                 rc = replace(rc, seed=seed, algorithm=algorithm,
                              prompts_per_step=args.prompts_per_step or rc.prompts_per_step,
                              samples_per_prompt=args.samples_per_prompt or rc.samples_per_prompt)
-                predictions.setdefault(mode, predict(resolved, rc))
+                predictions.setdefault(mode, predict(resolved, rc, calibration))
                 console.print(f"[bold]{mode}[/bold] seed {seed}: {rc.rollout_workers}x{rc.max_num_seqs} slots, "
                               f"{rc.prompts_per_step}x{rc.samples_per_prompt} per step, {rc.steps} steps ...")
                 result = run_job(rc, console=console, live=False, warmup_cache_dir=Path(args.out_dir) / "cache")
