@@ -56,9 +56,9 @@ STEP_LOG_COLUMNS = ("start_s", "duration_s", "kind", "decode_rows", "context_tok
 took, and its ``StepShape`` (what the cost model's step time depends on); and one per weight load run on the
 engine thread (kind ``load``, shape zeros): how long decoding paused for it."""
 STEP_LOG_LIMIT = 200_000
+"""Rows a worker keeps (about 10 MB; a 10-minute local run makes ~30K)."""
 STEP_LOG_FILE = "engine_steps.jsonl"
 """Where the controller writes every worker's step log at the end of a run (in the output directory)."""
-"""Rows a worker keeps (about 10 MB; a 10-minute local run makes ~30K)."""
 
 
 @dataclass(frozen=True, kw_only=True)
