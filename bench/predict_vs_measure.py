@@ -101,7 +101,6 @@ def main() -> int:
     console = Console(highlight=False, width=max(150, Console().width))
 
     from dora.apply import ApplyOverrides, run_apply, runtime_config_for
-    from dora.calibrate import run_calibrate
     from dora.planning import CalibrationFileError, load_calibration
     from dora.spec import SpecError, load_spec
 

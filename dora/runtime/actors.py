@@ -50,7 +50,6 @@ from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
 from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig, warm_up
 from dora.runtime.tasks import LengthSampler, TaskConfig
 
-
 STEP_LOG_COLUMNS = ("start_s", "duration_s", "kind", "decode_rows", "context_tokens", "versions", "prefill_tokens")
 """One row per engine step (kind ``step``): when it started (worker clock since ``start_clock``), how long it
 took, and its ``StepShape`` (what the cost model's step time depends on); and one per weight load run on the
