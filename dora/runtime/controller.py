@@ -394,7 +394,8 @@ class Controller:
         """A rollout worker's process died: wait for Ray to restart it, reload the version it was
         serving, regenerate every request it held (recorded), and carry on; the policy sees nothing.
 
-        Requests it held keep their version (the one it served), so consistency and the staleness
+        Requests it held keep their version (a multi-version worker reloads every version they used), so
+        consistency and the staleness
         bound are untouched; their lost tokens are recorded as ``regenerated``. A migration off the
         dead worker completes by regenerating its requests on the planned destinations instead.
         """
@@ -420,10 +421,13 @@ class Controller:
                     raise WorkerLost(f"rollout worker {w.index} died ({type(exc).__name__}) and was not back "
                                      f"within {cfg.restart_timeout_s:.0f} s ({type(again).__name__})") from None
                 time.sleep(0.1)
-        if w.target is not None:
-            ray.get(w.actor.load_weights.remote(w.target, self._weights[w.target], incarnation=w.incarnation))
         lost = list(w.requests.values())
         w.requests.clear()
+        if w.target is not None:
+            ray.get(w.actor.load_weights.remote(w.target, self._weights[w.target], incarnation=w.incarnation))
+        if w.migration is None:  # a multi-version engine also held requests of older versions: host them again
+            for v in sorted({r.version for r in lost} - {w.target}):
+                ray.get(w.actor.load_weights.remote(v, self._weights[v], keep_loaded=True, incarnation=w.incarnation))
         self.trace.event(self.now(), "worker_restarted", rollout_group=w.index, version=w.target or 0)
         if w.migration is not None:
             act, w.migration = w.migration, None
@@ -448,11 +452,12 @@ class Controller:
                 on_done(None)
 
     def _regenerate_on(self, w: _Worker, requests: list[GenerationRequest]) -> None:
-        """Start ``requests`` again from their prompt on ``w``'s version (their tokens were lost)."""
-        v = w.target if w.target is not None else self.base
+        """Start ``requests`` again from their prompt on ``w``, each on the version it was admitted on (their
+        tokens were lost; the policy still books each group on that version, and ``w`` hosts it)."""
         t = self.now()
         fresh = []
         for r in requests:
+            v = r.version
             self.trace.event(t, "regenerated", traj=r.request_id, version=v)
             self.trace.event(t, "admitted", traj=r.request_id, version=v, rollout_group=w.index)
             fresh.append(GenerationRequest(request_id=r.request_id, prompt_ids=r.prompt_ids, version=v,
@@ -607,6 +612,7 @@ class Controller:
     def _forget_old_weights(self) -> None:
         latest = self.policy.latest_version + self.base
         keep = set(self._engines()) | {latest} | {w.target for w in self._workers if w.target is not None}
+        keep |= {r.version for w in self._workers for r in w.requests.values()}  # a restart regenerates on them
         for v in [v for v in self._weights if v not in keep and v < latest]:
             del self._weights[v]
 

@@ -52,6 +52,8 @@ def test_rollout_workers_killed_at_five_points_are_restarted_and_nothing_is_lost
     # Each kill hits a worker holding requests 1-8 finished trajectories after the controller restarted the
     # previous victim; results arrive about a step's worth at a time, so five kills take some 10 of the 24 steps.
     controller, config = _controller(tmp_path, "streaming", steps=24)
+    # multi-version engines: a killed worker held requests of several versions and must host each again
+    assert config.policy.max_versions_per_engine > 1
     rng = random.Random(3)
     killer = WorkerKiller(controller, [rng.randint(1, 8) for _ in range(5)], rng)
     controller.on_progress = killer
