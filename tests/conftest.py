@@ -28,3 +28,16 @@ def assert_golden(path: Path, actual: str, update: bool) -> None:
     assert path.exists(), f"golden file {path} missing: run pytest --update-golden"
     expected = path.read_text(encoding="utf-8")
     assert actual == expected, f"{path} differs from the output; if the change is intended, run pytest --update-golden"
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    """The cost-model context `dora calibrate` fits for the local spec (tests of the calibration fits)."""
+    from dora.calibrate import ModelContext
+    from dora.planning import search_inputs
+    from dora.spec import load_spec
+
+    inputs = search_inputs(load_spec(str(REPO / "specs/local-tiny.yaml")))
+    return ModelContext(arch=inputs.arch, accelerator=inputs.accelerator, dtype_bytes=inputs.dtype_bytes,
+                        extra_forward_passes=inputs.extra_forward_passes, micro_batch_tokens=8192,
+                        accelerators_per_node=inputs.accelerators_per_node)

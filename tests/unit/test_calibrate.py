@@ -17,7 +17,7 @@ from dora.calibrate import (
     fit_train,
     run_calibrate,
 )
-from dora.planning import load_calibration, make_plan, search_inputs
+from dora.planning import load_calibration, make_plan
 from dora.spec import load_spec
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.search.build import catalog_defaults_that_matter
@@ -27,14 +27,6 @@ TRUTH = DEFAULT_CALIBRATION.with_overrides(
     cpu_memory_efficiency=0.2, cpu_compute_efficiency=0.12, cpu_step_overhead_s=0.0015,
     cpu_prefill_compute_efficiency=0.3, cpu_train_compute_efficiency=0.4, cpu_train_step_overhead_s=0.01,
     cpu_weight_reload_fixed_s=0.004)
-
-
-@pytest.fixture(scope="module")
-def ctx() -> ModelContext:
-    inputs = search_inputs(load_spec(LOCAL))
-    return ModelContext(arch=inputs.arch, accelerator=inputs.accelerator, dtype_bytes=inputs.dtype_bytes,
-                        extra_forward_passes=inputs.extra_forward_passes, micro_batch_tokens=8192,
-                        accelerators_per_node=inputs.accelerators_per_node)
 
 
 def _synthetic(ctx: ModelContext, calib: Calibration) -> tuple[list[Point], ...]:

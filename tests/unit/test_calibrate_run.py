@@ -11,8 +11,7 @@ import pytest
 
 from dora.calibrate import ModelContext, Point, _rollout_model, _train_seconds, run_calibrate
 from dora.calibrate_run import RunDataError, RunTimings, fit_runs, read_run
-from dora.planning import load_calibration, search_inputs
-from dora.spec import load_spec
+from dora.planning import load_calibration
 from planner.calibration import DEFAULT_CALIBRATION
 from planner.sim.costmodel import cost_model_timing
 
@@ -22,14 +21,6 @@ TRUTH = DEFAULT_CALIBRATION.with_overrides(
     cpu_train_compute_efficiency=0.4, cpu_train_step_overhead_s=0.01, cpu_rollout_contention=1.3,
     cpu_train_contention=1.5, cpu_extra_version_step_s=0.0004, cpu_weight_publish_fixed_s=0.02,
     cpu_weight_reload_fixed_s=0.003)
-
-
-@pytest.fixture(scope="module")
-def ctx() -> ModelContext:
-    inputs = search_inputs(load_spec(LOCAL))
-    return ModelContext(arch=inputs.arch, accelerator=inputs.accelerator, dtype_bytes=inputs.dtype_bytes,
-                        extra_forward_passes=inputs.extra_forward_passes, micro_batch_tokens=8192,
-                        accelerators_per_node=inputs.accelerators_per_node)
 
 
 def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int) -> None:
