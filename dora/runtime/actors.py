@@ -1,7 +1,8 @@
 """The runtime's workers: a rollout worker (one rollout group) and the trainer, plain classes made Ray actors.
 
 ``RolloutWorker`` owns one ``TorchRolloutEngine`` and runs its ``step()`` loop in a background thread,
-so generation never waits on the controller. Every engine access happens on that thread: commands
+so generation never waits on the controller. Every engine access happens on that thread (but
+``stage_weights``, which touches no engine state and runs on the caller's thread): commands
 (``add_requests``, ``load_weights``, ``export_requests`` ...) are queued to it and run between two
 engine steps, which keeps the engine single-threaded and commands ordered without a lock around
 ``step()`` (a plain lock would starve the callers: the loop re-acquires it before they wake).
@@ -240,7 +241,11 @@ class RolloutWorker:
         their tokens so far re-prefilled (partial rollout: they get a new version span). With
         ``keep_loaded`` ``version`` is added beside the hosted versions and their requests keep running
         on them (multi-version engines). Otherwise the engine must be empty; the old versions are dropped.
+        The model is built (``stage_weights``) on the calling thread while the engine keeps decoding; the
+        engine thread only installs it (the ``load`` row of the step log is that pause).
         """
+        self._expect(incarnation)
+        staged = self._engine.stage_weights(version, weights)
 
         def load() -> None:
             start = time.perf_counter()
@@ -253,7 +258,7 @@ class RolloutWorker:
             engine = self._engine
             partials = []
             if keep_loaded:
-                engine.load_weights(version, weights)
+                engine.install_weights(version, staged)
                 return
             if resume_in_flight:
                 partials = [(request, engine.abort(request.request_id)) for request in _in_flight(engine)]
@@ -262,7 +267,7 @@ class RolloutWorker:
                     f"worker {self.index}: load v{version} with {engine.num_active() + engine.num_waiting()} "
                     "requests in flight and resume_in_flight=False"
                 )
-            engine.load_weights(version, weights)
+            engine.install_weights(version, staged)
             for old in engine.hosted_versions():
                 if old != version:
                     engine.drop_version(old)
@@ -353,8 +358,13 @@ class TrainerActor:
         )
         return len(losses), time.perf_counter() - start
 
-    def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
-        return self._trainer.train_step(batch)
+    def train_step(self, batch: list[ScoredTrajectory], save_to: str | None = None) -> TrainMetrics:
+        """One GRPO step; with ``save_to``, then ``save_state(save_to)`` in the same call (a checkpointed step
+        costs the controller no extra round trip, and the controller never waits on the save)."""
+        metrics = self._trainer.train_step(batch)
+        if save_to is not None:
+            self.save_state(save_to)
+        return metrics
 
     def save_state(self, path: str) -> int:
         """Write weights, optimizer, step and version to ``path`` (temporary file, fsync, rename); the version."""

@@ -255,6 +255,9 @@ class Controller:
             cache = None if cfg.warmup_cache_dir is None else str(cfg.warmup_cache_dir)
             steps, seconds = ray.get(self._trainer.warm_up.remote(cache))
             self.stats.warmup_steps, self.stats.warmup_s = steps, seconds
+            trainer_file = self._trainer_file(0)
+            if trainer_file is not None:
+                ray.get(self._trainer.save_state.remote(trainer_file))
             self._checkpoint(0, None)
         else:
             held = ray.get(self._trainer.load_state.remote(str(cfg.resume.trainer_state)))
@@ -271,15 +274,20 @@ class Controller:
         for w in self._workers:
             w.last_heard = now
 
-    def _checkpoint(self, step: int, step_event: dict[str, Any] | None) -> None:
-        """Trainer state first, then ``checkpoint.json`` (the commit point); see ``dora.runtime.checkpoint``."""
+    def _trainer_file(self, step: int) -> str | None:
+        """Where the trainer saves its state after ``step`` (``None``: checkpoints are off)."""
         if not self.config.checkpoint:
+            return None
+        return str(checkpoint_dir(self.config.output_dir) / f"trainer-{step:06d}.pt")
+
+    def _checkpoint(self, step: int, step_event: dict[str, Any] | None) -> None:
+        """Commit ``checkpoint.json`` for ``step``, whose trainer file is written (see ``dora.runtime.checkpoint``)."""
+        trainer_file = self._trainer_file(step)
+        if trainer_file is None:
             return
-        name = f"trainer-{step:06d}.pt"
-        ray.get(self._trainer.save_state.remote(str(checkpoint_dir(self.config.output_dir) / name)))
         write_checkpoint(self.config.output_dir, Checkpoint(
-            step=step, consumed_groups=tuple(self._consumed_all), trainer_state=name, step_event=step_event,
-            config_key=self.config.config_key,
+            step=step, consumed_groups=tuple(self._consumed_all), trainer_state=Path(trainer_file).name,
+            step_event=step_event, config_key=self.config.config_key,
         ))
 
     def _wait_once(self) -> None:
@@ -583,7 +591,7 @@ class Controller:
                      "start_t": round(self.trace.offset_s + start, 6),
                      "consumed": [s.trajectory.request_id for s in batch], "produced_version": step}
             self._consumed_all.update(groups)
-            self._checkpoint(step, event)  # before the trace records the step: see dora.runtime.checkpoint
+            self._checkpoint(step, event)  # the trainer saved; before the trace records the step (see checkpoint)
             self.trace.write(event)
             record = self.stats.step_finished(
                 step=step, start_s=start, end_s=end, metrics=metrics, rewards=[s.reward for s in batch],
@@ -595,7 +603,7 @@ class Controller:
                 self.on_progress(self.stats)
             self._execute(self.policy.handle(TrainStepFinished(step=act.step)))
 
-        self._submit(self._trainer.train_step.remote(batch), trained)
+        self._submit(self._trainer.train_step.remote(batch, self._trainer_file(step)), trained)
 
     def _publish(self, act: PublishWeights) -> None:
         v = act.version + self.base

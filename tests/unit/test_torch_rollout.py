@@ -4,6 +4,8 @@ Every test runs twice: prompts prefilled by a forward of their own (``decode_ing
 prompts ingested one token per step inside the decode batch (the default for short prompts).
 """
 
+import threading
+
 import pytest
 import torch
 
@@ -255,3 +257,29 @@ def test_last_step_shape_reports_what_the_step_computed() -> None:
     shape = engine.last_step_shape()
     assert shape.decode_rows == 3 and shape.versions == 2 and shape.prefill_tokens == 0
     assert shape.context_tokens == sum(s.cached_len for s in engine._slots) - 3  # each row took one position
+
+
+def test_weights_staged_while_decoding_then_installed_change_no_token() -> None:
+    """A worker builds a new version's model (``stage_weights``) on another thread while the engine decodes, and
+    installs it between two steps: the sequences already running, and those started on the new version, generate
+    exactly what they would have alone."""
+    engine = _engine()
+    old = [_request(i) for i in range(4)]
+    for r in old:
+        engine.add_request(r)
+    _step_until_generated(engine, 8)
+    staged: list[object] = []
+    stager = threading.Thread(target=lambda: staged.append(engine.stage_weights(1, W1)))
+    stager.start()
+    _step_until_generated(engine, 16)
+    stager.join()
+    assert engine.hosted_versions() == (0,)  # staging touches nothing the engine serves
+    engine.install_weights(1, staged[0])
+    new = [_request(i, version=1) for i in range(4, 8)]
+    for r in new:
+        engine.add_request(r)
+    done = _drain(engine)
+    for r in old + new:
+        assert done[r.request_id].response_ids == _run_alone(r, W0 if r.version == 0 else W1).response_ids
+    with pytest.raises(TypeError, match="expected stage_weights' model, got dict"):
+        engine.install_weights(2, W1)

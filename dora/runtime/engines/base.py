@@ -192,7 +192,17 @@ class RolloutEngine(Protocol):
     """A continuous-batching generation engine hosting one or more policy versions."""
 
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        """Host ``version`` (replacing it if already hosted)."""
+        """Host ``version`` (replacing it if already hosted): ``install_weights(stage_weights(...))``."""
+        ...
+
+    def stage_weights(self, version: int, weights: dict[str, torch.Tensor]) -> object:
+        """The expensive half of a load (a model built from ``weights``; for an engine on an accelerator, the
+        copy into device memory), touching nothing the engine serves: callable on another thread while
+        ``step()`` runs, so decoding does not pause for it. The result is ``install_weights``' argument."""
+        ...
+
+    def install_weights(self, version: int, staged: object) -> None:
+        """Host ``version`` from ``stage_weights``' result (cheap; between two steps)."""
         ...
 
     def drop_version(self, version: int) -> None:

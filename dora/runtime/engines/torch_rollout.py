@@ -134,7 +134,15 @@ class TorchRolloutEngine:
 
     # ----- versions -------------------------------------------------------------------------
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        self._models[version] = model_from_weights(self.config.model, weights)
+        self.install_weights(version, self.stage_weights(version, weights))
+
+    def stage_weights(self, version: int, weights: dict[str, torch.Tensor]) -> TinyTransformer:
+        return model_from_weights(self.config.model, weights)
+
+    def install_weights(self, version: int, staged: object) -> None:
+        if not isinstance(staged, TinyTransformer) or staged.config != self.config.model:
+            raise TypeError(f"install_weights(v{version}): expected stage_weights' model, got {type(staged).__name__}")
+        self._models[version] = staged
         self._stacks.clear()
 
     def _stacked(self, versions: tuple[int, ...]) -> StackedVersions:
