@@ -26,7 +26,7 @@ them drains. New groups start only on the newest version, each trajectory still 
 version, and a version is dropped from an engine (``DropVersion``) once no request of it remains
 there. No migration: the old versions drain in place, next to the new one.
 
-Admission queue (``PolicyConfig.admission_queue``, one group on the ``cpu`` accelerator): an engine is
+Admission queue (``PolicyConfig.admission_queue``, two groups on the ``cpu`` accelerator): an engine is
 given up to ``slots + admission_queue`` requests; the engine runs ``slots`` of them and starts a queued
 one as soon as a slot frees, without waiting for the controller (see ``admission_queue_for``).
 """
@@ -46,7 +46,7 @@ class StreamingPolicy(PolicyBase):
         n = config.num_rollout_groups
         self.num_engines = n
         self.slots = config.slots_per_group + config.admission_queue
-        """Requests an engine may hold: its running slots plus the admission queue (one group ahead)."""
+        """Requests an engine may hold: its running slots plus the admission queue (``admission_queue_for``)."""
         self.version_active: dict[int, int] = {0: 0}
         """version -> in-flight trajectories on engines of that version."""
         self.version_engines: dict[int, int] = {0: n}

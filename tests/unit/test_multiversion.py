@@ -149,6 +149,6 @@ def test_admission_queue_is_streaming_on_cpu_only():
 
     with pytest.raises(ValueError, match="admission_queue is for mode 'streaming'"):
         _cfg(1, mode="bounded-async", admission_queue=2)
-    assert admission_queue_for("streaming", "cpu", 8) == 8
+    assert admission_queue_for("streaming", "cpu", 8) == 16  # two groups ahead
     assert admission_queue_for("streaming", "h800", 8) == 0
     assert admission_queue_for("sync", "cpu", 8) == 0
