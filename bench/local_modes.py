@@ -10,9 +10,9 @@ Length bias: a streaming step trains whoever finished first, so its steps are sh
 *trained tokens* per second, and check that the mean trained response length over the run stays
 within 5% of sync's (every admitted trajectory is trained eventually, so it should).
 
-PREDICTED columns come from ``planner.sim.simulate`` with the cost-model timing of the spec's
-accelerator (``planner.sim.costmodel``) -- a stand-in until ``dora plan``'s search result is wired in
-(``predict`` is the one function to replace).
+PREDICTED columns are what `dora plan` predicts for each mode's run: the planner's search pinned to the
+run's placement, mode, k and versions per engine, and that candidate simulated for the run's steps and
+seed (``bench/_predict.py``), with the catalog constants or ``--calibration``.
 
     python bench/local_modes.py                          # the spec as written, seed 0
     python bench/local_modes.py --seeds 0 1 --steps 30   # shorter, two seeds
@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from _predict import predict_run
 from rich.console import Console
 
 from dora.apply import ApplyOverrides, runtime_config_for
@@ -41,30 +42,12 @@ LENGTH_TOLERANCE = 0.05
 
 
 def predict(resolved: Any, rc: RuntimeConfig, calibration: Any = None) -> dict[str, float] | str:
-    """The simulator's prediction for ``rc`` (or why there is none), in the measured columns' units: trained
-    tokens are response tokens (the simulator counts prompt + response: the prompts are subtracted)."""
+    """The planner's prediction for exactly what ``rc`` runs (``_predict.predict_run``), or why there is none, in
+    the measured columns' units: trained tokens are response tokens (the simulator counts prompt + response:
+    the prompts are subtracted)."""
     try:
-        from planner.calibration import DEFAULT_CALIBRATION
-        from planner.hardware import ACCELERATORS
-        from planner.policies import PolicyConfig, admission_queue_for
-        from planner.sim import simulate
-        from planner.sim.costmodel import cost_model_timing
-        from planner.workload import Workload
-
-        acc = ACCELERATORS[rc.accelerator]
-        timing = cost_model_timing(resolved.arch, rollout_acc=acc, train_acc=acc, rollout_tp=1,
-                                   num_rollout_groups=rc.rollout_workers, train_tp=1, train_pp=1, train_dp=1,
-                                   dtype_bytes=4, accelerators_per_node=resolved.spec.cluster.accelerators_per_node,
-                                   calib=calibration or DEFAULT_CALIBRATION)
-        config = PolicyConfig(mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
-                              slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
-                              samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
-                              allow_version_mixing=rc.allow_version_mixing,
-                              max_versions_per_engine=rc.versions_per_engine,
-                              admission_queue=admission_queue_for(rc.mode, rc.accelerator, rc.samples_per_prompt))
+        sim = predict_run(resolved, rc, calibration, steps=rc.steps)
         prompt = max(1, round(resolved.prompt_lengths.mean_tokens()))
-        workload = Workload(prompt_tokens=prompt, response_length=resolved.response_lengths)
-        sim = simulate(config, workload, timing, seed=rc.seed, record_events=False)
         return {"trained_tokens_per_s": sim.tokens_per_s - sim.samples_per_s * prompt,
                 "occupancy": sim.rollout_slot_occupancy, "step_time_s": sim.step_time_s}
     except Exception as exc:  # a prediction is informative only; never let it stop the measured bench

@@ -2,9 +2,9 @@
 
 For each mode (sync, one-step-off, streaming) this
 
-1. predicts with the planner (`dora.planning.search_inputs` + `planner.search`), the mode pinned and the
-   placement pinned to what the local runtime runs (disaggregated: 1 rollout engine + 1 trainer, the plan's
-   slot count), then simulates that candidate for the same number of steps the run makes;
+1. predicts with the calibrated planner exactly the configuration the run executes (`_predict.predict_run`:
+   the mode, k, 1 rollout engine with the plan's slots and versions per engine, 1 trainer, the same number of
+   steps and seed);
 2. runs `dora apply` (`dora.apply.run_apply`) with the same mode, steps, workers and slots;
 3. prints predicted and measured steady step time, trained tokens/s (prompt + response tokens, the
    simulator's definition), bubble fraction and generated-response length, with relative errors, and the
@@ -27,35 +27,25 @@ Without --calibration it first calibrates in situ: a sync and a streaming `dora 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from _predict import predict_run
 from rich.console import Console
 
 STEP_TARGET = 0.15
 SPEEDUP_TARGET = 0.15
 
 
-def predict(resolved: Any, calibration: Any, *, mode: str, k: int, steps: int, seed: int) -> dict[str, Any]:
-    """The calibrated planner's figures for `mode` on the local runtime's placement (1 engine + 1 trainer)."""
-    from dora.planning import search_inputs
-    from planner.search import Pins, search
-    from planner.search.core import Space, simulate_candidate
-
-    inputs = dataclasses.replace(
-        search_inputs(resolved, calibration), modes=(mode,), steps=steps, seed=seed,
-        pins=Pins(colocated=False, rollout_accelerators=1, rollout_tp=1, train_accelerators=1))
-    outcome = search(inputs)
-    cand = next((c for c in outcome.screened if c.mode == mode and c.k == k), outcome.chosen.screened)
-    sim = simulate_candidate(Space(inputs), cand, steps=steps)
-    return {"k": cand.k, "slots": cand.placement.rollout.slots, "step_time_s": sim.step_time_s,
-            "tokens_per_s": sim.tokens_per_s, "bubble_fraction": sim.bubble_fraction,
-            "occupancy": sim.rollout_slot_occupancy, "train_busy": sim.train_busy_fraction,
-            "response_tokens": inputs.response_lengths.mean_tokens()}
+def predict(resolved: Any, calibration: Any, rc: Any, *, steps: int) -> dict[str, Any]:
+    """The calibrated planner's figures for exactly the configuration `rc` runs (`_predict.predict_run`)."""
+    sim = predict_run(resolved, rc, calibration, steps=steps)
+    return {"k": rc.max_version_lag, "step_time_s": sim.step_time_s, "tokens_per_s": sim.tokens_per_s,
+            "bubble_fraction": sim.bubble_fraction, "occupancy": sim.rollout_slot_occupancy,
+            "train_busy": sim.train_busy_fraction, "response_tokens": resolved.response_lengths.mean_tokens()}
 
 
 def measured(out_dir: Path, workers: int) -> dict[str, float]:
@@ -123,15 +113,15 @@ def main() -> int:
 
     pred: dict[str, list[dict[str, Any]]] = {}
     meas: dict[str, list[dict[str, float]]] = {}
-    for mode in args.modes:
-        for rep in range(args.repeats):
+    for rep in range(args.repeats):  # repeats outer: the machine's speed drifts over minutes
+        for mode in args.modes:
             rc = runtime_config_for(resolved, ApplyOverrides(mode=mode, steps=args.steps, rollout_workers=1))
-            p = predict(resolved, calibration, mode=mode, k=rc.max_version_lag, steps=args.steps, seed=rc.seed)
+            p = predict(resolved, calibration, rc, steps=args.steps)
             out = f"{args.out_dir}/{mode}-r{rep}"
-            over = ApplyOverrides(mode=mode, steps=args.steps, rollout_workers=1, max_num_seqs=p["slots"],
+            over = ApplyOverrides(mode=mode, steps=args.steps, rollout_workers=1, max_num_seqs=rc.max_num_seqs,
                                   output_dir=out)
             console.print(f"[bold]{mode}[/bold] run {rep + 1}/{args.repeats}: k={rc.max_version_lag}, 1 engine x "
-                          f"{p['slots']} slots + 1 trainer, {args.steps} steps -> {out}")
+                          f"{rc.max_num_seqs} slots ({rc.versions_per_engine} version(s)) + 1 trainer, {args.steps} steps -> {out}")
             rc_code = run_apply(args.spec, overrides=over, console=console, live=False)
             if rc_code != 0:
                 console.print(f"  dora apply exited {rc_code}; skipping")

@@ -1,0 +1,32 @@
+"""The planner's prediction for exactly the configuration a local run executes (shared by the local benches)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+def predict_run(resolved: Any, rc: Any, calibration: Any, *, steps: int) -> Any:
+    """Simulate the candidate `rc` (a ``RuntimeConfig``) runs: its mode, k, placement (rollout workers x slots,
+    versions per engine, trainers), step count and seed, with ``calibration`` (``None``: the catalog constants). The search is pinned to that
+    placement and the one candidate matching it is simulated (``planner.sim.SimResult``). Raises ``LookupError``
+    when the search has no such candidate (e.g. a slot count overridden beyond what memory allows)."""
+    from dora.planning import search_inputs
+    from planner.search import Pins, search
+    from planner.search.core import Space, simulate_candidate, versions_per_engine
+
+    pins = Pins(colocated=rc.colocated, rollout_accelerators=rc.rollout_accelerators,
+                rollout_tp=rc.accelerators_per_rollout_worker, versions_per_engine=rc.versions_per_engine,
+                train_accelerators=None if rc.colocated else rc.train_accelerators)
+    base = search_inputs(resolved) if calibration is None else search_inputs(resolved, calibration)
+    inputs = dataclasses.replace(base, modes=(rc.mode,), steps=steps, seed=rc.seed,
+                                 pins=pins)
+    outcome = search(inputs)
+    for cand in outcome.screened:
+        if (cand.mode == rc.mode and cand.k == rc.max_version_lag and versions_per_engine(cand) == rc.versions_per_engine
+                and cand.placement.rollout.slots >= rc.max_num_seqs):
+            cand = dataclasses.replace(cand, placement=dataclasses.replace(
+                cand.placement, rollout=dataclasses.replace(cand.placement.rollout, slots=rc.max_num_seqs)))
+            return simulate_candidate(Space(inputs), cand, steps=steps)
+    raise LookupError(f"no {rc.mode} k={rc.max_version_lag} candidate with {rc.versions_per_engine} version(s) per "
+                      f"engine and >= {rc.max_num_seqs} slots on the run's placement")
