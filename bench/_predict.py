@@ -17,7 +17,7 @@ def predict_run(resolved: Any, rc: Any, calibration: Any, *, steps: int) -> Any:
 
     pins = Pins(colocated=rc.colocated, rollout_accelerators=rc.rollout_accelerators,
                 rollout_tp=rc.accelerators_per_rollout_worker, versions_per_engine=rc.versions_per_engine,
-                train_accelerators=None if rc.colocated else rc.train_accelerators)
+                train_accelerators=rc.train_accelerators)
     base = search_inputs(resolved) if calibration is None else search_inputs(resolved, calibration)
     inputs = dataclasses.replace(base, modes=(rc.mode,), steps=steps, seed=rc.seed,
                                  pins=pins)

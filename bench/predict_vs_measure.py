@@ -3,8 +3,8 @@
 For each mode (sync, one-step-off, streaming) this
 
 1. predicts with the calibrated planner exactly the configuration the run executes (`_predict.predict_run`:
-   the mode, k, 1 rollout engine with the plan's slots and versions per engine, 1 trainer, the same number of
-   steps and seed);
+   the plan's placement for that mode (colocated or not, engines, slots, versions per engine, trainer), the
+   same number of steps and seed);
 2. runs `dora apply` (`dora.apply.run_apply`) with the same mode, steps, workers and slots;
 3. prints predicted and measured steady step time, trained tokens/s (prompt + response tokens, the
    simulator's definition), bubble fraction and generated-response length, with relative errors, and the
@@ -115,19 +115,19 @@ def main() -> int:
     meas: dict[str, list[dict[str, float]]] = {}
     for rep in range(args.repeats):  # repeats outer: the machine's speed drifts over minutes
         for mode in args.modes:
-            rc = runtime_config_for(resolved, ApplyOverrides(mode=mode, steps=args.steps, rollout_workers=1))
+            rc = runtime_config_for(resolved, ApplyOverrides(mode=mode, steps=args.steps))
             p = predict(resolved, calibration, rc, steps=args.steps)
             out = f"{args.out_dir}/{mode}-r{rep}"
-            over = ApplyOverrides(mode=mode, steps=args.steps, rollout_workers=1, max_num_seqs=rc.max_num_seqs,
+            over = ApplyOverrides(mode=mode, steps=args.steps, max_num_seqs=rc.max_num_seqs,
                                   output_dir=out)
-            console.print(f"[bold]{mode}[/bold] run {rep + 1}/{args.repeats}: k={rc.max_version_lag}, 1 engine x "
+            console.print(f"[bold]{mode}[/bold] run {rep + 1}/{args.repeats}: k={rc.max_version_lag}, {rc.rollout_workers} engine(s) x "
                           f"{rc.max_num_seqs} slots ({rc.versions_per_engine} version(s)) + 1 trainer, {args.steps} steps -> {out}")
             rc_code = run_apply(args.spec, overrides=over, console=console, live=False)
             if rc_code != 0:
                 console.print(f"  dora apply exited {rc_code}; skipping")
                 continue
             pred.setdefault(mode, []).append(p)
-            meas.setdefault(mode, []).append(measured(Path(out), workers=1))
+            meas.setdefault(mode, []).append(measured(Path(out), workers=rc.rollout_workers))
     _print(console, pred, meas)
     return 0
 
@@ -150,7 +150,7 @@ def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int,
     for mode in ("sync", "streaming"):
         out = f"{out_dir}/calibrate-{mode}"
         console.print(f"in-situ calibration run: {mode}, {steps} steps, seed {data['runtime']['seed']} -> {out}")
-        if run_apply(str(spec), overrides=ApplyOverrides(mode=mode, steps=steps, rollout_workers=1, output_dir=out),
+        if run_apply(str(spec), overrides=ApplyOverrides(mode=mode, steps=steps, output_dir=out),
                      console=console, live=False) != 0:
             return 1
         runs.append(out)
