@@ -8,9 +8,10 @@ from typing import Any
 
 def predict_run(resolved: Any, rc: Any, calibration: Any, *, steps: int) -> Any:
     """Simulate the candidate `rc` (a ``RuntimeConfig``) runs: its mode, k, placement (rollout workers x slots,
-    versions per engine, trainers), step count and seed, with ``calibration`` (``None``: the catalog constants). The search is pinned to that
-    placement and the one candidate matching it is simulated (``planner.sim.SimResult``). Raises ``LookupError``
-    when the search has no such candidate (e.g. a slot count overridden beyond what memory allows)."""
+    versions per engine, trainers), step count and seed, with ``calibration`` (``None``: the catalog constants).
+    The search is pinned to that placement and the one candidate matching it is simulated (a
+    ``planner.sim.SimResult``). Raises ``LookupError`` when the search has no such candidate (e.g. a slot count
+    overridden beyond what memory allows)."""
     from dora.planning import search_inputs
     from planner.search import Pins, search
     from planner.search.core import Space, simulate_candidate, versions_per_engine
@@ -19,8 +20,7 @@ def predict_run(resolved: Any, rc: Any, calibration: Any, *, steps: int) -> Any:
                 rollout_tp=rc.accelerators_per_rollout_worker, versions_per_engine=rc.versions_per_engine,
                 train_accelerators=rc.train_accelerators)
     base = search_inputs(resolved) if calibration is None else search_inputs(resolved, calibration)
-    inputs = dataclasses.replace(base, modes=(rc.mode,), steps=steps, seed=rc.seed,
-                                 pins=pins)
+    inputs = dataclasses.replace(base, modes=(rc.mode,), steps=steps, seed=rc.seed, pins=pins)
     outcome = search(inputs)
     for cand in outcome.screened:
         if (cand.mode == rc.mode and cand.k == rc.max_version_lag and versions_per_engine(cand) == rc.versions_per_engine
