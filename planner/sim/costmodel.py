@@ -45,23 +45,26 @@ class CostModelTiming:
     prompt_ingest_max_tokens: int = 0
     """Prompts up to this many tokens enter the decode batch directly (``CPU_DECODE_INGEST_MAX_TOKENS``): their
     prefill costs those rows of a decode step, not a forward of its own."""
-    _per_batch: dict[int, tuple[float, float, float]] = field(default_factory=dict, compare=False, repr=False)
-    """batch size -> (bytes, FLOPs, comm + overhead s) of ``RolloutCostModel.decode_step_s`` that do not depend on
-    the context: the simulator calls decode_step_s ~10^6 times for few distinct batch sizes."""
+    _per_batch: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
+    """batch size -> the terms of ``RolloutCostModel.decode_step_s`` that do not depend on the context (bytes, FLOPs,
+    comm + overhead s), with the per-context-token rates and the roofline's two rates: the simulator calls
+    decode_step_s ~10^6 times for few distinct batch sizes."""
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
         """Same value as ``RolloutCostModel.decode_step_s`` (a test checks it), with the batch-only terms cached."""
-        if batch_size <= 0:
-            return 0.0
         terms = self._per_batch.get(batch_size)
-        r = self.rollout
         if terms is None:
+            if batch_size <= 0:
+                return 0.0
+            r = self.rollout
             terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size), r._matmul_flops(batch_size),
-                     r._comm_s(batch_size) + r.step_overhead_s)
+                     r._comm_s(batch_size) + r.step_overhead_s, r.kv_bytes_per_token_per_device,
+                     r.decode_attn_flops_per_ctx_token_per_device, r.memory_rate_bytes_per_s, r.decode_flops_per_s)
             self._per_batch[batch_size] = terms
-        bytes_moved = terms[0] + total_context_tokens * r.kv_bytes_per_token_per_device
-        flops = terms[1] + total_context_tokens * r.decode_attn_flops_per_ctx_token_per_device
-        return max(bytes_moved / r.memory_rate_bytes_per_s, flops / r.decode_flops_per_s) + terms[2]
+        bytes_moved, flops, fixed_s, kv_bytes_per_token, attn_flops_per_token, memory_rate, flops_rate = terms
+        memory_s = (bytes_moved + total_context_tokens * kv_bytes_per_token) / memory_rate
+        compute_s = (flops + total_context_tokens * attn_flops_per_token) / flops_rate
+        return (compute_s if compute_s > memory_s else memory_s) + fixed_s  # max(memory_s, compute_s)
 
     def prefill_s(self, num_tokens: int) -> float:
         if num_tokens <= 0:

@@ -33,6 +33,7 @@ not slowed: an optimistic simplification).
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 from collections import deque
 from typing import Any
@@ -57,6 +58,8 @@ _EV_LOADED = 1  # a = engine, b = version
 _EV_TRAINED = 2  # a = step
 _EV_PUBLISHED = 3  # a = version
 _EPS = 1e-9
+_LENGTH_BLOCK = 4096
+"""Most response lengths drawn ahead at once (see ``Simulator.t_len``)."""
 
 
 class Simulator:
@@ -76,14 +79,19 @@ class Simulator:
         self.cfg = config
         self.policy = make_policy(config)
         self.timing = timing
+        self.decode_step_s = timing.decode_step_s
+        """Bound once: the hot path calls it ~10^6 times (and ``timing`` may resolve attributes dynamically)."""
         self.rollout_contention = timing.rollout_contention
         self.train_contention = timing.train_contention
         self.training = False
         """A training step is running (decode steps take ``rollout_contention`` times longer meanwhile)."""
         self.dist = workload.response_length
         self.prompt = workload.prompt_tokens
+        self.prompt_prefill_s = timing.prefill_s(self.prompt)
+        """One prefill of the shared prompt, paid by every admitted group."""
         self.spp = config.samples_per_prompt
         self.rng = random.Random(seed)
+        """Draws the response lengths, and nothing else."""
         self.seed = seed
         self.record = record_events
         self.trace: list[dict[str, Any]] = []
@@ -111,13 +119,17 @@ class Simulator:
         self.e_vcount: list[dict[int, int]] = [{} for _ in range(n)]
         """Multi-version engines only: replica -> {version: running sequences}."""
         self.t_len: list[int] = []
+        """Response length of each trajectory (index ``group * samples_per_prompt + sample``), drawn ahead of the
+        admissions in blocks (``_draw_lengths``). ``rng`` draws nothing else and groups are admitted in order, so
+        trajectory ``i`` gets the ``i``-th length drawn either way."""
         self.t_spans: dict[int, list[tuple[int, int]]] = {}
         """Trajectory -> [(version, first token index)], only for trajectories that changed version."""
         self.group_tokens: list[int] = []
         self.group_sq: list[float] = []
         self.group_left: list[int] = []
         self.heap: list[tuple[float, int, int, int, int]] = []
-        self.seq = 0
+        """Pending events ``(time_s, sequence, kind, a, b)``."""
+        self.next_seq = itertools.count(1).__next__
         self.now = 0.0
         self.dirty: set[int] = set()
         self.m = RunMetrics(
@@ -131,11 +143,12 @@ class Simulator:
 
     # ------------------------------------------------------------------ event plumbing
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+        heapq.heappush(self.heap, (t, self.next_seq(), kind, a, b))
 
     def _advance(self, r: int, t: float) -> None:
-        """Bring replica ``r``'s progress (``e_pos``) and its busy/slot accounting up to time ``t``."""
+        """Bring replica ``r``'s progress (``e_pos``) and its busy/slot accounting up to time ``t``.
+
+        ``_loop`` inlines this for engine events: keep the two in step."""
         dt = t - self.e_t[r]
         if dt <= 0.0:
             return
@@ -147,6 +160,7 @@ class Simulator:
         self.e_t[r] = t
 
     def _reschedule(self, r: int) -> None:
+        """Schedule replica ``r``'s next finish (superseding any pending one). ``_loop`` inlines this: keep in step."""
         self.e_gen[r] += 1
         h = self.e_heap[r]
         if self.e_paused[r] or not h:
@@ -157,7 +171,7 @@ class Simulator:
         if dpos < 0.0:
             dpos = 0.0
         ctx = b * (self.prompt + pos) - self.e_sum_start[r] + b * dpos * 0.5
-        step = self.timing.decode_step_s(b, ctx)
+        step = self.decode_step_s(b, ctx)
         if self.multi:
             busy = sum(1 for bv in self.e_vcount[r].values() if bv)
             if busy > 1:
@@ -169,28 +183,11 @@ class Simulator:
 
     # ------------------------------------------------------------------ run loop
     def run(self) -> SimResult:
-        self._execute(self.policy.start())
+        policy = self.policy
+        self._execute(policy.start())
         self._flush()
-        policy, heap, pop = self.policy, self.heap, heapq.heappop
-        m = self.m
-        while heap and not policy.done:
-            t, _, kind, a, b = pop(heap)
-            if kind == _EV_ENGINE:
-                if b != self.e_gen[a]:
-                    continue
-                m.num_events += 1
-                self.now = t
-                self._complete(a, t)
-            else:
-                m.num_events += 1
-                self.now = t
-                if kind == _EV_LOADED:
-                    self._loaded(a, b)
-                elif kind == _EV_TRAINED:
-                    self._trained(a)
-                else:
-                    self._published(a)
-            self._flush()
+        events = self._loop() if not policy.done else 0
+        self.m.num_events = events
         if not policy.done:
             raise RuntimeError(
                 f"simulation stalled at t={self.now:.3f}s after {policy.steps_done} of "
@@ -198,51 +195,131 @@ class Simulator:
             )
         return self._finish()
 
+    def _loop(self) -> int:
+        """Handle events until the policy is done (or none is left); returns how many were handled.
+
+        Engine events (a replica reaching its next finish position: nearly all of them) are handled here inline,
+        with the state bound to locals: finish the replica's sequences at that position (reporting each one to the
+        policy), start queued ones, reschedule the replica. The blocks marked ``_advance``, ``_flush`` and
+        ``_reschedule`` are those methods' code. The event stays at the root of the heap while it is handled:
+        whatever is pushed meanwhile comes later (never before now, and with a larger sequence), so the reschedule
+        replaces it with one ``heapreplace`` instead of a pop and a push. Other events, and engine events whose
+        actions dirty other replicas too, take the general path (``_flush``).
+        """
+        policy, heap, dirty = self.policy, self.heap, self.dirty
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
+        e_heap, e_wait, e_pos, e_t, e_step_s = self.e_heap, self.e_wait, self.e_pos, self.e_t, self.e_step_s
+        e_sum_start, e_gen, e_paused = self.e_sum_start, self.e_gen, self.e_paused
+        e_busy, e_slot_time = self.m.e_busy, self.m.e_slot_time
+        t_len, group_tokens, group_sq, group_left = self.t_len, self.group_tokens, self.group_sq, self.group_left
+        spp, prompt, multi, record = self.spp, self.prompt, self.multi, self.record
+        on_finish, execute = policy.on_trajectory_finished, self._execute
+        decode_step_s, next_seq, eps = self.decode_step_s, self.next_seq, _EPS
+        events = 0
+        while True:  # not `while heap`: CPython 3.11 only specializes a loop's bytecode after a few JUMP_BACKWARDs
+            if not heap:
+                break
+            t, _, kind, r, b = heap[0]
+            if kind != _EV_ENGINE:
+                heappop(heap)
+                events += 1
+                self.now = t
+                if kind == _EV_LOADED:
+                    self._loaded(r, b)
+                elif kind == _EV_TRAINED:
+                    self._trained(r)
+                else:
+                    self._published(r)
+                self._flush()
+                if policy.done:  # only a finished training step changes it
+                    break
+                continue
+            if b != e_gen[r]:  # superseded by a later reschedule of the replica
+                heappop(heap)
+                continue
+            events += 1
+            self.now = t
+            h = e_heap[r]
+            # _advance(r, t), except e_pos[r], which is set exactly right after
+            dt = t - e_t[r]
+            if dt > 0.0:
+                if h and not e_paused[r]:
+                    e_busy[r] += dt
+                    e_slot_time[r] += len(h) * dt
+                e_t[r] = t
+            # finish every sequence at this position (at least the first)
+            e_pos[r] = pos = h[0][0]  # exact: the event was scheduled for this position
+            limit = pos + eps
+            while True:
+                finish, idx = heappop(h)
+                length = t_len[idx]
+                e_sum_start[r] -= finish - length
+                gid = idx // spp
+                if multi:
+                    self.e_vcount[r][policy.group_version[gid]] -= 1
+                seq_tokens = prompt + length
+                group_tokens[gid] += seq_tokens
+                group_sq[gid] += seq_tokens * seq_tokens
+                group_left[gid] -= 1
+                if record:
+                    self._record_finish(idx, r, length)
+                actions = on_finish(gid, r)
+                if actions:
+                    execute(actions)
+                if not h or h[0][0] > limit:
+                    break
+            if e_wait[r]:
+                self._start_waiting(r)
+            # _flush(): the fast path when no other replica is dirty
+            if dirty:
+                if len(dirty) > 1 or r not in dirty:
+                    dirty.add(r)
+                    heappop(heap)
+                    self._flush()
+                    continue
+                dirty.clear()
+            # _reschedule(r)
+            gen = e_gen[r] = e_gen[r] + 1
+            if e_paused[r] or not h:
+                heappop(heap)
+                continue
+            nb = len(h)
+            pos = e_pos[r]
+            dpos = h[0][0] - pos
+            if dpos < 0.0:
+                dpos = 0.0
+            step = decode_step_s(nb, nb * (prompt + pos) - e_sum_start[r] + nb * dpos * 0.5)
+            if multi:
+                busy = sum(1 for bv in self.e_vcount[r].values() if bv)
+                if busy > 1:
+                    step += (busy - 1) * self.timing.extra_version_step_s
+            if self.training:
+                step *= self.rollout_contention
+            e_step_s[r] = step
+            heapreplace(heap, (e_t[r] + dpos * step, next_seq(), _EV_ENGINE, r, gen))
+        return events
+
     def _flush(self) -> None:
         if self.dirty:
             for r in sorted(self.dirty):
                 self._reschedule(r)
             self.dirty.clear()
 
-    def _complete(self, r: int, t: float) -> None:
-        h = self.e_heap[r]
-        self._advance(r, t)
-        self.e_pos[r] = pos = h[0][0]  # exact: the event was scheduled for this position
-        limit = pos + _EPS
-        on_finish = self.policy.on_trajectory_finished
-        t_len, spp = self.t_len, self.spp
-        while h and h[0][0] <= limit:
-            finish, idx = heapq.heappop(h)
-            length = t_len[idx]
-            self.e_sum_start[r] -= finish - length
-            gid = idx // spp
-            if self.multi:
-                v = self.policy.group_version[gid]
-                self.e_vcount[r][v] -= 1
-            seq_tokens = self.prompt + length
-            self.group_tokens[gid] += seq_tokens
-            self.group_sq[gid] += seq_tokens * seq_tokens
-            self.group_left[gid] -= 1
-            if self.record:
-                self._record_finish(idx, r, length)
-            actions = on_finish(gid, r)
-            if actions:
-                self._execute(actions)
-        self._start_waiting(r)
-        self.dirty.add(r)
-
-    def _enqueue(self, r: int, idx: int, generated: float) -> None:
-        """Trajectory ``idx`` (``generated`` tokens done) joins replica ``r``'s queue; it runs as soon as a slot is free."""
-        self.e_wait[r].append((idx, generated))
+    def _enqueue(self, r: int, items: list[tuple[int, float]]) -> None:
+        """Trajectories ``(idx, tokens generated so far)`` join replica ``r``'s queue in order; each runs as soon as a
+        slot is free."""
+        self.e_wait[r].extend(items)
         self._start_waiting(r)
 
     def _start_waiting(self, r: int) -> None:
         h, waiting = self.e_heap[r], self.e_wait[r]
-        while waiting and len(h) < self.cap:
+        pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
+        while waiting and len(h) < cap:
             idx, generated = waiting.popleft()
-            start = self.e_pos[r] - generated
-            heapq.heappush(h, (start + self.t_len[idx], idx))
-            self.e_sum_start[r] += start
+            start = pos - generated
+            heapq.heappush(h, (start + t_len[idx], idx))
+            sum_start += start
+        self.e_sum_start[r] = sum_start
 
     def _record_finish(self, idx: int, r: int, length: int) -> None:
         gid, sample = divmod(idx, self.spp)
@@ -296,18 +373,27 @@ class Simulator:
             raise ValueError(f"group {gid} admitted on v{act.version} to engine {r} serving v{self.e_version[r]}")
         now = self.now
         self._advance(r, now)
-        lengths = self.dist.sample_many(self.rng, n)
         base = gid * n
-        self.t_len.extend(lengths)
+        if base + n > len(self.t_len):
+            self._draw_lengths(base + n)
+        lengths = self.t_len[base:base + n]
         self.group_tokens.append(0)
         self.group_sq.append(0.0)
         self.group_left.append(n)
-        for i in range(n):
-            self._enqueue(r, base + i, 0)
+        h, waiting = self.e_heap[r], self.e_wait[r]
+        if not waiting and len(h) + n <= self.cap:
+            # what _enqueue does when every sample fits: each starts now, at e_pos[r] (0 tokens generated)
+            pos, sum_start = self.e_pos[r], self.e_sum_start[r]
+            for i, length in enumerate(lengths):
+                heapq.heappush(h, (pos + length, base + i))
+                sum_start += pos
+            self.e_sum_start[r] = sum_start
+        else:
+            self._enqueue(r, [(base + i, 0) for i in range(n)])
         if self.multi:
             v = act.version
             self.e_vcount[r][v] = self.e_vcount[r].get(v, 0) + n
-        prefill = self.timing.prefill_s(self.prompt)
+        prefill = self.prompt_prefill_s
         if prefill > 0.0:
             start = max(self.e_t[r], now)
             self.e_t[r] = start + prefill
@@ -318,6 +404,12 @@ class Simulator:
                 for i in range(n)
             )
         self.dirty.add(r)
+
+    def _draw_lengths(self, upto: int) -> None:
+        """Draw the lengths of trajectories up to ``upto`` at least, and more ahead: as many as drawn so far, at most
+        ``_LENGTH_BLOCK`` (one call per block, instead of one per admitted group, keeps the sampling loop hot)."""
+        have = len(self.t_len)
+        self.t_len.extend(self.dist.sample_many(self.rng, max(upto - have, min(have, _LENGTH_BLOCK))))
 
     def _load(self, act: LoadWeights) -> None:
         r = act.rollout_group
@@ -371,10 +463,10 @@ class Simulator:
             raise ValueError("MigrateRequests with multi-version engines")
         self._advance(src, now)
         h_src, pos_src = self.e_heap[src], self.e_pos[src]
-        items: list[tuple[int, float]] = []  # (trajectory, tokens generated): running, soonest finish first; queued
-        while h_src:
-            finish, idx = heapq.heappop(h_src)
-            items.append((idx, pos_src - (finish - self.t_len[idx])))
+        t_len = self.t_len
+        # (trajectory, tokens generated): running, soonest finish first (the heap's pop order); queued
+        items = [(idx, pos_src - (finish - t_len[idx])) for finish, idx in sorted(h_src)]
+        h_src.clear()
         items.extend(self.e_wait[src])
         self.e_wait[src].clear()
         moves: list[tuple[int, int]] = []
@@ -387,8 +479,8 @@ class Simulator:
             self._advance(dst, now)
             batch = items[i:i + cap]
             i += len(batch)
-            for idx, generated in batch:
-                self._enqueue(dst, idx, generated)
+            self._enqueue(dst, batch)
+            for _, generated in batch:
                 moved_ctx += self.prompt + generated
             moves.append((dst, len(batch)))
             self.dirty.add(dst)
