@@ -208,6 +208,7 @@ class ModelContext:
     accelerator: Any
     dtype_bytes: float
     extra_forward_passes: int
+    optimizer_steps: int
     micro_batch_tokens: int
     accelerators_per_node: int
 
@@ -286,7 +287,8 @@ def _train_seconds(ctx: ModelContext, calib: Calibration, p: Point) -> float:
 
     model = TrainCostModel(arch=ctx.arch, acc=ctx.accelerator, tp=1, pp=1, dp=1,
                            micro_batch_tokens=ctx.micro_batch_tokens, extra_forward_passes=ctx.extra_forward_passes,
-                           dtype_bytes=ctx.dtype_bytes, calib=calib, accelerators_per_node=ctx.accelerators_per_node)
+                           optimizer_steps=ctx.optimizer_steps, dtype_bytes=ctx.dtype_bytes, calib=calib,
+                           accelerators_per_node=ctx.accelerators_per_node)
     return model.train_step_s(int(p.x["tokens"]), p.x["sum_sq_seq_len"], int(p.x["num_seqs"]))
 
 
@@ -433,7 +435,7 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
 
     inputs = search_inputs(resolved, DEFAULT_CALIBRATION)
     ctx = ModelContext(arch=inputs.arch, accelerator=inputs.accelerator, dtype_bytes=inputs.dtype_bytes,
-                       extra_forward_passes=inputs.extra_forward_passes,
+                       extra_forward_passes=inputs.extra_forward_passes, optimizer_steps=inputs.optimizer_steps,
                        micro_batch_tokens=max(8192, inputs.max_context_tokens),
                        accelerators_per_node=inputs.accelerators_per_node)
     if from_runs:

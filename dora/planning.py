@@ -58,13 +58,20 @@ def load_calibration(path: str | None) -> Calibration:
 
 def _extra_forward_passes(resolved: ResolvedSpec) -> int:
     a = resolved.spec.algorithm
-    passes = 1  # old / proximal log-probs over the batch
+    # Proximal (old) log-probs: a no-grad forward over the batch only when the step takes several optimizer
+    # steps; with one, they are the training forward's own, detached (what `TorchTrainer.train_step` does).
+    passes = 1 if _optimizer_steps(resolved) > 1 else 0
     if a.kl_coef > 0:
         passes += 1  # reference model
     passes += 3 * (a.ppo_epochs - 1)
     if a.name == "ppo":
         passes += 4  # a same-size critic: forward, backward, value inference
     return passes
+
+
+def _optimizer_steps(resolved: ResolvedSpec) -> int:
+    a = resolved.spec.algorithm
+    return a.minibatches_per_step * a.ppo_epochs
 
 
 def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION,
@@ -96,7 +103,7 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
         samples_per_prompt=spec.workload.samples_per_prompt, prompt_lengths=resolved.prompt_lengths,
         response_lengths=resolved.response_lengths, steps=spec.workload.steps, max_version_lag=st.max_version_lag,
         modes=modes, allow_version_mixing=st.allow_version_mixing,
-        extra_forward_passes=_extra_forward_passes(resolved),
+        extra_forward_passes=_extra_forward_passes(resolved), optimizer_steps=_optimizer_steps(resolved),
         samples_per_minibatch=max(1, spec.workload.prompts_per_step * spec.workload.samples_per_prompt
                                   // spec.algorithm.minibatches_per_step),
         gpu_memory_utilization=spec.runtime.gpu_memory_utilization,

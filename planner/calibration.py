@@ -146,11 +146,13 @@ class Calibration:
     specs/local-tiny.yaml` on the development machine class (AMD EPYC VM, 2 cores, 1 torch thread per engine) on
     2026-11-21 (the local runs ingest prompts through the decode batch, so `--from-run` does not refit it)."""
 
-    cpu_train_compute_efficiency: float | None = 0.478
+    cpu_train_compute_efficiency: float | None = 0.3585
     """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed
     GRPO step.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`,
     runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2
-    cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours."""
+    cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours.  That fit gave 0.478 while the formula still
+    charged a proximal forward the one-minibatch step never runs (4 forward-equivalents instead of 3): the same
+    measured times give 0.478 * 3/4."""
 
     cpu_extra_version_step_s: float | None = 0.000306
     """On `cpu`: what each extra policy version with running requests adds to one decode step of a multi-version

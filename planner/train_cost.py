@@ -3,6 +3,7 @@
 Notation (model symbols from `planner.architecture`):
     t, p, d, e, c   tensor, pipeline, data, expert and context parallel sizes;  n = t*p*d*c devices
     T               tokens in the step;  S2 = sum of squared sequence lengths;  m = microbatches per DP rank
+    o               optimizer steps in the RL step (minibatches x PPO epochs); each is one Megatron global batch
     N_c             matmul parameters per token (`ModelArch.matmul_params_per_token`)
     q               attention forward FLOPs per (query, key) pair (`attention_flops_per_query_key`)
     F, BW           peak FLOP/s and HBM bytes/s of one device;  eta_train = calibrated compute efficiency
@@ -12,9 +13,10 @@ FLOPs (one step):
     model  = 3*fwd + x*fwd        (x = extra forward passes: old-logprob, reference)
     hw     = model + fwd (full recompute) | + q*pairs (selective: core attention only)
 Time:
-    compute = hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m)   [so bubble/(step) = (p-1)/(v*m+p-1)]
-    comm    = exposed TP all-reduce + EP all-to-all + DP reduce-scatter/all-gather + PP send/recv
-    step    = compute + bubble + comm + optimizer (memory-bound Adam) + fixed overhead
+    compute = hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m/o)   (the pipeline flushes at every
+              optimizer step, so the bubble follows the m/o microbatches of one global batch)
+    comm    = exposed TP all-reduce + EP all-to-all + o * DP reduce-scatter/all-gather + PP send/recv
+    step    = compute + bubble + comm + o * optimizer (memory-bound Adam) + fixed overhead
 Context-parallel ring exchange is assumed hidden behind attention compute (Megatron overlaps its P2P).
 """
 
@@ -131,13 +133,14 @@ def train_step_time(
     recompute: Recompute = "none",
     dtype_bytes: float = 2,
     virtual_pipeline_stages: int = 1,
+    optimizer_steps: int = 1,
     calib: Calibration = DEFAULT_CALIBRATION,
     accelerators_per_node: int | None = None,
 ) -> TrainStepTime:
     """Time of one step (see module docstring for every term)."""
     _check(arch, tp, pp, dp, ep, cp)
-    if num_microbatches < 1 or virtual_pipeline_stages < 1:
-        raise ValueError("num_microbatches and virtual_pipeline_stages must be >= 1")
+    if num_microbatches < 1 or virtual_pipeline_stages < 1 or optimizer_steps < 1:
+        raise ValueError("num_microbatches, virtual_pipeline_stages and optimizer_steps must be >= 1")
     calib = calib.resolved_for(acc.name)
     per_node = accelerators_per_node or acc.default_accelerators_per_node
     n = tp * pp * dp * cp
@@ -145,7 +148,7 @@ def train_step_time(
                                         extra_forward_passes=extra_forward_passes, recompute=recompute)
     eta = calib.train_mfu_moe if arch.is_moe else calib.train_mfu_dense
     compute_s = hw_flops / (n * acc.bf16_flops * eta)
-    bubble_s = compute_s * (pp - 1) / (virtual_pipeline_stages * num_microbatches)
+    bubble_s = compute_s * (pp - 1) * optimizer_steps / (virtual_pipeline_stages * max(num_microbatches, optimizer_steps))
 
     def link(group: int, inner: int) -> tuple[float, float]:
         bw = group_link_bandwidth_bytes_per_s(acc, group_size=group, inner_size=inner, accelerators_per_node=per_node)
@@ -193,10 +196,10 @@ def train_step_time(
         pp_s = 2 * (replica_tokens / tp) * arch.hidden_size * dtype_bytes / (eff * bw)
 
     comm_s = ((1 - calib.tp_comm_overlap_fraction) * tp_s + (1 - calib.ep_comm_overlap_fraction) * ep_s
-              + (1 - calib.dp_comm_overlap_fraction) * dp_s + pp_s)
+              + (1 - calib.dp_comm_overlap_fraction) * dp_s * optimizer_steps + pp_s)
     local_params = nonexpert_dev / dense_dp + expert_dev / expert_dp
-    optimizer_s = (ADAM_BYTES_PER_PARAM * local_params
-                   / (calib.hbm_bandwidth_efficiency * acc.hbm_bandwidth_bytes_per_s))
+    optimizer_s = optimizer_steps * (ADAM_BYTES_PER_PARAM * local_params
+                                     / (calib.hbm_bandwidth_efficiency * acc.hbm_bandwidth_bytes_per_s))
     overhead_s = calib.train_step_overhead_s
     total = compute_s + bubble_s + comm_s + optimizer_s + overhead_s
     return TrainStepTime(
@@ -226,6 +229,8 @@ class TrainCostModel:
     recompute: Recompute = "none"
     dtype_bytes: float = 2
     virtual_pipeline_stages: int = 1
+    optimizer_steps: int = 1
+    """Optimizer steps per RL step (minibatches x PPO epochs)."""
     calib: Calibration = DEFAULT_CALIBRATION
     accelerators_per_node: int | None = None
 
@@ -242,8 +247,8 @@ class TrainCostModel:
             self.arch, self.acc, tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, cp=self.cp, tokens=tokens,
             seq_len_sum_sq=sum_sq_seq_len, num_microbatches=self.num_microbatches(tokens, num_seqs),
             extra_forward_passes=self.extra_forward_passes, recompute=self.recompute,
-            dtype_bytes=self.dtype_bytes, virtual_pipeline_stages=self.virtual_pipeline_stages, calib=self.calib,
-            accelerators_per_node=self.accelerators_per_node)
+            dtype_bytes=self.dtype_bytes, virtual_pipeline_stages=self.virtual_pipeline_stages,
+            optimizer_steps=self.optimizer_steps, calib=self.calib, accelerators_per_node=self.accelerators_per_node)
 
     def train_step_s(self, tokens: float, sum_sq_seq_len: float, num_seqs: int) -> float:
         """Seconds for one step over `num_seqs` sequences totalling `tokens` (0 for an empty step)."""

@@ -4,8 +4,9 @@ Stage 1 enumerates placements (colocated time-sharing, and disaggregated splits 
 fastest fitting training layout for the split) and every (mode, k) the spec allows, scoring each with
 ``planner.search.screen``. Disaggregated splits start on a coarse grid and are refined around the best ones.
 Stage 2 runs the discrete-event simulator (the same policy objects the runtime drives) on the finalists: the
-screen's best few overall, the best of each mode, and the best synchronous plans (the speedup baseline). The
-chosen plan is the finalist with the highest simulated trained tokens/s; ties (within 1%) go to lower staleness.
+screen's best few overall, the best of each mode, and the best synchronous plans (the speedup baseline), then,
+on the placements that tie for the lead, every (mode, k) that would win the tie. The chosen plan is the finalist
+with the highest simulated trained tokens/s; ties (within 1%) go to lower staleness, then the preferred mode.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         rollout_ep=p.rollout.ep, num_rollout_groups=p.replicas, train_tp=p.train.tp, train_pp=p.train.pp,
         train_dp=p.train.dp, train_ep=p.train.ep, train_cp=p.train.cp, train_recompute=p.train.recompute,
         colocated=p.colocated, dtype_bytes=inp.dtype_bytes, micro_batch_tokens=p.train.micro_batch_tokens,
-        extra_forward_passes=inp.extra_forward_passes, calib=inp.calibration,
+        extra_forward_passes=inp.extra_forward_passes, optimizer_steps=inp.optimizer_steps, calib=inp.calibration,
         accelerators_per_node=inp.accelerators_per_node)
     scale = scale or Scaled(replicas=p.replicas, prompts_per_step=inp.prompts_per_step, factor=1.0)
     if scale.factor != 1.0:
@@ -225,9 +226,13 @@ def _pick_finalists(screened: list[Screened], limit: int, per_mode: bool) -> lis
     return list(chosen.values())
 
 
+def _tie_key(c: Screened) -> tuple[int, int]:
+    return c.k, MODE_PREFERENCE.index(c.mode)
+
+
 def _rank_key(s: Simulated, best: float) -> tuple:
     within_tie = s.trained_tokens_per_s >= best * (1 - TIE_FRACTION)
-    tie_break = (s.screened.k, MODE_PREFERENCE.index(s.screened.mode)) if within_tie else (0, 0)
+    tie_break = _tie_key(s.screened) if within_tie else (0, 0)
     return (not within_tie, *tie_break, -s.trained_tokens_per_s, s.screened.label)
 
 
@@ -258,11 +263,21 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     if finalists is None:
         finalists = max(2, min(12, int(SEARCH_SAMPLES_BUDGET // per_sim) - 4))
     picked = screened if exhaustive else _pick_finalists(screened, finalists, per_mode=finalists >= 6)
-    sims = []
-    for c in picked:
+
+    def simulated(c: Screened) -> Simulated:
         scaled = scale_for(inputs, c.placement.replicas, steps, MAX_SCALE.get(c.mode, DEFAULT_MAX_SCALE))
-        sims.append(Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled),
-                              sim_steps=steps, scale=scaled.factor))
+        return Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled), sim_steps=steps,
+                         scale=scaled.factor)
+
+    sims = [simulated(c) for c in picked]
+    # A tie goes to the lowest k, then the preferred mode. On the placements that tie for the lead, simulate each
+    # (mode, k) that would win such a tie but that the screen ranked too low to be a finalist.
+    best = max(s.trained_tokens_per_s for s in sims)
+    leader = min(sims, key=lambda s: _rank_key(s, best)).screened
+    leading = {s.screened.placement for s in sims if s.trained_tokens_per_s >= best * (1 - TIE_FRACTION)}
+    done = {s.screened.label for s in sims}
+    sims += [simulated(c) for c in screened if c.placement in leading and c.label not in done
+             and _tie_key(c) < _tie_key(leader)]
     best = max(s.trained_tokens_per_s for s in sims)
     sims.sort(key=lambda s: _rank_key(s, best))
     syncs = [s for s in sims if s.screened.mode == "sync"]

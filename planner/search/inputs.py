@@ -54,8 +54,12 @@ class SearchInputs:
     """Modes the spec allows (all constraint-keeping ones for `auto`)."""
     allow_version_mixing: bool
     extra_forward_passes: int
-    """Forward-pass equivalents per step beyond one forward+backward: proximal/old log-probs (1), reference model
-    (+1 with a KL term), more PPO epochs (+3 each), a same-size PPO critic (+4: its forward, backward and values)."""
+    """Forward-pass equivalents per step beyond one forward+backward: proximal/old log-probs (1, only with several
+    optimizer steps; with one they are the training forward's own), reference model (+1 with a KL term), more PPO
+    epochs (+3 each), a same-size PPO critic (+4: its forward, backward and values)."""
+    optimizer_steps: int
+    """Optimizer steps per RL step (minibatches x PPO epochs): each pays the DP gradient sync, the Adam update and
+    a pipeline flush."""
     samples_per_minibatch: int
     """Samples per optimizer step (batch / minibatches): training data parallelism must divide it, as Megatron's
     global batch must be a multiple of dp."""

@@ -218,7 +218,7 @@ class Space:
                 model = TrainCostModel(
                     arch=inp.arch, acc=inp.accelerator, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, micro_batch_tokens=mbt,
                     extra_forward_passes=inp.extra_forward_passes, recompute=recompute,  # type: ignore[arg-type]
-                    dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
+                    optimizer_steps=inp.optimizer_steps, dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
                     accelerators_per_node=inp.accelerators_per_node)
                 step_s = model.train_step_s(self.step_tokens, self.step_sum_sq, inp.batch_samples)
                 option = TrainOption(accelerators=accelerators, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp,

@@ -96,6 +96,7 @@ def cost_model_timing(
     dtype_bytes: float = 2,
     micro_batch_tokens: int | None = 16384,
     extra_forward_passes: int = 1,
+    optimizer_steps: int = 1,
     calib: Calibration = DEFAULT_CALIBRATION,
     accelerators_per_node: int | None = None,
 ) -> CostModelTiming:
@@ -108,7 +109,8 @@ def cost_model_timing(
     train = TrainCostModel(arch=arch, acc=train_acc, tp=train_tp, pp=train_pp, dp=train_dp, ep=train_ep,
                            cp=train_cp, micro_batch_tokens=micro_batch_tokens,
                            extra_forward_passes=extra_forward_passes, recompute=train_recompute,  # type: ignore[arg-type]
-                           dtype_bytes=dtype_bytes, calib=calib, accelerators_per_node=accelerators_per_node)
+                           optimizer_steps=optimizer_steps, dtype_bytes=dtype_bytes, calib=calib,
+                           accelerators_per_node=accelerators_per_node)
     sync = weight_sync_time_s(
         arch, src_acc=train_acc, dst_acc=rollout_acc, src_devices=train_tp * train_pp * train_dp * train_cp,
         dst_devices=num_rollout_groups * rollout_tp, dst_tp=rollout_tp, colocated=colocated, src_tp=train_tp,

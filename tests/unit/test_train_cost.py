@@ -82,6 +82,23 @@ def test_data_parallel_comm_and_overlap():
     assert hidden.comm_s == pytest.approx(r.comm_s / 4)
 
 
+def test_optimizer_steps_repeat_dp_sync_adam_and_pipeline_flush():
+    """Each of o optimizer steps (minibatches) is a Megatron global batch: its own DP gradient sync, Adam update and
+    pipeline flush (the bubble follows the m/o microbatches of one global batch); compute is unchanged."""
+    one = train_step_time(TOY, DEV, tp=1, pp=2, dp=2, tokens=100, seq_len_sum_sq=1e4, num_microbatches=8,
+                          calib=IDEAL)
+    four = train_step_time(TOY, DEV, tp=1, pp=2, dp=2, tokens=100, seq_len_sum_sq=1e4, num_microbatches=8,
+                           optimizer_steps=4, calib=IDEAL)
+    assert four.compute_s == pytest.approx(one.compute_s)
+    assert four.optimizer_s == pytest.approx(4 * one.optimizer_s)
+    assert four.bubble_s == pytest.approx(one.compute_s * 1 / (8 / 4))  # (p-1)/(m/o) of the compute
+    dp_sync = (1344 / 2 * 4 + 1344 / 2 * 2) / 2 / 1e3  # one reduce-scatter + all-gather of the stage's params
+    assert four.comm_s - one.comm_s == pytest.approx(3 * dp_sync)
+    with pytest.raises(ValueError, match="optimizer_steps"):
+        train_step_time(TOY, DEV, tp=1, pp=1, dp=1, tokens=100, seq_len_sum_sq=1e4, num_microbatches=1,
+                        optimizer_steps=0, calib=IDEAL)
+
+
 def test_memory_hand_computed():
     mem = train_memory_per_device(TOY, DEV, tp=1, pp=1, dp=1, micro_batch_tokens=100, calib=IDEAL)
     assert mem.params_bytes == 1344 * 2 and mem.grads_bytes == 1344 * 4 and mem.optimizer_bytes == 1344 * 12
