@@ -1,9 +1,10 @@
 """Time the simulator on the 10,240-accelerator MoE example (cheap mode, no per-trajectory trace).
 
-The placement is the one `dora plan` chooses for the spec. Runs the full cluster (every replica, the whole batch)
+The candidate is the one `dora plan` chooses for the spec (or, with --mode, the best simulated candidate of that
+mode, so timings stay comparable when the chosen mode changes). Runs the full cluster (every replica, the whole batch)
 for --steps steps, then the reduced-scale simulation the plan search uses for the same candidate, and prints wall
 time, simulated events, events/s, trajectories/s and the simulated step time of each (they should agree).
-Usage: python bench/simulate_scale.py [--steps 10] [--spec moe-scale-x10240]
+Usage: python bench/simulate_scale.py [--steps 10] [--spec moe-scale-x10240] [--mode streaming]
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--spec", default="moe-scale-x10240")
+    ap.add_argument("--mode", default=None, help="time the best simulated candidate of this mode instead")
     args = ap.parse_args()
     inputs = search_inputs(load_spec(str(REPO / "specs" / f"{args.spec}.yaml")))
-    chosen = search(inputs).chosen.screened
+    outcome = search(inputs)
+    if args.mode is None:
+        chosen = outcome.chosen.screened
+    else:
+        of_mode = [f for f in outcome.finalists if f.screened.mode == args.mode]
+        if not of_mode:
+            ap.error(f"no simulated {args.mode} candidate for {args.spec}")
+        chosen = max(of_mode, key=lambda f: f.trained_tokens_per_s).screened
     p = chosen.placement
     space = Space(inputs)
     full = Scaled(replicas=p.replicas, prompts_per_step=inputs.prompts_per_step, factor=1.0)
