@@ -13,7 +13,7 @@ from planner.plan import (
     RolloutPlan,
     TrainPlan,
 )
-from planner.search.core import SearchOutcome, Simulated, versions_per_engine
+from planner.search.core import MODE_PREFERENCE, TIE_FRACTION, SearchOutcome, Simulated, versions_per_engine
 from planner.search.inputs import SearchInputs
 from planner.search.screen import Screened
 
@@ -40,6 +40,7 @@ def _rollout_share(outcome: SearchOutcome) -> float:
 def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candidate, ...]:
     chosen = outcome.chosen
     best = chosen.trained_tokens_per_s
+    top = max(s.trained_tokens_per_s for s in outcome.finalists)  # ties are judged against it, as in _rank_key
     rows: list[Candidate] = []
     sim_labels = {s.screened.label for s in outcome.finalists}
 
@@ -51,12 +52,16 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
 
     for s in outcome.finalists:
         if s is chosen:
-            rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="chosen",
-                            reason="highest simulated trained tokens/s"))
+            why = ("highest simulated trained tokens/s" if s.trained_tokens_per_s >= top else
+                   "ties the fastest within 1% at the lowest staleness, in the preferred mode")
+            rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="chosen", reason=why))
             continue
         slower = 1 - s.trained_tokens_per_s / best if best else 0.0
-        if slower <= 0.01 and s.screened.k > chosen.screened.k:
+        if s.trained_tokens_per_s >= top * (1 - TIE_FRACTION) and s.screened.k > chosen.screened.k:
             reason = f"ties within 1% but needs staleness k={s.screened.k} > {chosen.screened.k}"
+        elif s.trained_tokens_per_s >= top * (1 - TIE_FRACTION):
+            reason = (f"ties within 1% ({100 * -slower:+.1f}%) at the same staleness; {chosen.screened.mode} is "
+                      f"preferred (order: {', '.join(MODE_PREFERENCE)})")
         else:
             reason = f"slower by {100 * slower:.1f}% (simulated)"
         rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))

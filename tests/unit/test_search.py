@@ -91,6 +91,10 @@ def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
     chosen = [c for c in plan.considered if c.status == "chosen"]
     assert len(chosen) == 1 and chosen[0].mode == "streaming"
     assert any(c.mode == "sync" and c.stage == "simulated" for c in plan.considered)
+    # one-step-off k=1 on the same placement is 0.3% faster: a tie, lost to the preferred mode, never "slower by -0.3%"
+    rejected_ties = [c for c in plan.considered if c.status == "rejected" and c.reason.startswith("ties within 1%")]
+    assert any(c.mode == "one-step-off" for c in rejected_ties)
+    assert not any("slower by -" in c.reason for c in plan.considered)
 
 
 def test_memory_reports_fit() -> None:
