@@ -13,8 +13,11 @@ FLOPs (one step):
     model  = 3*fwd + x*fwd        (x = extra forward passes: old-logprob, reference)
     hw     = model + fwd (full recompute) | + q*pairs (selective: core attention only)
 Time:
-    compute = hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m/o)   (the pipeline flushes at every
+    compute = u * hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m/o)   (the pipeline flushes at every
               optimizer step, so the bubble follows the m/o microbatches of one global batch)
+    u       = DP load imbalance (`dp_imbalance`): each global batch splits into d equal sample counts s, so the rank
+              that gets the step's longest sequence L carries L + (s-1)*mean tokens against the average s*mean;
+              every rank waits for it at the gradient sync. 1 with d = 1.
     comm    = exposed TP all-reduce + EP all-to-all + o * DP reduce-scatter/all-gather + PP send/recv
     step    = compute + bubble + comm + o * optimizer (memory-bound Adam) + fixed overhead
 Context-parallel ring exchange is assumed hidden behind attention compute (Megatron overlaps its P2P).
@@ -89,6 +92,9 @@ class TrainStepTime:
     model_flops: float
     hardware_flops: float
     compute_s: float
+    """Including the DP load imbalance."""
+    dp_imbalance: float
+    """Busiest DP rank's load / the average rank's (``dp_imbalance``)."""
     bubble_s: float
     comm_s: float
     """Exposed (not overlapped) communication."""
@@ -117,6 +123,22 @@ def _shard_params(arch: ModelArch, *, tp: int, pp: int, ep: int) -> tuple[float,
     return nonexpert, expert
 
 
+def dp_imbalance(*, tokens: float, num_seqs: int, dp: int, optimizer_steps: int = 1,
+                 longest_seq_tokens: float = 0.0) -> float:
+    """Busiest data-parallel rank's tokens / the average rank's, per optimizer step (>= 1).
+
+    Megatron splits every global batch (num_seqs / optimizer_steps sequences) into dp equal sample counts s, so the
+    rank that receives the longest sequence (``longest_seq_tokens``, prompt included) also receives s - 1 average
+    ones; the others wait for it at the gradient all-reduce. With fewer sequences than ranks, s rounds up to 1.
+    """
+    if dp <= 1 or num_seqs <= 0 or tokens <= 0 or longest_seq_tokens <= 0:
+        return 1.0
+    mean = tokens / num_seqs
+    per_rank = num_seqs / (optimizer_steps * dp)
+    busiest = longest_seq_tokens + (max(1, math.ceil(per_rank)) - 1) * mean
+    return max(1.0, busiest / (per_rank * mean))
+
+
 def train_step_time(
     arch: ModelArch,
     acc: Accelerator,
@@ -134,6 +156,8 @@ def train_step_time(
     dtype_bytes: float = 2,
     virtual_pipeline_stages: int = 1,
     optimizer_steps: int = 1,
+    num_seqs: int = 0,
+    longest_seq_tokens: float = 0.0,
     calib: Calibration = DEFAULT_CALIBRATION,
     accelerators_per_node: int | None = None,
 ) -> TrainStepTime:
@@ -147,7 +171,9 @@ def train_step_time(
     model_flops, hw_flops = train_flops(arch, tokens=tokens, seq_len_sum_sq=seq_len_sum_sq,
                                         extra_forward_passes=extra_forward_passes, recompute=recompute)
     eta = calib.train_mfu_moe if arch.is_moe else calib.train_mfu_dense
-    compute_s = hw_flops / (n * acc.bf16_flops * eta)
+    imbalance = dp_imbalance(tokens=tokens, num_seqs=num_seqs, dp=dp, optimizer_steps=optimizer_steps,
+                             longest_seq_tokens=longest_seq_tokens)
+    compute_s = imbalance * hw_flops / (n * acc.bf16_flops * eta)
     bubble_s = compute_s * (pp - 1) * optimizer_steps / (virtual_pipeline_stages * max(num_microbatches, optimizer_steps))
 
     def link(group: int, inner: int) -> tuple[float, float]:
@@ -203,7 +229,8 @@ def train_step_time(
     overhead_s = calib.train_step_overhead_s
     total = compute_s + bubble_s + comm_s + optimizer_s + overhead_s
     return TrainStepTime(
-        devices=n, model_flops=model_flops, hardware_flops=hw_flops, compute_s=compute_s, bubble_s=bubble_s,
+        devices=n, model_flops=model_flops, hardware_flops=hw_flops, compute_s=compute_s, dp_imbalance=imbalance,
+        bubble_s=bubble_s,
         comm_s=comm_s, optimizer_s=optimizer_s, overhead_s=overhead_s, total_s=total,
         mfu=model_flops / (total * n * acc.bf16_flops), tflops_per_device=model_flops / total / n / 1e12,
     )
@@ -231,6 +258,8 @@ class TrainCostModel:
     virtual_pipeline_stages: int = 1
     optimizer_steps: int = 1
     """Optimizer steps per RL step (minibatches x PPO epochs)."""
+    longest_seq_tokens: float = 0.0
+    """Expected longest sequence (prompt + response) of one optimizer step's samples: sets the DP imbalance."""
     calib: Calibration = DEFAULT_CALIBRATION
     accelerators_per_node: int | None = None
 
@@ -248,7 +277,8 @@ class TrainCostModel:
             seq_len_sum_sq=sum_sq_seq_len, num_microbatches=self.num_microbatches(tokens, num_seqs),
             extra_forward_passes=self.extra_forward_passes, recompute=self.recompute,
             dtype_bytes=self.dtype_bytes, virtual_pipeline_stages=self.virtual_pipeline_stages,
-            optimizer_steps=self.optimizer_steps, calib=self.calib, accelerators_per_node=self.accelerators_per_node)
+            optimizer_steps=self.optimizer_steps, num_seqs=num_seqs, longest_seq_tokens=self.longest_seq_tokens,
+            calib=self.calib, accelerators_per_node=self.accelerators_per_node)
 
     def train_step_s(self, tokens: float, sum_sq_seq_len: float, num_seqs: int) -> float:
         """Seconds for one step over `num_seqs` sequences totalling `tokens` (0 for an empty step)."""

@@ -191,7 +191,8 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         rollout_ep=p.rollout.ep, num_rollout_groups=p.replicas, train_tp=p.train.tp, train_pp=p.train.pp,
         train_dp=p.train.dp, train_ep=p.train.ep, train_cp=p.train.cp, train_recompute=p.train.recompute,
         colocated=p.colocated, dtype_bytes=inp.dtype_bytes, micro_batch_tokens=p.train.micro_batch_tokens,
-        extra_forward_passes=inp.extra_forward_passes, optimizer_steps=inp.optimizer_steps, calib=inp.calibration,
+        extra_forward_passes=inp.extra_forward_passes, optimizer_steps=inp.optimizer_steps,
+        longest_seq_tokens=space.longest_seq_tokens, calib=inp.calibration,
         accelerators_per_node=inp.accelerators_per_node)
     scale = scale or Scaled(replicas=p.replicas, prompts_per_step=inp.prompts_per_step, factor=1.0)
     if scale.factor != 1.0:

@@ -110,6 +110,13 @@ class Space:
         return self.inp.prompt_lengths.mean_tokens()
 
     @cached_property
+    def longest_seq_tokens(self) -> float:
+        """Expected longest sequence (prompt + response) among one optimizer step's samples: the response quantile at
+        the largest order statistic's mean rank, S / (S + 1)."""
+        s = self.inp.samples_per_minibatch
+        return self.prompt_mean + self.inp.response_lengths.quantile(s / (s + 1))
+
+    @cached_property
     def ctx_avg(self) -> float:
         return self.prompt_mean + self.response_sq_mean / (2 * self.response_mean)
 
@@ -218,7 +225,8 @@ class Space:
                 model = TrainCostModel(
                     arch=inp.arch, acc=inp.accelerator, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, micro_batch_tokens=mbt,
                     extra_forward_passes=inp.extra_forward_passes, recompute=recompute,  # type: ignore[arg-type]
-                    optimizer_steps=inp.optimizer_steps, dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
+                    optimizer_steps=inp.optimizer_steps, longest_seq_tokens=self.longest_seq_tokens,
+                    dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
                     accelerators_per_node=inp.accelerators_per_node)
                 step_s = model.train_step_s(self.step_tokens, self.step_sum_sq, inp.batch_samples)
                 option = TrainOption(accelerators=accelerators, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp,

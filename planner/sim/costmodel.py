@@ -97,6 +97,7 @@ def cost_model_timing(
     micro_batch_tokens: int | None = 16384,
     extra_forward_passes: int = 1,
     optimizer_steps: int = 1,
+    longest_seq_tokens: float = 0.0,
     calib: Calibration = DEFAULT_CALIBRATION,
     accelerators_per_node: int | None = None,
 ) -> CostModelTiming:
@@ -109,7 +110,8 @@ def cost_model_timing(
     train = TrainCostModel(arch=arch, acc=train_acc, tp=train_tp, pp=train_pp, dp=train_dp, ep=train_ep,
                            cp=train_cp, micro_batch_tokens=micro_batch_tokens,
                            extra_forward_passes=extra_forward_passes, recompute=train_recompute,  # type: ignore[arg-type]
-                           optimizer_steps=optimizer_steps, dtype_bytes=dtype_bytes, calib=calib,
+                           optimizer_steps=optimizer_steps, longest_seq_tokens=longest_seq_tokens,
+                           dtype_bytes=dtype_bytes, calib=calib,
                            accelerators_per_node=accelerators_per_node)
     sync = weight_sync_time_s(
         arch, src_acc=train_acc, dst_acc=rollout_acc, src_devices=train_tp * train_pp * train_dp * train_cp,

@@ -10,6 +10,7 @@ from planner.hardware import get_accelerator
 from planner.train_cost import (
     TrainCostModel,
     activation_bytes_per_token_per_layer,
+    dp_imbalance,
     train_flops,
     train_memory_per_device,
     train_step_time,
@@ -97,6 +98,24 @@ def test_optimizer_steps_repeat_dp_sync_adam_and_pipeline_flush():
     with pytest.raises(ValueError, match="optimizer_steps"):
         train_step_time(TOY, DEV, tp=1, pp=1, dp=1, tokens=100, seq_len_sum_sq=1e4, num_microbatches=1,
                         optimizer_steps=0, calib=IDEAL)
+
+
+def test_dp_imbalance_hand_computed():
+    """The rank that gets the longest sequence carries it plus s-1 average ones (s = samples per rank per optimizer
+    step); the others wait at the gradient sync."""
+    # 64 sequences of mean 100 tokens, 4 ranks, 2 optimizer steps: 8 per rank; longest 1000 -> (1000 + 700) / 800
+    assert dp_imbalance(tokens=6400, num_seqs=64, dp=4, optimizer_steps=2, longest_seq_tokens=1000) == 1700 / 800
+    assert dp_imbalance(tokens=6400, num_seqs=64, dp=1, optimizer_steps=2, longest_seq_tokens=1000) == 1.0
+    assert dp_imbalance(tokens=6400, num_seqs=64, dp=4, optimizer_steps=2, longest_seq_tokens=100) == 1.0
+    # fewer sequences than ranks: the busiest holds the longest alone, the average rank half a sequence
+    assert dp_imbalance(tokens=400, num_seqs=4, dp=8, longest_seq_tokens=100) == 100 / 50
+    base = train_step_time(TOY, DEV, tp=1, pp=1, dp=4, tokens=6400, seq_len_sum_sq=6.4e5, num_microbatches=4,
+                           optimizer_steps=2, calib=IDEAL)
+    skewed = train_step_time(TOY, DEV, tp=1, pp=1, dp=4, tokens=6400, seq_len_sum_sq=6.4e5, num_microbatches=4,
+                             optimizer_steps=2, num_seqs=64, longest_seq_tokens=1000, calib=IDEAL)
+    assert skewed.dp_imbalance == 1700 / 800
+    assert skewed.compute_s == pytest.approx(base.compute_s * 1700 / 800)
+    assert skewed.comm_s == pytest.approx(base.comm_s) and skewed.optimizer_s == pytest.approx(base.optimizer_s)
 
 
 def test_memory_hand_computed():
