@@ -13,8 +13,10 @@ FLOPs (one step):
     model  = 3*fwd + x*fwd        (x = extra forward passes: old-logprob, reference)
     hw     = model + fwd (full recompute) | + q*pairs (selective: core attention only)
 Time:
-    compute = u * hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m/o)   (the pipeline flushes at every
-              optimizer step, so the bubble follows the m/o microbatches of one global batch)
+    compute = u * g * hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m/o)   (the pipeline flushes at
+              every optimizer step, so the bubble follows the m/o microbatches of one global batch)
+    g       = pipeline stage imbalance p*ceil(L/p)/L: every stage runs at the pace of the busiest, which holds
+              ceil(L/p) of the L layers (`pipeline_stage_layers`; 1 when p divides L)
     u       = DP load imbalance (`dp_imbalance`): each global batch splits into d equal sample counts s, so the rank
               that gets the step's longest sequence L carries L + (s-1)*mean tokens against the average s*mean;
               every rank waits for it at the gradient sync. 1 with d = 1.
@@ -68,6 +70,31 @@ def train_flops(arch: ModelArch, *, tokens: float, seq_len_sum_sq: float, extra_
     return model, model
 
 
+def pipeline_stage_layers(num_layers: int, pp: int) -> tuple[int, int, int] | None:
+    """Megatron's layer split over ``pp`` stages as (first stage, each middle stage, last stage), with the busiest
+    stage holding ceil(L/p) layers; None when no such split exists.
+
+    Megatron gives every middle stage the same count and lets the first and last differ
+    (``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``), so with m = ceil(L/p) the
+    middle p-2 stages take m each and the ends share the rest r = L - (p-2)*m as ceil(r/2), floor(r/2), each >= 1.
+    An even split (p divides L) is (m, m, m).
+    """
+    if pp < 1 or pp > num_layers:
+        return None
+    m = -(-num_layers // pp)
+    if num_layers % pp == 0 or pp == 1:
+        return m, m, m
+    rest = num_layers - (pp - 2) * m
+    if rest < 2:
+        return None
+    return -(-rest // 2), m, rest // 2
+
+
+def pipeline_stage_imbalance(num_layers: int, pp: int) -> float:
+    """Busiest stage's layers / the mean, p*ceil(L/p)/L (>= 1)."""
+    return pp * -(-num_layers // pp) / num_layers
+
+
 def _check(arch: ModelArch, tp: int, pp: int, dp: int, ep: int, cp: int) -> None:
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("ep", ep), ("cp", cp)):
         if value < 1:
@@ -82,6 +109,9 @@ def _check(arch: ModelArch, tp: int, pp: int, dp: int, ep: int, cp: int) -> None
                              "(expert ranks are folded from the tensor/context/data ranks)")
     if pp > arch.num_layers:
         raise ValueError(f"pp ({pp}) exceeds the {arch.num_layers} layers of {arch.name}")
+    if pipeline_stage_layers(arch.num_layers, pp) is None:
+        raise ValueError(f"pp ({pp}): Megatron cannot split {arch.num_layers} layers with ceil(L/p) on the busiest "
+                         "stage (equal middle stages, the rest on the first and last)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,9 +122,11 @@ class TrainStepTime:
     model_flops: float
     hardware_flops: float
     compute_s: float
-    """Including the DP load imbalance."""
+    """Including the DP load and pipeline stage imbalances."""
     dp_imbalance: float
     """Busiest DP rank's load / the average rank's (``dp_imbalance``)."""
+    stage_imbalance: float
+    """Busiest pipeline stage's layers / the mean (``pipeline_stage_imbalance``)."""
     bubble_s: float
     comm_s: float
     """Exposed (not overlapped) communication."""
@@ -173,7 +205,8 @@ def train_step_time(
     eta = calib.train_mfu_moe if arch.is_moe else calib.train_mfu_dense
     imbalance = dp_imbalance(tokens=tokens, num_seqs=num_seqs, dp=dp, optimizer_steps=optimizer_steps,
                              longest_seq_tokens=longest_seq_tokens)
-    compute_s = imbalance * hw_flops / (n * acc.bf16_flops * eta)
+    stages = pipeline_stage_imbalance(arch.num_layers, pp)
+    compute_s = imbalance * stages * hw_flops / (n * acc.bf16_flops * eta)
     bubble_s = compute_s * (pp - 1) * optimizer_steps / (virtual_pipeline_stages * max(num_microbatches, optimizer_steps))
 
     def link(group: int, inner: int) -> tuple[float, float]:
@@ -230,7 +263,7 @@ def train_step_time(
     total = compute_s + bubble_s + comm_s + optimizer_s + overhead_s
     return TrainStepTime(
         devices=n, model_flops=model_flops, hardware_flops=hw_flops, compute_s=compute_s, dp_imbalance=imbalance,
-        bubble_s=bubble_s,
+        stage_imbalance=stages, bubble_s=bubble_s,
         comm_s=comm_s, optimizer_s=optimizer_s, overhead_s=overhead_s, total_s=total,
         mfu=model_flops / (total * n * acc.bf16_flops), tflops_per_device=model_flops / total / n / 1e12,
     )

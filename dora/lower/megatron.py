@@ -10,7 +10,9 @@ Megatron-LM training-loop values that are not megatron-core config fields (batch
 
 Fixed choices (not in the spec), with why: no dropout (RL fine-tuning of a pretrained policy), AdamW with
 betas (0.9, 0.99), no weight decay and gradient clipping at 1.0 (the same as dora's CPU trainer), constant
-learning rate (``min_lr = lr``), the distributed optimizer and overlapped gradient reduction when dp > 1.
+learning rate (``min_lr = lr``), the distributed optimizer and overlapped gradient reduction when dp * cp > 1.
+When pp does not divide the layers, the busiest stages hold ceil(layers/pp) and the first and last share the rest
+(``num_layers_in_first/last_pipeline_stage``; Megatron-LM ``--decoder-first/last-pipeline-num-layers``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from dora.lower.errors import LoweringError
 from dora.spec.loader import ResolvedSpec
 from planner.plan import Plan
+from planner.train_cost import pipeline_stage_layers
 
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
 """Parameter dtype name per spec dtype (fp8 trains with bf16 master weights)."""
@@ -39,9 +42,9 @@ def _check(resolved: ResolvedSpec, plan: Plan) -> None:
     if arch.num_kv_heads % t.tp and t.tp % arch.num_kv_heads:
         raise LoweringError(f"plan.train.tp ({t.tp}) must divide or be a multiple of num_kv_heads "
                             f"({arch.num_kv_heads})")
-    if arch.num_layers % t.pp:
-        raise LoweringError(f"plan.train.pp ({t.pp}) does not divide num_layers ({arch.num_layers}): "
-                            f"{arch.num_layers} % {t.pp} = {arch.num_layers % t.pp}")
+    if pipeline_stage_layers(arch.num_layers, t.pp) is None:
+        raise LoweringError(f"plan.train.pp ({t.pp}): Megatron cannot split {arch.num_layers} layers over {t.pp} "
+                            "stages (equal middle stages of ceil(layers/pp), the rest on the first and last)")
     if t.ep > 1:
         if not arch.is_moe:
             raise LoweringError(f"plan.train.ep = {t.ep} but {arch.name} has no experts")
@@ -82,6 +85,10 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
         "recompute_method": "uniform" if t.recompute else None,
         "recompute_num_layers": 1 if t.recompute else None,
     }
+    split = pipeline_stage_layers(arch.num_layers, t.pp)
+    if split is not None and arch.num_layers % t.pp:  # uneven: equal middle stages, the rest on the first and last
+        transformer.update({"num_layers_in_first_pipeline_stage": split[0],
+                            "num_layers_in_last_pipeline_stage": split[2]})
     if arch.is_moe:
         transformer.update({
             "num_moe_experts": arch.num_experts, "moe_router_topk": arch.experts_top_k,
@@ -108,7 +115,9 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
         "bf16": dtype in ("bf16", "fp8"), "fp16": dtype == "fp16", "params_dtype": TORCH_DTYPE[dtype],
         "pipeline_dtype": TORCH_DTYPE[dtype] if t.pp > 1 else None,
     }
-    distributed = t.dp > 1
+    # Megatron reduces gradients over the data- and context-parallel ranks together and the distributed optimizer
+    # shards over that group (the memory model divides the optimizer state by dp*cp likewise).
+    distributed = t.dp * t.cp > 1
     lr = spec.algorithm.learning_rate
     optimizer = {
         "optimizer": "adam", "lr": lr, "min_lr": lr, "weight_decay": 0.0,
@@ -144,7 +153,9 @@ def megatron_lm_args(config: dict[str, Any]) -> list[list[str]]:
     """
     tr, mp, opt, ddp, trn = (config[k] for k in ("transformer", "model_parallel", "optimizer", "ddp", "training"))
     out: list[list[str]] = [["--use-mcore-models"]]
-    renamed = {"num_moe_experts": "--num-experts"}
+    renamed = {"num_moe_experts": "--num-experts",
+               "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+               "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers"}
     derived = {"normalization", "gated_linear_unit", "activation_func", "add_bias_linear", "num_query_groups"}
     for name in sorted(tr):
         value = tr[name]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dora.spec.diagnostics import Diagnostic
 from dora.spec.models import LengthSpec, Spec, StalenessSpec
 from planner.architecture import ModelArch
+from planner.train_cost import pipeline_stage_layers
 
 
 def _d(path: tuple[str | int, ...], message: str, hint: str) -> Diagnostic:
@@ -154,9 +155,13 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
         if arch.mla is None:
             divides((*T, "tp"), "train tp", t.tp, "num_kv_heads", arch.num_kv_heads,
                     "Megatron shards KV groups over tp: choose a tp that divides num_kv_heads")
-    if t.pp is not None:
-        divides((*T, "pp"), "train pp", t.pp, "num_layers", arch.num_layers,
-                "choose a pp that divides the number of layers")
+    if t.pp is not None and pipeline_stage_layers(arch.num_layers, t.pp) is None:
+        m = -(-arch.num_layers // t.pp)
+        out.append(_d((*T, "pp"), f"train pp ({t.pp}) cannot split {arch.num_layers} layers: Megatron gives every "
+                      f"middle stage the same count ({m} = ceil({arch.num_layers}/{t.pp}) here) and the first and "
+                      f"last stages the rest ({arch.num_layers} - {t.pp - 2}*{m} = "
+                      f"{arch.num_layers - (t.pp - 2) * m}), and each needs at least one layer",
+                      "choose a smaller pp, or one that divides the number of layers"))
     if t.ep is not None:
         if not moe:
             out.append(_d((*T, "ep"), "expert parallelism needs an MoE model; this model is dense",

@@ -22,7 +22,7 @@ from functools import cached_property
 
 from planner.rollout_cost import RolloutMemory, rollout_instance_memory
 from planner.search.inputs import SearchInputs
-from planner.train_cost import TrainCostModel, TrainMemory, train_memory_per_device
+from planner.train_cost import TrainCostModel, TrainMemory, pipeline_stage_layers, train_memory_per_device
 
 
 def divisors(n: int) -> list[int]:
@@ -182,7 +182,8 @@ class Space:
         shard_heads = arch.num_attention_heads if arch.mla is not None else arch.num_kv_heads
         long_ctx = inp.max_context_tokens > 16384
         tps = [t for t in powers_of_two_upto(min(inp.accelerators_per_node, accelerators)) if shard_heads % t == 0]
-        pps = [p for p in divisors(arch.num_layers) if p <= 32]
+        # uneven splits too (Megatron's first/last stage layer counts); the cost model charges the busiest stage
+        pps = [p for p in range(1, min(arch.num_layers, 32) + 1) if pipeline_stage_layers(arch.num_layers, p)]
         cps = [c for c in (1, 2, 4, 8) if c == 1 or long_ctx]
         out = []
         for tp in ([pins.train_tp] if pins.train_tp else tps):
@@ -241,7 +242,7 @@ class Space:
             self.rejections.append(Rejection(
                 what=f"train on {accelerators}", need_over_have=1.0,
                 reason=(f"no layout tp*pp*cp*dp = {accelerators} has a dp dividing the {inp.samples_per_minibatch} "
-                        "samples of an optimizer step (and tp dividing the heads, pp the layers)")))
+                        "samples of an optimizer step (and tp dividing the heads, pp splitting the layers)")))
         self._train_cache[accelerators] = best
         return best
 

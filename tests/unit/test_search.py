@@ -87,13 +87,18 @@ def test_infeasible_names_closest_candidate() -> None:
 def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
     plan = make_plan(load_spec(str(SPECS / "dense-32b-h800x128.yaml"))).plan
     assert plan.mode == "streaming"
-    assert plan.predictions.speedup_vs_sync > 1.05
+    assert plan.predictions.speedup_vs_sync > 1.25
     chosen = [c for c in plan.considered if c.status == "chosen"]
     assert len(chosen) == 1 and chosen[0].mode == "streaming"
-    assert any(c.mode == "sync" and c.stage == "simulated" for c in plan.considered)
-    # one-step-off k=1 on the same placement is 0.3% faster: a tie, lost to the preferred mode, never "slower by -0.3%"
+    # Training on 32 is trainer-bound and on 64 rollout-bound; the balanced split between them needs an uneven
+    # pipeline (64 layers over pp=6: 10/11/11/11/11/10)
+    assert plan.train.accelerators == 48 and plan.train.pp == 6
+    simulated = [c for c in plan.considered if c.stage == "simulated"]
+    best = {m: max(c.trained_tokens_per_s for c in simulated if c.mode == m) for m in ("sync", "one-step-off")}
+    assert best["sync"] < best["one-step-off"] < chosen[0].trained_tokens_per_s
+    # bounded-async k=3 on another placement is 0.5% faster: a tie, lost to the preferred mode, never "slower by -0.5%"
     rejected_ties = [c for c in plan.considered if c.status == "rejected" and c.reason.startswith("ties within 1%")]
-    assert any(c.mode == "one-step-off" for c in rejected_ties)
+    assert rejected_ties
     assert not any("slower by -" in c.reason for c in plan.considered)
 
 

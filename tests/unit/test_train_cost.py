@@ -11,6 +11,8 @@ from planner.train_cost import (
     TrainCostModel,
     activation_bytes_per_token_per_layer,
     dp_imbalance,
+    pipeline_stage_imbalance,
+    pipeline_stage_layers,
     train_flops,
     train_memory_per_device,
     train_step_time,
@@ -116,6 +118,39 @@ def test_dp_imbalance_hand_computed():
     assert skewed.dp_imbalance == 1700 / 800
     assert skewed.compute_s == pytest.approx(base.compute_s * 1700 / 800)
     assert skewed.comm_s == pytest.approx(base.comm_s) and skewed.optimizer_s == pytest.approx(base.optimizer_s)
+
+
+def test_pipeline_stage_layers_follow_megatrons_uneven_split():
+    """Middle stages equal at ceil(L/p), the first and last share the rest; None when an end would get no layer."""
+    assert pipeline_stage_layers(64, 8) == (8, 8, 8)  # even
+    assert pipeline_stage_layers(64, 3) == (21, 22, 21)  # 21 + 22 + 21 = 64
+    assert pipeline_stage_layers(64, 6) == (10, 11, 10)  # 10 + 4*11 + 10
+    assert pipeline_stage_layers(36, 8) == (3, 5, 3)  # Megatron's own example: 3-5-5-5-5-5-5-3
+    assert pipeline_stage_layers(7, 2) == (4, 4, 3)
+    assert pipeline_stage_layers(36, 11) is None  # 9 middle stages of 4 take all 36
+    assert pipeline_stage_layers(64, 65) is None and pipeline_stage_layers(64, 0) is None
+    for layers in range(1, 100):
+        for pp in range(1, layers + 1):
+            split = pipeline_stage_layers(layers, pp)
+            if split is not None:
+                first, middle, last = split
+                assert middle == -(-layers // pp) and 1 <= last <= first <= middle
+                assert (first + (pp - 2) * middle + last == layers) if pp > 1 else first == layers
+    assert pipeline_stage_imbalance(64, 8) == 1.0 and pipeline_stage_imbalance(64, 6) == 6 * 11 / 64
+
+
+def test_uneven_pipeline_charges_the_busiest_stage():
+    """Every stage runs at the pace of the one holding ceil(L/p) layers: compute scales by p*ceil(L/p)/L."""
+    arch = dataclasses.replace(TOY, num_layers=3)
+    kw = {"tp": 1, "dp": 1, "tokens": 6400, "seq_len_sum_sq": 6.4e5, "num_microbatches": 4, "calib": IDEAL}
+    one = train_step_time(arch, DEV, pp=1, **kw)
+    two = train_step_time(arch, DEV, pp=2, **kw)  # stages of 2 and 1 layers: the busiest does 2/1.5 of the mean
+    assert two.stage_imbalance == 4 / 3 and one.stage_imbalance == 1.0
+    assert two.compute_s == pytest.approx(one.compute_s / 2 * 4 / 3)  # twice the devices, at 3/4 efficiency
+    three = train_step_time(arch, DEV, pp=3, **kw)
+    assert three.stage_imbalance == 1.0 and three.compute_s == pytest.approx(one.compute_s / 3)
+    with pytest.raises(ValueError, match="cannot split 36 layers"):
+        train_step_time(dataclasses.replace(TOY, num_layers=36), DEV, pp=11, **kw)
 
 
 def test_memory_hand_computed():
