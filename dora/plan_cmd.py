@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dora.parallel import available_cpus
 from dora.planning import (
     CalibrationFileError,
     InfeasibleError,
@@ -116,7 +117,7 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         err_console.print(f"[bold red]error[/bold red]: {exc}", markup=True, highlight=False)
         return error_code
     try:
-        planned = make_plan(resolved, calibration)
+        planned = make_plan(resolved, calibration, workers=available_cpus())
     except InfeasibleError as exc:
         err_console.print(f"[bold red]error[/bold red]: nothing fits — {exc}", markup=True, highlight=False)
         if exc.closest is not None:

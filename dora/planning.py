@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from dora import __version__
+from dora.parallel import fork_map
 from dora.spec import ResolvedSpec
 from dora.spec.models import ALL_MODES
 from planner.architecture import DTYPE_BYTES
@@ -132,10 +133,13 @@ class Planned:
     inputs: SearchInputs
 
 
-def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION) -> Planned:
-    """Search and assemble the plan; raises ``InfeasibleError`` when nothing fits."""
+def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION, *, workers: int = 1) -> Planned:
+    """Search and assemble the plan; raises ``InfeasibleError`` when nothing fits.
+
+    ``workers`` > 1 runs the search's simulations in that many forked processes (``dora.parallel``): only from a
+    process with no threads yet (the ``dora plan`` command). The plan is the same either way."""
     inputs = search_inputs(resolved, calibration)
-    outcome = search(inputs)
+    outcome = search(inputs, map_fn=fork_map(workers))
     plan = build_plan(outcome, inputs, dora_version=__version__, spec_name=resolved.spec.name,
                       spec_file=_portable(resolved.file), spec_hash=resolved.spec_hash,
                       pinned_slowdown=_pinned_slowdown(resolved, calibration, outcome))

@@ -11,6 +11,7 @@ with the highest simulated trained tokens/s; ties (within 1%) go to lower stalen
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.policies import PolicyConfig, admission_queue_for
@@ -244,8 +245,19 @@ def _hosts(p: Placement, mode: Mode, k: int) -> bool:
     return v == 1 or (mode == "streaming" and v <= k + 1) or not p.rollout.versions_searched
 
 
-def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bool = False) -> SearchOutcome:
-    """Plan the spec: see the module docstring. ``exhaustive`` simulates every screened candidate (tests)."""
+MapFn = Callable[[Callable[[Screened], Simulated], Sequence[Screened]], list[Simulated]]
+
+
+def _map_in_process(fn: Callable[[Screened], Simulated], items: Sequence[Screened]) -> list[Simulated]:
+    return [fn(c) for c in items]
+
+
+def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bool = False,
+           map_fn: MapFn = _map_in_process) -> SearchOutcome:
+    """Plan the spec: see the module docstring. ``exhaustive`` simulates every screened candidate (tests).
+
+    ``map_fn(fn, candidates)`` runs the simulations, in order; the caller may spread them over processes (the
+    result does not depend on it)."""
     space = Space(inputs)
     screen = Screen(space)
     placements = _placements(space, screen)
@@ -270,15 +282,15 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         return Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled), sim_steps=steps,
                          scale=scaled.factor)
 
-    sims = [simulated(c) for c in picked]
+    sims = map_fn(simulated, picked)
     # A tie goes to the lowest k, then the preferred mode. On the placements that tie for the lead, simulate each
     # (mode, k) that would win such a tie but that the screen ranked too low to be a finalist.
     best = max(s.trained_tokens_per_s for s in sims)
     leader = min(sims, key=lambda s: _rank_key(s, best)).screened
     leading = {s.screened.placement for s in sims if s.trained_tokens_per_s >= best * (1 - TIE_FRACTION)}
     done = {s.screened.label for s in sims}
-    sims += [simulated(c) for c in screened if c.placement in leading and c.label not in done
-             and _tie_key(c) < _tie_key(leader)]
+    sims += map_fn(simulated, [c for c in screened if c.placement in leading and c.label not in done
+                               and _tie_key(c) < _tie_key(leader)])
     best = max(s.trained_tokens_per_s for s in sims)
     sims.sort(key=lambda s: _rank_key(s, best))
     syncs = [s for s in sims if s.screened.mode == "sync"]

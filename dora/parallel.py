@@ -1,0 +1,48 @@
+"""Run independent, pure computations on several cores: the plan search's simulations.
+
+``fork_map(workers)`` returns a ``map``-like function for ``planner.search.search``. Each call forks ``workers``
+processes that inherit the function and its inputs (nothing is pickled on the way in: closures work), and
+returns the results in input order. Forking is only safe before threads or native thread pools start, so only
+the ``dora plan`` command uses it; everything else maps in-process. Without ``fork`` (not Linux/macOS), with one
+worker or one item, it maps in-process too. Results are the same either way: each simulation is seeded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_JOB: tuple[Callable[[Any], Any], Sequence[Any]] | None = None
+"""The function and items of the running ``fork_map`` call, inherited by the forked workers."""
+
+
+def _run(index: int) -> Any:
+    assert _JOB is not None
+    fn, items = _JOB
+    return fn(items[index])
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def fork_map(workers: int) -> Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]:
+    def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        global _JOB
+        items = list(items)
+        n = min(workers, len(items))
+        if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+            return [fn(x) for x in items]
+        _JOB = (fn, items)
+        try:
+            with multiprocessing.get_context("fork").Pool(n) as pool:
+                return pool.map(_run, range(len(items)), chunksize=1)
+        finally:
+            _JOB = None
+
+    return run
