@@ -68,21 +68,15 @@ class StreamingPolicy(PolicyBase):
             self._fill(r, out)
         return out
 
-    def on_trajectory_finished(self, group_id: int, rollout_group: int) -> Sequence[Action]:
-        if self.multi:
-            self.hosted[rollout_group][self.group_version[group_id]] -= 1
-        else:
-            self.version_active[self.engine_version[rollout_group]] -= 1
-        return super().on_trajectory_finished(group_id, rollout_group)
-
     def _after_finish(self, group_id: int, rollout_group: int, group_done: bool) -> Sequence[Action]:
         r = rollout_group
         if self.multi:
             return self._after_finish_multi(group_id, r, group_done)
-        w = self.engine_version[r]
+        w = self.engine_version[r]  # the trajectory's version: a single-version engine only holds its own
+        self.version_active[w] -= 1
         out: list[Action] | None = None
         if w == self.latest_version:
-            if self.engine_ready[r] and self._free(r) >= self.spp:
+            if self.engine_ready[r] and self.slots - self.engine_active[r] - self.engine_reserved[r] >= self.spp:
                 out = []
                 self._fill(r, out)
         elif self.engine_ready[r] and r not in self.migrating:
@@ -166,6 +160,7 @@ class StreamingPolicy(PolicyBase):
         out: list[Action] = []
         w = self.group_version[group_id]
         hosted = self.hosted[r]
+        hosted[w] -= 1
         if hosted[w] == 0 and w != self.engine_version[r]:
             del hosted[w]
             out.append(DropVersion(rollout_group=r, version=w))
