@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from dora.runtime.config import RuntimeConfig
+from dora.runtime.config import GPU_ENGINES_MISSING, RuntimeConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -167,6 +167,10 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
         return EXIT_INVALID
     if overrides.watchdog_s is not None and overrides.watchdog_s <= 0:
         console.print(f"[bold red]error[/bold red]: --watchdog-s must be > 0, got {overrides.watchdog_s:g}")
+        return EXIT_INVALID
+    if rc.rollout_engine != "torch" or rc.trainer != "torch":
+        console.print(f"[bold red]error[/bold red]: {spec_path}: runtime.rollout_engine {rc.rollout_engine!r} / "
+                      f"runtime.trainer {rc.trainer!r}: {GPU_ENGINES_MISSING}")
         return EXIT_INVALID
     if address is not None:
         from dora.cluster import submit_and_follow

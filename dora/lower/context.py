@@ -15,6 +15,7 @@ from typing import Any
 from dora import __version__
 from dora.lower import megatron, ray, vllm
 from dora.lower.runtime import runtime_config
+from dora.runtime.config import GPU_ENGINES_MISSING
 from dora.spec.loader import ResolvedSpec
 from planner.plan import Plan
 
@@ -108,6 +109,9 @@ def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: boo
     if not has_megatron:
         lines.append(f"No megatron/ files: trainer is '{spec.runtime.trainer}' on '{spec.cluster.accelerator}'; "
                      "Megatron configuration would be meaningless here.")
+    if has_vllm or has_megatron:
+        lines.append("NOT RUNNABLE YET: launch.sh submits dora's driver, which stops before Ray starts: "
+                     + GPU_ENGINES_MISSING)
     lines += [f"BLOCKED: {_one_line(b)}" for b in blocked]
     lines += [f"megatron limitation: {_one_line(m)}" for m in limits]
     lines += [f"plan warning: {_one_line(w)}" for w in plan.warnings]

@@ -21,6 +21,15 @@ FORMAT_VERSION = 1
 """Bump on a change an older driver could not read correctly."""
 
 
+GPU_ENGINES_MISSING = (
+    "dora's runtime runs its torch engines only: the vLLM rollout worker and the Megatron trainer behind the same "
+    "interfaces are not written yet. `dora plan SPEC --out DIR` still writes their launch arguments "
+    "(DIR/launch/vllm/, and DIR/launch/megatron/, which the tests build into megatron-core's own config classes) "
+    "for a launcher of your own. dora's own engines run specs on cluster.accelerator: cpu (`dora examples "
+    "local-tiny`)")
+"""Why a run with ``rollout_engine: vllm`` or ``trainer: megatron`` stops before any actor starts."""
+
+
 class RuntimeConfigError(ValueError):
     """`runtime.json` is malformed; ``field`` is the dotted path of the offending field ('' = the document)."""
 
