@@ -52,8 +52,8 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
 
     for s in outcome.finalists:
         if s is chosen:
-            why = ("highest simulated trained tokens/s" if s.trained_tokens_per_s >= top else
-                   "ties the fastest within 1% at the lowest staleness, in the preferred mode")
+            why = (f"highest simulated trained tokens/s ({s.sim_steps} steps)" if s.trained_tokens_per_s >= top else
+                   f"ties the fastest within 1% at the lowest staleness, in the preferred mode ({s.sim_steps} steps)")
             rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="chosen", reason=why))
             continue
         slower = 1 - s.trained_tokens_per_s / best if best else 0.0
@@ -63,7 +63,7 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
             reason = (f"ties within 1% ({100 * -slower:+.1f}%) at the same staleness; {chosen.screened.mode} is "
                       f"preferred (order: {', '.join(MODE_PREFERENCE)})")
         else:
-            reason = f"slower by {100 * slower:.1f}% (simulated)"
+            reason = f"slower by {100 * slower:.1f}% (simulated, {s.sim_steps} steps)"
         rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))
     screen_best = outcome.screened[0].trained_tokens_per_s
     for c in outcome.screened:
