@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from dora.runtime.config import GPU_ENGINES_MISSING, RuntimeConfig
+from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -145,7 +145,6 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     from rich.console import Console
 
     from dora.planning import InfeasibleError
-    from dora.runtime.config import RuntimeConfigError
     from dora.runtime.driver import JobStopped, report, run_job
     from dora.spec import SpecError
 
@@ -168,9 +167,10 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     if overrides.watchdog_s is not None and overrides.watchdog_s <= 0:
         console.print(f"[bold red]error[/bold red]: --watchdog-s must be > 0, got {overrides.watchdog_s:g}")
         return EXIT_INVALID
-    if rc.rollout_engine != "torch" or rc.trainer != "torch":
-        console.print(f"[bold red]error[/bold red]: {spec_path}: runtime.rollout_engine {rc.rollout_engine!r} / "
-                      f"runtime.trainer {rc.trainer!r}: {GPU_ENGINES_MISSING}")
+    try:
+        check_engines(rc)
+    except RuntimeConfigError as exc:
+        console.print(f"[bold red]error[/bold red]: {spec_path}: {escape(str(exc))}")
         return EXIT_INVALID
     if address is not None:
         from dora.cluster import submit_and_follow

@@ -30,6 +30,13 @@ GPU_ENGINES_MISSING = (
 """Why a run with ``rollout_engine: vllm`` or ``trainer: megatron`` stops before any actor starts."""
 
 
+def check_engines(rc: RuntimeConfig) -> None:
+    """Raise RuntimeConfigError unless ``rc`` runs dora's torch engines (the only ones written)."""
+    if rc.rollout_engine != "torch" or rc.trainer != "torch":
+        raise RuntimeConfigError("rollout_engine", f"runtime.rollout_engine {rc.rollout_engine!r} / runtime.trainer "
+                                 f"{rc.trainer!r}: {GPU_ENGINES_MISSING}")
+
+
 class RuntimeConfigError(ValueError):
     """`runtime.json` is malformed; ``field`` is the dotted path of the offending field ('' = the document)."""
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dora.runtime.config import GPU_ENGINES_MISSING, RuntimeConfig, RuntimeConfigError
+from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -66,7 +66,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
     from planner.policies import PolicyConfig, admission_queue_for
     from planner.workload import LengthDistribution
 
-    _check_engines(rc)
+    check_engines(rc)
     if rc.task is None:
         raise RuntimeConfigError("task", "the local CPU runtime needs workload.task (the verifiable task)")
     rl = rc.response_length
@@ -111,12 +111,6 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
     )
 
 
-def _check_engines(rc: RuntimeConfig) -> None:
-    if rc.rollout_engine != "torch" or rc.trainer != "torch":
-        raise RuntimeConfigError("rollout_engine", f"rollout {rc.rollout_engine!r} / trainer {rc.trainer!r}: "
-                                 f"{GPU_ENGINES_MISSING}")
-
-
 def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_dir: Path = Path(),
             warmup_cache_dir: Path | None = None, watchdog_s: float | None = None) -> JobResult:
     """Run ``rc`` to the end (Ray started here if needed), resuming from its checkpoint if there is one;
@@ -133,7 +127,7 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
     from dora.runtime.controller import Controller, PipelineStalled, WorkerLost
     from dora.runtime.display import LiveDisplay
 
-    _check_engines(rc)  # before Ray starts
+    check_engines(rc)  # before Ray starts
     console = console or Console(stderr=True)
     out = base_dir / rc.output_dir
     try:

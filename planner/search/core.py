@@ -302,9 +302,6 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         return Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled), sim_steps=steps,
                          scale=scaled.factor)
 
-    def refined(c: Screened) -> Simulated:
-        return simulated(c, long)
-
     sims = map_fn(simulated, picked)
     # A tie goes to the lowest k, then the preferred mode. On the placements that tie for the lead, simulate each
     # (mode, k) that would win such a tie but that the screen ranked too low to be a finalist.
@@ -316,6 +313,10 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
                                and _tie_key(c) < _tie_key(leader)])
     # Second look: the leaders again over more steps, until the best REFINE_TOP all ran the long simulation.
     long = refine_steps_for(inputs, steps)
+
+    def refined(c: Screened) -> Simulated:
+        return simulated(c, long)
+
     while True:
         best = max(s.trained_tokens_per_s for s in sims)
         sims.sort(key=lambda s: _rank_key(s, best))
