@@ -72,7 +72,7 @@ def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = Non
                      slots_per_group=rc.max_num_seqs, prompts_per_step=w.prompts_per_step,
                      samples_per_prompt=w.samples_per_prompt, total_steps=rc.steps,
                      allow_version_mixing=rc.allow_version_mixing, colocated=rc.colocated,
-                     max_versions_per_engine=rc.versions_per_engine)
+                     max_versions_per_engine=rc.versions_per_engine, consolidation_batch=rc.consolidation_batch)
     except ValueError as exc:
         raise ValueError(f"mode {rc.mode}: {exc}") from None
     return rc

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump on any change that an older dora could not read correctly."""
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
@@ -47,6 +47,9 @@ class RolloutPlan:
     """Prompt cap + response cap, tokens."""
     versions_per_engine: int
     """Policy versions one replica holds at once (1 on GPUs)."""
+    consolidation_batch: int | None
+    """streaming: the most requests a replica takes in when an older version's requests are packed onto fewer
+    replicas (its batching knee); None in other modes."""
     gpu_memory_utilization: float
     kv_capacity_tokens: int
     """KV-cache capacity of one replica, tokens."""

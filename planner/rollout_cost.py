@@ -212,6 +212,23 @@ class RolloutCostModel:
         step = self.decode_step_s(batch_size, total_context_tokens)
         return batch_size / step if step > 0 else 0.0
 
+    def batching_knee(self, context_tokens_per_seq: float, max_batch: int) -> int:
+        """The decode batch beyond which one more sequence raises the instance's tokens/s by less than half in
+        proportion: the smallest B <= max_batch with elasticity d ln(B / t_dec) / d ln B <= 1/2 (max_batch if none).
+
+        With t_dec(B) ~ a + c*B the elasticity is a / (a + c*B), so the knee is B = a / c: the batch whose
+        per-sequence costs (KV reads, expert and attention work, collectives) equal the batch-independent ones
+        (weights, fixed step cost). Below it batching is nearly free; above it each added sequence slows the
+        batch about in proportion. Each sequence holds `context_tokens_per_seq` tokens (finite differences).
+        """
+        prev = self.decode_step_s(1, context_tokens_per_seq)
+        for b in range(1, max(1, max_batch)):
+            nxt = self.decode_step_s(b + 1, (b + 1) * context_tokens_per_seq)
+            if 1 - math.log(nxt / prev) / math.log((b + 1) / b) <= 0.5:
+                return b
+            prev = nxt
+        return max(1, max_batch)
+
     def prefill_s(self, num_tokens: int, sum_sq_tokens: float | None = None) -> float:
         """Prefill of `num_tokens` prompt tokens in one batch (s); `sum_sq_tokens` = sum of squared prompt
         lengths (default: one prompt, num_tokens^2).

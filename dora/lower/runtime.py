@@ -50,7 +50,8 @@ def runtime_config(resolved: ResolvedSpec, plan: Plan) -> RuntimeConfig:
     return RuntimeConfig(
         format_version=FORMAT_VERSION, spec_hash=resolved.spec_hash, spec_name=spec.name,
         mode=plan.mode, max_version_lag=plan.max_version_lag, allow_version_mixing=plan.allow_version_mixing,
-        versions_per_engine=r.versions_per_engine, colocated=plan.colocated,
+        versions_per_engine=r.versions_per_engine, consolidation_batch=r.consolidation_batch,
+        colocated=plan.colocated,
         rollout_workers=r.replicas, max_num_seqs=r.max_num_seqs, max_model_len=r.max_model_len,
         accelerator=spec.cluster.accelerator, accelerators_per_rollout_worker=r.accelerators_per_replica,
         rollout_accelerators=r.accelerators, train_accelerators=t.accelerators,

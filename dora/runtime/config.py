@@ -17,7 +17,7 @@ import types
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump on a change an older driver could not read correctly."""
 
 
@@ -136,6 +136,8 @@ class RuntimeConfig:
     max_version_lag: int
     allow_version_mixing: bool
     versions_per_engine: int
+    consolidation_batch: int | None
+    """streaming: the most requests a worker takes in when an older version is consolidated (the plan's)."""
     colocated: bool
     rollout_workers: int
     """Rollout engine replicas (rollout groups)."""

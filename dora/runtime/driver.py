@@ -88,6 +88,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
         slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
         samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
         allow_version_mixing=rc.allow_version_mixing, max_versions_per_engine=rc.versions_per_engine,
+        consolidation_batch=rc.consolidation_batch,
         colocated=rc.colocated, admission_queue=admission_queue_for(rc.mode, rc.accelerator, rc.samples_per_prompt),
     )
     # A request still ingesting its prompt has no token yet: resumed on new weights it would start on a version

@@ -37,6 +37,9 @@ class PolicyConfig:
     """Requests an engine may hold waiting beyond its ``slots_per_group`` running ones (streaming only; see
     ``admission_queue_for``). Queued requests start in the engine the moment a slot frees, on the version
     they were admitted with."""
+    consolidation_batch: int | None = None
+    """streaming only: the most requests an engine may hold after taking in migrated requests of an older version
+    (None: all its slots, DORA's packing; the planner sets the engine's batching knee, see ``StreamingPolicy``)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -51,6 +54,8 @@ class PolicyConfig:
         }
         if self.admission_queue < 0:
             raise ValueError(f"admission_queue must be >= 0, got {self.admission_queue}")
+        if self.consolidation_batch is not None and self.consolidation_batch < 1:
+            raise ValueError(f"consolidation_batch must be >= 1, got {self.consolidation_batch}")
         if self.admission_queue and self.mode != "streaming":
             raise ValueError(f"admission_queue is for mode 'streaming' (it admits groups ahead), not {self.mode!r}")
         for name, value in positive.items():

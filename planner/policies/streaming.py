@@ -15,7 +15,13 @@ version ``w`` should hold ``DP_w = round(D * R_w / sum_w R_w)`` replicas. For th
 ``R`` counts its in-flight requests plus the admissions the bound still allows (its demand). An
 older version never drops below ``ceil(R_w / slots)`` replicas (its requests must fit), and is
 shrunk one replica at a time, the least-loaded first, when the others can absorb its requests.
-The oldest live version is never consolidated (its tail gates the trainer; see ``_over_target``).
+
+Consolidation packs an older version's requests only up to ``PolicyConfig.consolidation_batch`` per
+engine (the planner sets it at the engine's batching knee, ``planner.rollout_cost.batching_knee``).
+Packing is what frees replicas for the newest version, but a fuller batch decodes every one of its
+requests more slowly, and those requests are the tails the trainer later waits for at the bound.
+Below the knee a decode step is dominated by batch-independent costs (weights, overheads), so packing
+is nearly free; above it, each added request slows the whole batch about in proportion.
 
 Multi-version engines (``max_versions_per_engine = V > 1``, small models): an engine hosts up to
 ``V`` versions at once, so it never has to drain or migrate before serving newer weights. When a
@@ -56,6 +62,8 @@ class StreamingPolicy(PolicyBase):
         self.migrating: dict[int, tuple[tuple[int, int], ...]] = {}
         self.recheck_below: dict[int, int] = {}
         """version -> only retry a failed shrink once its in-flight count is below this."""
+        self.pack_to = min(self.slots, config.consolidation_batch or self.slots)
+        """Requests an engine may hold after taking in an older version's migrated requests."""
         self.max_versions = config.max_versions_per_engine
         self.multi = self.max_versions > 1
         self.hosted: list[dict[int, int]] = [{0: 0} for _ in range(n)]
@@ -223,18 +231,13 @@ class StreamingPolicy(PolicyBase):
 
     def _over_target(self, w: int) -> bool:
         """Does old version ``w`` hold more replicas than DORA's proportional share (and than it needs)?"""
-        if w == min(self.version_engines):
-            # The oldest version's tail is the trainer's critical path (the one allowed stall): packing
-            # it into fuller batches makes every decode step slower, so its replicas are only freed
-            # as they empty, never consolidated.
-            return False
         engines = self.version_engines.get(w, 0) - sum(
             1 for src in self.migrating if self.engine_version[src] == w
         )
         if engines <= 1:
             return False
         active = self.version_active[w]
-        need = -(-active // self.slots)
+        need = -(-active // self.pack_to)
         if engines <= need:
             return False
         newest = self.latest_version
@@ -266,7 +269,7 @@ class StreamingPolicy(PolicyBase):
         for dst in sorted(members, key=lambda r: (self._free(r), r), reverse=True):
             if dst == src or need == 0:
                 continue
-            take = min(self._free(dst), need)
+            take = min(self._free(dst), self.pack_to - self.engine_active[dst] - self.engine_reserved[dst], need)
             if take > 0:
                 capacity.append((dst, take))
                 need -= take

@@ -224,6 +224,7 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         prompts_per_step=scale.prompts_per_step, samples_per_prompt=inp.samples_per_prompt,
         total_steps=steps, allow_version_mixing=inp.allow_version_mixing, update="interrupt" if mixing else "drain",
         colocated=p.colocated, max_versions_per_engine=versions_per_engine(c),
+        consolidation_batch=p.rollout.consolidation_batch if c.mode == "streaming" else None,
         admission_queue=admission_queue_for(c.mode, inp.accelerator.name, inp.samples_per_prompt))
     workload = Workload(response_length=inp.response_lengths, prompt_tokens=max(1, round(space.prompt_mean)))
     return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from planner.rollout_cost import RolloutMemory, rollout_instance_memory
+from planner.rollout_cost import RolloutMemory, make_rollout_cost_model, rollout_instance_memory
 from planner.search.inputs import SearchInputs
 from planner.train_cost import TrainCostModel, TrainMemory, pipeline_stage_layers, train_memory_per_device
 
@@ -43,6 +43,9 @@ class RolloutOption:
     ep: int
     slots: int
     memory: RolloutMemory
+    consolidation_batch: int
+    """streaming: the most requests a replica takes in when an older version is consolidated, its batching knee at
+    the mean context (``RolloutCostModel.batching_knee``; ``PolicyConfig.consolidation_batch``)."""
     versions: int = 1
     """Policy versions one replica may host in streaming (``placement.rollout.versions_per_engine``; default 1,
     searched over 1..k+1 on ``cpu``), with ``memory`` sized for them."""
@@ -172,8 +175,11 @@ class Space:
                                     f"{inp.samples_per_prompt} slots, KV cache holds {slots} at the mean context "
                                     f"{self.ctx_avg:.0f} tokens")))
                         continue
+                    knee = make_rollout_cost_model(
+                        arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
+                        accelerators_per_node=inp.accelerators_per_node).batching_knee(self.ctx_avg, slots)
                     out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem, versions=versions,
-                                             versions_searched=len(version_counts) > 1))
+                                             versions_searched=len(version_counts) > 1, consolidation_batch=knee))
         return tuple(out)
 
     # ------------------------------------------------------------------ training

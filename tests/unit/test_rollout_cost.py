@@ -1,6 +1,7 @@
 """Rollout cost model: hand-computed roofline cases on a toy model and a toy device, plus realistic checks."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -138,3 +139,25 @@ def test_invalid_parallelism_is_rejected():
         make_rollout_cost_model(get_preset("qwen3-8b"), get_accelerator("h100"), tp=2, ep=2, dtype_bytes=2)
     with pytest.raises(ValueError, match=r"ep \(4\) must be 1"):
         make_rollout_cost_model(get_preset("qwen3-235b-a22b"), get_accelerator("h100"), tp=8, ep=4, dtype_bytes=2)
+
+
+def test_batching_knee_is_where_per_sequence_costs_match_the_fixed_ones():
+    model = make_rollout_cost_model(TOY, DEV, tp=1, dtype_bytes=2, calib=IDEAL)
+    # Memory-bound: t(B) = (2544 + B * 10 * 32) / 1e4 = 0.2544 + 0.032 B, so a / c = 7.95. The elasticity
+    # 1 - ln(t(B+1)/t(B)) / ln((B+1)/B) is 0.515 at B = 7 and 0.484 at B = 8.
+    assert model.batching_knee(10, 64) == 8
+    assert model.batching_knee(10, 5) == 5  # never reached below the slots: all of them
+    assert model.batching_knee(0, 64) == 64  # no per-sequence cost at all: batching is free
+
+
+@pytest.mark.parametrize("preset,tp,ep,ctx", [("qwen2.5-32b", 4, 1, 5500.0), ("qwen3-235b-a22b", 16, 16, 6000.0)])
+def test_batching_knee_of_real_engines(preset, tp, ep, ctx):
+    model = make_rollout_cost_model(get_preset(preset), get_accelerator("h800"), tp=tp, ep=ep, dtype_bytes=2)
+    knee = model.batching_knee(ctx, 1024)
+
+    def elasticity(b: int) -> float:
+        t0, t1 = model.decode_step_s(b, b * ctx), model.decode_step_s(b + 1, (b + 1) * ctx)
+        return 1 - math.log(t1 / t0) / math.log((b + 1) / b)
+
+    assert 1 < knee < 1024
+    assert elasticity(knee - 1) > 0.5 >= elasticity(knee)

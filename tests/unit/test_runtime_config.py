@@ -67,7 +67,7 @@ def _mutated(path: list[str], value) -> str:
     (["task"], None, None),
     (["algorithm", "name"], None, r"field 'algorithm\.name': must be one of 'grpo', 'ppo', got None"),
     (["algorithm"], None, r"field 'algorithm': expected an object, got null"),
-    (["format_version"], FORMAT_VERSION + 1, r"field 'format_version': this dora reads version 1, got 2"),
+    (["format_version"], FORMAT_VERSION + 1, rf"field 'format_version': this dora reads version {FORMAT_VERSION}, got {FORMAT_VERSION + 1}"),
 ])
 def test_from_json_names_the_bad_field(path, value, message) -> None:
     text = _mutated(path, value)

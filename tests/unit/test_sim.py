@@ -143,3 +143,44 @@ def test_contention_slows_only_what_overlaps():
     t = replace(HAND, train_contention=2.0, weight_load_trainer_s=0.0)
     r = simulate(cfg("streaming", max_version_lag=2, slots_per_group=8, total_steps=4), FIXED, t, seed=0)
     assert [s.end_s - s.start_s for s in r.steps] == pytest.approx([10.0, 5.0, 5.0, 5.0])
+
+
+def _busiest_destination(events) -> tuple[int, int]:
+    """Replay a trace's per-engine request counts; (migrations, most requests a destination held right after one)."""
+    where: dict[str, int] = {}
+    count: dict[int, int] = {}
+    moves = peak = 0
+    for e in events:
+        if e["type"] == "admitted":
+            where[e["traj"]] = e["rollout_group"]
+            count[e["rollout_group"]] = count.get(e["rollout_group"], 0) + 1
+        elif e["type"] in ("finished", "unfinished_at_end") and e["traj"] in where:
+            count[where.pop(e["traj"])] -= 1
+        elif e["type"] == "migrated":
+            for traj in e["trajs"]:
+                count[where[traj]] -= 1
+                where[traj] = e["dst"]
+            count[e["dst"]] += len(e["trajs"])
+            moves += 1
+            peak = max(peak, count[e["dst"]])
+    return moves, peak
+
+
+def test_streaming_consolidation_packs_engines_only_up_to_consolidation_batch():
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=1500, max_tokens=2000), prompt_tokens=5)
+    t = LinearTiming(decode_base_s=0.01, decode_per_seq_s=0.001, train_base_s=1.0, weight_load_trainer_s=0.5,
+                     weight_load_peer_s=0.2)
+    base = dict(max_version_lag=3, num_rollout_groups=6, slots_per_group=32, prompts_per_step=12, samples_per_prompt=4,
+                total_steps=8)
+    full = simulate(cfg("streaming", **base), w, t, seed=11)
+    capped = simulate(cfg("streaming", consolidation_batch=12, **base), w, t, seed=11)
+    moves, peak = _busiest_destination(full.events)
+    assert moves > 0 and peak > 12  # unbounded packing fills destinations past the cap used below
+    moves, peak = _busiest_destination(capped.events)
+    assert moves > 0 and peak <= 12
+    assert check_trace(list(capped.events), k=3, allow_version_mixing=False).ok
+
+
+def test_consolidation_batch_is_validated():
+    with pytest.raises(ValueError, match="consolidation_batch must be >= 1"):
+        cfg("streaming", consolidation_batch=0)

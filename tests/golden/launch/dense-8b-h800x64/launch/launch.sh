@@ -9,6 +9,6 @@ address="${RAY_ADDRESS:-$default_address}"
 exec ray job submit \
   --address "$address" \
   --runtime-env-json '{"env_vars": {"PYTHONUNBUFFERED": "1"}, "excludes": ["/runs/qwen3-8b-math-h800x64/"], "working_dir": "."}' \
-  --metadata-json '{"dora_max_version_lag": "2", "dora_mode": "bounded-async", "dora_spec_hash": "776f0473f9bcefcc287a1a6088768757eced7d79c4d92e0690362692bd748062", "dora_spec_name": "qwen3-8b-math-h800x64", "dora_version": "0.1.0"}' \
+  --metadata-json '{"dora_max_version_lag": "2", "dora_mode": "streaming", "dora_spec_hash": "776f0473f9bcefcc287a1a6088768757eced7d79c4d92e0690362692bd748062", "dora_spec_name": "qwen3-8b-math-h800x64", "dora_version": "0.1.0"}' \
   --entrypoint-num-cpus 1 \
   -- python -m dora.runtime.driver --config launch/runtime.json
