@@ -14,6 +14,8 @@ T_pub = trainer-side publish (gather/convert), T_load = replica weight load.
     bounded-async (drain)  T = max(T_thr + T_tail / (k+1), T_train + T_pub) + T_load
     partial-rollout / bounded-async (interrupt)  T = max(T_thr, T_train + T_pub) + T_load
     streaming   T = max(T_thr, T_train + T_pub, Lmax * t(S) / (k+1)) + T_load / R
+    ceiling     T = max(T_thr + T_prefill, T_train + T_pub)   (``overlap_ceiling``: every slot always busy, training fully
+                overlapped, no tail, no exposed load: what no schedule on the placement beats, under this model)
 The last streaming term is the staleness bound: a tail trajectory of the oldest live version must finish within
 k+1 steps or the trainer waits for it. Streaming loads weights peer to peer onto a few replicas at a time, so
 only a 1/R share of a load is exposed. The screen only ranks candidates; the simulator measures the best few.
@@ -96,6 +98,16 @@ class Screen:
     def expected_max_response(self) -> float:
         n = self.space.inp.batch_samples
         return float(self.space.inp.response_lengths.quantile(1.0 - 1.0 / (n + 1)))
+
+    def overlap_ceiling(self, p: Placement) -> float:
+        """Trained tokens/s of a perfect asynchronous schedule on disaggregated placement ``p`` (module docstring)."""
+        sp, inp = self.space, self.space.inp
+        model = self.rollout_model(p.rollout)
+        slots, n = p.rollout.slots, inp.batch_samples
+        gen = n * sp.response_mean * model.decode_step_s(slots, slots * sp.ctx_avg) / (p.replicas * slots)
+        prefill = model.prefill_s(int(slots * sp.prompt_mean)) * n / (p.replicas * slots)
+        sync = self.weight_sync(p)
+        return n * sp.response_mean / max(gen + prefill, p.train.step_s + sync.gather_s + sync.convert_s)
 
     def evaluate(self, p: Placement, mode: Mode, k: int) -> Screened:
         sp, inp = self.space, self.space.inp

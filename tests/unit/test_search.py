@@ -137,3 +137,22 @@ def test_a_finalist_that_ties_says_so_and_why_it_lost() -> None:
     assert rows[same_k.screened.label].reason.startswith("ties within 1% (+0.5%) at the same staleness; "
                                                          f"{chosen.screened.mode} is preferred")
     assert not any("slower by -" in r.reason for r in rows.values())
+
+
+def test_overlap_ceiling_bounds_every_screened_mode_and_the_simulation() -> None:
+    from planner.search.core import Space, _placements
+    from planner.search.screen import Screen
+
+    inputs = search_inputs(_resolved(SMALL_GPU))
+    space = Space(inputs)
+    screen = Screen(space)
+    placements = [p for p in _placements(space, screen) if not p.colocated]
+    assert placements
+    for p in placements:
+        ceiling = screen.overlap_ceiling(p)
+        for mode in ("one-step-off", "bounded-async", "streaming"):
+            for k in (1, 2):
+                assert screen.evaluate(p, mode, k).trained_tokens_per_s <= ceiling * (1 + 1e-12)
+    # the simulator, with real tails and occupancy, stays below the ceiling of its placement
+    chosen = search(inputs).chosen
+    assert chosen.trained_tokens_per_s <= 1.05 * screen.overlap_ceiling(chosen.screened.placement)
