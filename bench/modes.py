@@ -4,8 +4,8 @@ For each spec and mode, the search runs restricted to that mode (colocated sync 
 disaggregated sync; partial-rollout is planned with version mixing allowed, which the example specs forbid, so its row
 is marked). Prints simulated step time, trained tokens/s, speedup over the best sync plan, bubble fraction, rollout
 slot occupancy and mean staleness, then the overlap ceiling: what a perfect asynchronous schedule would reach on the
-spec's best disaggregated placement under the cost model (``Screen.overlap_ceiling``). With --timeline DIR, writes the simulated timelines of the best sync and the
-streaming plan of each spec as self-contained HTML.
+spec's best disaggregated placement under the cost model (``Screen.overlap_ceiling``). With --timeline DIR, writes
+the simulated timelines of the best sync and the streaming plan of each spec as self-contained HTML.
 
 Usage: python bench/modes.py [--only NAME] [--timeline DIR]
 """
@@ -40,9 +40,8 @@ def _overlap_ceiling(inputs) -> tuple[float, str]:
     """The best ``Screen.overlap_ceiling`` over the spec's disaggregated placements (0 if there are none)."""
     space = Space(inputs)
     screen = Screen(space)
-    best = max(((screen.overlap_ceiling(p), p.label) for p in _placements(space, screen) if not p.colocated),
+    return max(((screen.overlap_ceiling(p), p.label) for p in _placements(space, screen) if not p.colocated),
                default=(0.0, ""))
-    return best
 
 
 def main() -> None:

@@ -13,11 +13,11 @@ Invariants (each engine replica = one rollout group hosting exactly one version)
 Reassignment (DORA): with ``R_w`` the requests of live version ``w`` and ``D`` replicas in total,
 version ``w`` should hold ``DP_w = round(D * R_w / sum_w R_w)`` replicas. For the newest version,
 ``R`` counts its in-flight requests plus the admissions the bound still allows (its demand). An
-older version never drops below ``ceil(R_w / slots)`` replicas (its requests must fit), and is
-shrunk one replica at a time, the least-loaded first, when the others can absorb its requests.
+older version never drops below ``ceil(R_w / consolidation_batch)`` replicas, and is shrunk one
+replica at a time, the least-loaded first, when the others can absorb its requests.
 
 Consolidation packs an older version's requests only up to ``PolicyConfig.consolidation_batch`` per
-engine (the planner sets it at the engine's batching knee, ``planner.rollout_cost.batching_knee``).
+engine (the planner sets it at the engine's batching knee, ``RolloutCostModel.batching_knee``).
 Packing is what frees replicas for the newest version, but a fuller batch decodes every one of its
 requests more slowly, and those requests are the tails the trainer later waits for at the bound.
 Below the knee a decode step is dominated by batch-independent costs (weights, overheads), so packing
