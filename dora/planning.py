@@ -96,6 +96,7 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
         p = spec.placement
         pins = Pins(colocated=p.colocated, rollout_accelerators=p.rollout.accelerators, rollout_tp=p.rollout.tp,
                     rollout_ep=p.rollout.ep, versions_per_engine=p.rollout.versions_per_engine,
+                    consolidation_batch=p.rollout.consolidation_batch,
                     train_accelerators=p.train.accelerators, train_tp=p.train.tp, train_pp=p.train.pp,
                     train_ep=p.train.ep, train_dp=p.train.dp, train_cp=p.train.cp)
     return SearchInputs(

@@ -190,6 +190,10 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
         out.append(_d((*R, "accelerators"), f"rollout ({r.accelerators}) + train ({t.accelerators}) = "
                       f"{r.accelerators + t.accelerators} > cluster ({total})",
                       "shrink one side, or set placement.colocated: true to time-share"))
+    if r.consolidation_batch is not None and spec.staleness.mode not in ("auto", "streaming"):
+        out.append(_d((*R, "consolidation_batch"), f"consolidation only happens in mode streaming, and "
+                      f"staleness.mode is {spec.staleness.mode!r}",
+                      "remove consolidation_batch or set staleness.mode to streaming or auto"))
     if r.versions_per_engine is not None and r.versions_per_engine > spec.staleness.max_version_lag + 1:
         out.append(_d((*R, "versions_per_engine"), f"an engine can hold at most k+1 = "
                       f"{spec.staleness.max_version_lag + 1} live versions, got {r.versions_per_engine}",

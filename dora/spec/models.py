@@ -204,6 +204,10 @@ class RolloutPlacement(StrictModel):
     """Expert-parallel size of one engine replica (MoE)."""
     versions_per_engine: PosInt | None = None
     """Policy versions one engine replica may hold at once (1 on GPUs)."""
+    consolidation_batch: PosInt | None = None
+    """Streaming: the most sequences an engine takes in when an older version's requests are packed onto fewer
+    engines (freeing engines for the newest version). Unset: the engine's batching knee, where per-sequence decode
+    costs equal the fixed ones. A value at or above the engine's sequence slots packs engines full (DORA's paper)."""
 
 
 class TrainPlacement(StrictModel):

@@ -23,6 +23,7 @@ class Pins:
     rollout_tp: int | None = None
     rollout_ep: int | None = None
     versions_per_engine: int | None = None
+    consolidation_batch: int | None = None
     train_accelerators: int | None = None
     train_tp: int | None = None
     train_pp: int | None = None

@@ -45,7 +45,7 @@ class RolloutOption:
     memory: RolloutMemory
     consolidation_batch: int
     """streaming: the most requests a replica takes in when an older version is consolidated, its batching knee at
-    the mean context (``RolloutCostModel.batching_knee``; ``PolicyConfig.consolidation_batch``)."""
+    the mean context (``RolloutCostModel.batching_knee``; ``PolicyConfig.consolidation_batch``) unless pinned."""
     versions: int = 1
     """Policy versions one replica may host in streaming (``placement.rollout.versions_per_engine``; default 1,
     searched over 1..k+1 on ``cpu``), with ``memory`` sized for them."""
@@ -175,7 +175,7 @@ class Space:
                                     f"{inp.samples_per_prompt} slots, KV cache holds {slots} at the mean context "
                                     f"{self.ctx_avg:.0f} tokens")))
                         continue
-                    knee = make_rollout_cost_model(
+                    knee = min(slots, pins.consolidation_batch) if pins.consolidation_batch else make_rollout_cost_model(
                         arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
                         accelerators_per_node=inp.accelerators_per_node).batching_knee(self.ctx_avg, slots)
                     out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem, versions=versions,

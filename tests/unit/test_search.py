@@ -156,3 +156,18 @@ def test_overlap_ceiling_bounds_every_screened_mode_and_the_simulation() -> None
     # the simulator, with real tails and occupancy, stays below the ceiling of its placement
     chosen = search(inputs).chosen
     assert chosen.trained_tokens_per_s <= 1.05 * screen.overlap_ceiling(chosen.screened.placement)
+
+
+def test_consolidation_batch_is_the_batching_knee_unless_pinned() -> None:
+    streaming = SMALL_GPU.replace("staleness: {max_version_lag: 2}", "staleness: {max_version_lag: 2, mode: streaming}")
+    plan = make_plan(_resolved(streaming)).plan
+    knee = plan.rollout.consolidation_batch
+    # 1.4K-token mean context on tp8: per-sequence costs stay below the fixed ones (4.2 ms) up to every slot
+    assert plan.mode == "streaming" and knee == plan.rollout.max_num_seqs == 256
+    pinned = make_plan(_resolved(streaming + "placement:\n  rollout: {consolidation_batch: 7}\n")).plan
+    assert pinned.rollout.consolidation_batch == 7
+    full = make_plan(_resolved(streaming + "placement:\n  rollout: {consolidation_batch: 100000}\n")).plan
+    assert full.rollout.consolidation_batch == full.rollout.max_num_seqs  # packs engines full
+    sync = make_plan(_resolved(SMALL_GPU.replace("staleness: {max_version_lag: 2}",
+                                                 "staleness: {max_version_lag: 2, mode: sync}"))).plan
+    assert sync.rollout.consolidation_batch is None
