@@ -22,6 +22,7 @@ runs = st.fixed_dictionaries(
         "train_s": st.floats(0.05, 2.0),
         "load_s": st.floats(0.0, 0.5),
         "versions": st.integers(1, 4),
+        "pack": st.one_of(st.none(), st.integers(1, 12)),
     }
 )
 
@@ -33,6 +34,7 @@ def _run(mode, p, *, mixing):
         prompts_per_step=p["prompts"], samples_per_prompt=p["spp"], total_steps=p["steps"],
         allow_version_mixing=mixing, update="interrupt" if mixing and mode == "bounded-async" else "drain",
         max_versions_per_engine=min(p["versions"], k + 1) if mode == "streaming" else 1,
+        consolidation_batch=p["pack"] if mode == "streaming" else None,
     )
     dist = LengthDistribution.lognormal(median=p["median"], p99=p["median"] * p["tail"], max_tokens=400)
     timing = LinearTiming(decode_base_s=0.01, train_base_s=p["train_s"], weight_load_trainer_s=p["load_s"],
