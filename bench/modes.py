@@ -4,7 +4,7 @@ For each spec and mode, the search runs restricted to that mode (colocated sync 
 disaggregated sync; partial-rollout is planned with version mixing allowed, which the example specs forbid, so its row
 is marked). Prints simulated step time, trained tokens/s, speedup over the best sync plan, bubble fraction, rollout
 slot occupancy and mean staleness, then the overlap ceiling: what a perfect asynchronous schedule would reach on the
-spec's best disaggregated placement under the cost model (``Screen.overlap_ceiling``). With --timeline DIR, writes
+spec's best disaggregated placement under the cost model (``SearchOutcome.overlap_ceiling``). With --timeline DIR, writes
 the simulated timelines of the best sync and the streaming plan of each spec as self-contained HTML.
 
 Usage: python bench/modes.py [--only NAME] [--timeline DIR]
@@ -21,9 +21,8 @@ from dora.planning import search_inputs
 from dora.spec import load_spec
 from planner.schedule.export import timeline_html
 from planner.search import search
-from planner.search.core import Space, _placements, scale_for, sim_steps_for, simulate_candidate
+from planner.search.core import Space, scale_for, sim_steps_for, simulate_candidate
 from planner.search.inputs import Pins
-from planner.search.screen import Screen
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = (("sync (colocated)", "sync", True), ("sync", "sync", False), ("one-step-off", "one-step-off", False),
@@ -34,14 +33,6 @@ ROWS = (("sync (colocated)", "sync", True), ("sync", "sync", False), ("one-step-
 def _mean_staleness(sim) -> float:
     total = sum(n for _, n in sim.staleness_histogram)
     return sum(k * n for k, n in sim.staleness_histogram) / total if total else 0.0
-
-
-def _overlap_ceiling(inputs) -> tuple[float, str]:
-    """The best ``Screen.overlap_ceiling`` over the spec's disaggregated placements (0 if there are none)."""
-    space = Space(inputs)
-    screen = Screen(space)
-    return max(((screen.overlap_ceiling(p), p.label) for p in _placements(space, screen) if not p.colocated),
-               default=(0.0, ""))
 
 
 def main() -> None:
@@ -80,8 +71,9 @@ def main() -> None:
                   f"{100 * sim.rollout_slot_occupancy:8.0f}% {_mean_staleness(sim):9.2f}  {c.screened.placement.label}")
         print("  * partial-rollout mixes versions inside a trajectory: planned here with mixing allowed, "
               "which this spec forbids")
-        ceiling, where = _overlap_ceiling(base)
-        if ceiling:
+        streaming = results["streaming"]
+        if not isinstance(streaming, Exception) and streaming.overlap_ceiling:
+            ceiling, where = streaming.overlap_ceiling
             print(f"  ceiling: a perfect asynchronous schedule (every slot busy, training overlapped, no tail) reaches "
                   f"{ceiling:,.0f} trained tok/s = {ceiling / best_sync:.2f}x best sync, on {where}")
         if args.timeline:

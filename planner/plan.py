@@ -105,6 +105,9 @@ class Predictions:
     cost_usd: float | None
     speedup_vs_sync: float
     """Trained tokens/s of this plan over the best synchronous plan's."""
+    overlap_ceiling_tokens_per_s: float | None
+    """Trained tokens/s of a perfect asynchronous schedule (every slot busy, training overlapped, no tail) on the best
+    disaggregated placement searched, under the cost model: no schedule beats it. None if none was searched."""
 
 
 @dataclass(frozen=True, kw_only=True)

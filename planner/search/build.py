@@ -167,6 +167,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         max_live_versions=s.max_live_versions, total_time_s=total_time, accelerator_hours=acc_hours,
         cost_usd=acc_hours * price if price is not None else None,
         speedup_vs_sync=c.trained_tokens_per_s / baseline if baseline else 1.0,
+        overlap_ceiling_tokens_per_s=outcome.overlap_ceiling[0] if outcome.overlap_ceiling else None,
     )
     ro, tr = p.rollout, p.train
     rollout = RolloutPlan(

@@ -70,6 +70,9 @@ class SearchOutcome:
     rejections: tuple[Rejection, ...]
     modes_not_allowed: tuple[tuple[str, str], ...]
     """(mode, why) for modes the spec's constraints exclude."""
+    overlap_ceiling: tuple[float, str] | None = None
+    """(trained tokens/s, placement label): the best ``Screen.overlap_ceiling`` over the disaggregated placements
+    searched, what a perfect asynchronous schedule would reach (None when every placement is colocated)."""
 
 
 def mode_ks(inputs: SearchInputs, colocated: bool) -> list[tuple[Mode, int]]:
@@ -340,5 +343,7 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     if inputs.max_version_lag == 0:
         excluded.extend((m, "violates staleness: needs k >= 1, the budget is 0")
                         for m in ("one-step-off", "bounded-async", "streaming"))
+    ceiling = max(((screen.overlap_ceiling(p), p.label) for p in placements if not p.colocated), default=None)
     return SearchOutcome(chosen=sims[0], best_sync=syncs[0] if syncs else None, finalists=tuple(sims),
-                         screened=tuple(screened), rejections=rejections, modes_not_allowed=tuple(excluded))
+                         screened=tuple(screened), rejections=rejections, modes_not_allowed=tuple(excluded),
+                         overlap_ceiling=ceiling)
