@@ -4,8 +4,8 @@ For each spec and mode, the search runs restricted to that mode (colocated sync 
 disaggregated sync; partial-rollout is planned with version mixing allowed, which the example specs forbid, so its row
 is marked). Prints simulated step time, trained tokens/s, speedup over the best sync plan, bubble fraction, rollout
 slot occupancy and mean staleness, then the overlap ceiling: what a perfect asynchronous schedule would reach on the
-spec's best disaggregated placement under the cost model (``SearchOutcome.overlap_ceiling``). With --timeline DIR, writes
-the simulated timelines of the best sync and the streaming plan of each spec as self-contained HTML.
+spec's best disaggregated placement under the cost model (``SearchOutcome.overlap_ceiling``). With --timeline DIR,
+writes the simulated timelines of the best sync and the streaming plan of each spec as self-contained HTML.
 
 Usage: python bench/modes.py [--only NAME] [--timeline DIR]
 """

@@ -107,7 +107,8 @@ class Predictions:
     """Trained tokens/s of this plan over the best synchronous plan's."""
     overlap_ceiling_tokens_per_s: float | None
     """Trained tokens/s of a perfect asynchronous schedule (every slot busy, training overlapped, no tail) on the best
-    disaggregated placement searched, under the cost model: no schedule beats it. None if none was searched."""
+    disaggregated placement searched: a bound on any schedule under the cost model, up to its mean-context averaging
+    (``Screen.overlap_ceiling``). None if no disaggregated placement was searched."""
 
 
 @dataclass(frozen=True, kw_only=True)
