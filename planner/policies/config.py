@@ -56,6 +56,8 @@ class PolicyConfig:
             raise ValueError(f"admission_queue must be >= 0, got {self.admission_queue}")
         if self.consolidation_batch is not None and self.consolidation_batch < 1:
             raise ValueError(f"consolidation_batch must be >= 1, got {self.consolidation_batch}")
+        if self.consolidation_batch is not None and self.mode != "streaming":
+            raise ValueError(f"consolidation_batch is for mode 'streaming' (it packs older versions), not {self.mode!r}")
         if self.admission_queue and self.mode != "streaming":
             raise ValueError(f"admission_queue is for mode 'streaming' (it admits groups ahead), not {self.mode!r}")
         for name, value in positive.items():

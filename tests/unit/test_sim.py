@@ -184,3 +184,5 @@ def test_streaming_consolidation_packs_engines_only_up_to_consolidation_batch():
 def test_consolidation_batch_is_validated():
     with pytest.raises(ValueError, match="consolidation_batch must be >= 1"):
         cfg("streaming", consolidation_batch=0)
+    with pytest.raises(ValueError, match="consolidation_batch is for mode 'streaming'"):
+        cfg("bounded-async", consolidation_batch=8)
