@@ -13,7 +13,14 @@ from planner.plan import (
     RolloutPlan,
     TrainPlan,
 )
-from planner.search.core import MODE_PREFERENCE, TIE_FRACTION, SearchOutcome, Simulated, versions_per_engine
+from planner.search.core import (
+    MODE_PREFERENCE,
+    TIE_FRACTION,
+    SearchOutcome,
+    Simulated,
+    consolidation_batch,
+    versions_per_engine,
+)
 from planner.search.inputs import SearchInputs
 from planner.search.screen import Screened
 
@@ -174,7 +181,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         accelerators=p.rollout_accelerators, tp=ro.tp, ep=ro.ep, replicas=p.replicas, accelerators_per_replica=ro.tp,
         max_num_seqs=ro.slots, max_model_len=inputs.max_context_tokens,
         versions_per_engine=versions_per_engine(c.screened),
-        consolidation_batch=ro.consolidation_batch if c.screened.mode == "streaming" else None,
+        consolidation_batch=consolidation_batch(c.screened),
         gpu_memory_utilization=inputs.gpu_memory_utilization, kv_capacity_tokens=ro.memory.kv_capacity_tokens)
     train = TrainPlan(accelerators=tr.accelerators, tp=tr.tp, pp=tr.pp, ep=tr.ep, dp=tr.dp, cp=tr.cp,
                       num_microbatches=max(1, round(inputs.batch_samples * (lbar + inputs.prompt_lengths.mean_tokens())

@@ -205,6 +205,12 @@ class _ScaledTrainTiming:
         return self.inner.train_step_s(round(num_tokens * s), sum_sq_seq_len * s, round(num_seqs * s))
 
 
+def consolidation_batch(c: Screened) -> int | None:
+    """The packing cap of candidate ``c``'s policy: its engine's (``RolloutOption.consolidation_batch``) in streaming,
+    None in the modes that never consolidate."""
+    return c.placement.rollout.consolidation_batch if c.mode == "streaming" else None
+
+
 def versions_per_engine(c: Screened) -> int:
     """Versions one engine replica hosts for candidate ``c``: only streaming hosts several (at most k+1)."""
     return min(c.placement.rollout.versions, c.k + 1) if c.mode == "streaming" else 1
@@ -230,7 +236,7 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         prompts_per_step=scale.prompts_per_step, samples_per_prompt=inp.samples_per_prompt,
         total_steps=steps, allow_version_mixing=inp.allow_version_mixing, update="interrupt" if mixing else "drain",
         colocated=p.colocated, max_versions_per_engine=versions_per_engine(c),
-        consolidation_batch=p.rollout.consolidation_batch if c.mode == "streaming" else None,
+        consolidation_batch=consolidation_batch(c),
         admission_queue=admission_queue_for(c.mode, inp.accelerator.name, inp.samples_per_prompt))
     workload = Workload(response_length=inp.response_lengths, prompt_tokens=max(1, round(space.prompt_mean)))
     return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,

@@ -99,28 +99,33 @@ class Screen:
         n = self.space.inp.batch_samples
         return float(self.space.inp.response_lengths.quantile(1.0 - 1.0 / (n + 1)))
 
+    def _full_occupancy(self, p: Placement) -> tuple[float, float, float]:
+        """(t(S), T_thr, T_prefill) of placement ``p``: a decode step at full slots, and the batch's generation and
+        prefill at full occupancy (module docstring)."""
+        sp, n = self.space, self.space.inp.batch_samples
+        model = self.rollout_model(p.rollout)
+        slots = p.rollout.slots
+        t_full = model.decode_step_s(slots, slots * sp.ctx_avg)
+        t_thr = n * sp.response_mean * t_full / (p.replicas * slots)
+        prefill = model.prefill_s(int(slots * sp.prompt_mean)) * n / (p.replicas * slots)
+        return t_full, t_thr, prefill
+
     def overlap_ceiling(self, p: Placement) -> float:
         """Trained tokens/s of a perfect asynchronous schedule on disaggregated placement ``p`` (module docstring)."""
-        sp, inp = self.space, self.space.inp
-        model = self.rollout_model(p.rollout)
-        slots, n = p.rollout.slots, inp.batch_samples
-        gen = n * sp.response_mean * model.decode_step_s(slots, slots * sp.ctx_avg) / (p.replicas * slots)
-        prefill = model.prefill_s(int(slots * sp.prompt_mean)) * n / (p.replicas * slots)
+        _, t_thr, prefill = self._full_occupancy(p)
         sync = self.weight_sync(p)
-        return n * sp.response_mean / max(gen + prefill, p.train.step_s + sync.gather_s + sync.convert_s)
+        n_tokens = self.space.inp.batch_samples * self.space.response_mean
+        return n_tokens / max(t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s)
 
     def evaluate(self, p: Placement, mode: Mode, k: int) -> Screened:
         sp, inp = self.space, self.space.inp
         model = self.rollout_model(p.rollout)
         slots = p.rollout.slots
-        ctx = sp.ctx_avg
-        t_full = model.decode_step_s(slots, slots * ctx)
-        t_drain = model.decode_step_s(max(1, slots // 8), max(1, slots // 8) * ctx)
+        t_full, t_thr, prefill = self._full_occupancy(p)
+        t_drain = model.decode_step_s(max(1, slots // 8), max(1, slots // 8) * sp.ctx_avg)
         n, lbar = inp.batch_samples, sp.response_mean
         l_max = self.expected_max_response()
-        t_thr = n * lbar * t_full / (p.replicas * slots)
         t_tail = l_max * t_drain
-        prefill = model.prefill_s(int(slots * sp.prompt_mean)) * n / (p.replicas * slots)
         waves = n / (p.replicas * slots)
         # one wave: the tail overlaps the batch; several waves: long samples admitted in the last wave run past it
         t_gen = (max(t_thr, t_tail) if waves <= 1 else t_thr + t_tail) + prefill

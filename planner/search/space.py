@@ -156,6 +156,7 @@ class Space:
             for ep in eps:
                 if arch.is_moe and ep > 1 and arch.num_experts % ep:
                     continue
+                knee = pins.consolidation_batch  # else the engine's batching knee, computed once per layout
                 for versions in version_counts:
                     mem = rollout_instance_memory(
                         arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
@@ -175,11 +176,14 @@ class Space:
                                     f"{inp.samples_per_prompt} slots, KV cache holds {slots} at the mean context "
                                     f"{self.ctx_avg:.0f} tokens")))
                         continue
-                    knee = min(slots, pins.consolidation_batch) if pins.consolidation_batch else make_rollout_cost_model(
-                        arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
-                        accelerators_per_node=inp.accelerators_per_node).batching_knee(self.ctx_avg, slots)
+                    if knee is None:
+                        knee = make_rollout_cost_model(
+                            arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
+                            accelerators_per_node=inp.accelerators_per_node).batching_knee(self.ctx_avg,
+                                                                                           inp.max_num_seqs_cap)
                     out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem, versions=versions,
-                                             versions_searched=len(version_counts) > 1, consolidation_batch=knee))
+                                             versions_searched=len(version_counts) > 1,
+                                             consolidation_batch=min(slots, knee)))
         return tuple(out)
 
     # ------------------------------------------------------------------ training
