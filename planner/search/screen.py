@@ -3,7 +3,8 @@
 Notation (seconds unless noted): N = samples per step, Lbar = mean response, Lmax = expected longest of N
 responses (the 1 - 1/(N+1) quantile, capped at the generation limit), R = rollout replicas, S = slots each,
 t(B) = decode step time of one replica at batch B and the mean context, T_train = training step,
-T_pub = trainer-side publish (gather/convert), T_load = replica weight load.
+T_pub = trainer-side publish (gather/convert), T_load = replica weight load. Trained tokens/s = N * (Pbar + Lbar) / T,
+with Pbar the mean prompt: prompt and response tokens, the simulator's definition.
 
     T_thr   = N * Lbar / (R * S / t(S))             generation at full occupancy (no tail)
     T_tail  = Lmax * t(max(1, S/8))                 the longest response, decoded while its replica drains
@@ -114,8 +115,7 @@ class Screen:
         """Trained tokens/s of a perfect asynchronous schedule on disaggregated placement ``p`` (module docstring)."""
         _, t_thr, prefill = self._full_occupancy(p)
         sync = self.weight_sync(p)
-        n_tokens = self.space.inp.batch_samples * self.space.response_mean
-        return n_tokens / max(t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s)
+        return self.space.step_tokens / max(t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s)
 
     def evaluate(self, p: Placement, mode: Mode, k: int) -> Screened:
         sp, inp = self.space, self.space.inp
@@ -123,7 +123,7 @@ class Screen:
         slots = p.rollout.slots
         t_full, t_thr, prefill = self._full_occupancy(p)
         t_drain = model.decode_step_s(max(1, slots // 8), max(1, slots // 8) * sp.ctx_avg)
-        n, lbar = inp.batch_samples, sp.response_mean
+        n = inp.batch_samples
         l_max = self.expected_max_response()
         t_tail = l_max * t_drain
         waves = n / (p.replicas * slots)
@@ -146,5 +146,5 @@ class Screen:
             step = max(t_thr + prefill, t_train + t_pub) + t_load
         else:  # streaming
             step = max(t_thr + prefill, t_train + t_pub, l_max * t_full / (k + 1)) + t_load / p.replicas
-        return Screened(placement=p, mode=mode, k=k, step_time_s=step, trained_tokens_per_s=n * lbar / step,
+        return Screened(placement=p, mode=mode, k=k, step_time_s=step, trained_tokens_per_s=sp.step_tokens / step,
                         gen_s=t_gen, train_s=t_train, sync_s=t_pub + t_load)

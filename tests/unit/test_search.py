@@ -97,9 +97,10 @@ def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
     best = {m: max(c.trained_tokens_per_s for c in simulated if c.mode == m) for m in ("sync", "one-step-off")}
     assert best["sync"] < best["one-step-off"] < chosen[0].trained_tokens_per_s
     assert not any("slower by -" in c.reason for c in plan.considered)
-    # streaming leaves little on the table: within a few percent of a perfect asynchronous schedule on any placement
+    # a perfect asynchronous schedule on any placement bounds streaming, which reaches most of it (the rest: partial
+    # batches while old versions' tails drain, and the trainer's waits at the staleness bound)
     ceiling = plan.predictions.overlap_ceiling_tokens_per_s
-    assert ceiling is not None and 0.9 * ceiling < chosen[0].trained_tokens_per_s <= 1.02 * ceiling
+    assert ceiling is not None and 0.85 * ceiling < chosen[0].trained_tokens_per_s <= ceiling
 
 
 def test_memory_reports_fit() -> None:
@@ -159,6 +160,26 @@ def test_overlap_ceiling_bounds_every_screened_mode_and_the_simulation() -> None
     # the simulator, with real tails and occupancy, stays below the ceiling of its placement
     chosen = search(inputs).chosen
     assert chosen.trained_tokens_per_s <= 1.05 * screen.overlap_ceiling(chosen.screened.placement)
+
+
+def test_screen_and_ceiling_count_trained_tokens_as_the_simulator_does() -> None:
+    """Prompt + response tokens everywhere: a ceiling that counted responses only sat ~10% low on dense-32b."""
+    from planner.search.core import Space
+    from planner.search.screen import Screen
+
+    inputs = search_inputs(_resolved(SMALL_GPU))
+    space = Space(inputs)
+    chosen = search(inputs).chosen
+    s = chosen.screened
+    assert space.prompt_mean > 0.1 * (space.prompt_mean + space.response_mean)  # large enough to tell the two apart
+    assert s.trained_tokens_per_s * s.step_time_s == pytest.approx(space.step_tokens)
+    # the simulation's steady steps train the mean sample's tokens, within sampling noise
+    assert chosen.trained_tokens_per_s * chosen.sim.step_time_s == pytest.approx(space.step_tokens, rel=0.08)
+    p, screen = s.placement, Screen(space)
+    _, t_thr, prefill = screen._full_occupancy(p)
+    sync = screen.weight_sync(p)
+    bound = max(t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s)
+    assert screen.overlap_ceiling(p) * bound == pytest.approx(space.step_tokens)
 
 
 def test_consolidation_batch_is_the_batching_knee_unless_pinned() -> None:
