@@ -142,9 +142,16 @@ def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path):
     config["steps"], config["output_dir"] = 500, str(tmp_path / "interrupted")
     path = tmp_path / "runtime.json"
     path.write_text(json.dumps(config))
-    proc = subprocess.Popen([sys.executable, "-m", "dora.runtime.driver", "--config", str(path), "--no-live"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # A foreground process in a terminal has SIGINT's default disposition; a runner started in the background of a
+    # non-interactive shell ignores SIGINT, and children inherit that. A handled signal is reset to its default at
+    # exec, so handling it here while the driver starts gives the driver the terminal's disposition.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "dora.runtime.driver", "--config", str(path), "--no-live"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and len(read_jsonl(metrics)) >= 2):
