@@ -32,7 +32,6 @@ from planner.search.inputs import SearchInputs
 from planner.workload import LengthDistribution
 
 REPO = Path(__file__).resolve().parent.parent
-_Z99 = statistics.NormalDist().inv_cdf(0.99)
 
 
 def _row(knob: str, inputs: SearchInputs, is_spec: bool) -> None:
@@ -66,7 +65,7 @@ def main() -> None:
     dist = base.response_lengths
     if dist.kind != "lognormal":
         ap.error(f"{args.spec}: the tail sweep needs a lognormal response length")
-    spec_p99 = round(dist.median_tokens * math.exp(dist.sigma * _Z99))
+    spec_p99 = dist.quantile(0.99)
     prior_ms = base.calibration.decode_step_overhead_s * 1e3
     n_acc = base.accelerators_per_node
     print(f"{args.spec}: {base.total_accelerators} x {base.accelerator.name}, {base.prompts_per_step}x"
@@ -79,7 +78,8 @@ def main() -> None:
     for p99 in args.p99:
         lengths = LengthDistribution.lognormal(median=dist.median_tokens, p99=p99, max_tokens=dist.max_tokens,
                                                min_tokens=dist.min_tokens)
-        at_cap = 1.0 - statistics.NormalDist().cdf(math.log(dist.max_tokens / dist.median_tokens) / lengths.sigma)
+        at_cap = (1.0 - statistics.NormalDist().cdf(math.log(dist.max_tokens / dist.median_tokens) / lengths.sigma)
+                  if lengths.sigma else float(dist.median_tokens > dist.max_tokens))
         _row(f"p99 {p99:,} ({100 * at_cap:.1f}% cut)", dataclasses.replace(base, response_lengths=lengths),
              p99 == spec_p99)
     for ms in args.overhead_ms:
