@@ -39,7 +39,8 @@ class PolicyConfig:
     they were admitted with."""
     consolidation_batch: int | None = None
     """streaming only: the most requests an engine may hold after taking in migrated requests of an older version
-    (None: all its slots, DORA's packing; the planner sets the engine's batching knee, see ``StreamingPolicy``)."""
+    (None: all its slots, DORA's packing; the planner sets the engine's batching knee, see ``StreamingPolicy``). The
+    version the trainer must finish next is packed only to half of it."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -119,3 +120,9 @@ def admission_queue_for(mode: str, accelerator: str, samples_per_prompt: int) ->
     earlier, on older versions.
     """
     return 2 * samples_per_prompt if mode == "streaming" and accelerator == "cpu" else 0
+
+
+def due_consolidation_batch(consolidation_batch: int) -> int:
+    """What streaming packs the version the trainer must finish next to: half the consolidation batch, so its tails
+    decode at most 1.5x slower than alone (``t(B) ~ a + c*B`` with the knee at ``a / c``; 2x at the knee)."""
+    return max(1, consolidation_batch // 2)
