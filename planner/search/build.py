@@ -142,9 +142,16 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
         out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
     if c.screened.mode in ("streaming", "bounded-async") and c.sim.steps:
         waits = [st.trainer_wait_s for st in c.sim.steps[1:]] or [c.sim.steps[0].trainer_wait_s]
-        wait = sum(waits) / len(waits)
-        if wait > 0.1 * c.sim.step_time_s:
-            out.append(f"the staleness budget k={c.screened.k} stalls the trainer {100 * wait / c.sim.step_time_s:.0f}% "
+        wait, step = sum(waits) / len(waits), c.sim.step_time_s
+        # the part of the wait no schedule avoids: rollout, every slot busy, needs longer than the trainer's own work
+        busy = step - wait
+        forced = min(wait, max(0.0, c.screened.rollout_full_s - busy))
+        if forced > 0.1 * step:
+            out.append(f"rollout bounds this plan: the trainer idles {100 * forced / step:.0f}% of each step because "
+                       f"generating a batch takes at least {c.screened.rollout_full_s:.0f} s with every slot busy, "
+                       f"against {busy:.0f} s of training and publishing")
+        if wait - forced > 0.1 * step:
+            out.append(f"the staleness budget k={c.screened.k} stalls the trainer {100 * (wait - forced) / step:.0f}% "
                        "of each step waiting for the oldest version's tail; a larger k or a lower response cap "
                        "would remove it")
     if outcome.best_sync is not None and preds.rollout_share < 0.5 and c.screened.mode != "sync":

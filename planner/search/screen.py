@@ -61,6 +61,8 @@ class Screened:
     gen_s: float
     train_s: float
     sync_s: float
+    rollout_full_s: float = 0.0
+    """T_thr + T_prefill: one batch's generation with every slot busy, the least time rollout needs per step."""
 
     @property
     def label(self) -> str:
@@ -147,4 +149,4 @@ class Screen:
         else:  # streaming
             step = max(t_thr + prefill, t_train + t_pub, l_max * t_full / (k + 1)) + t_load / p.replicas
         return Screened(placement=p, mode=mode, k=k, step_time_s=step, trained_tokens_per_s=sp.step_tokens / step,
-                        gen_s=t_gen, train_s=t_train, sync_s=t_pub + t_load)
+                        gen_s=t_gen, train_s=t_train, sync_s=t_pub + t_load, rollout_full_s=t_thr + prefill)
