@@ -22,8 +22,8 @@ Packing is what frees replicas for the newest version, but a fuller batch decode
 requests more slowly, and those requests are the tails the trainer later waits for at the bound.
 Below the knee a decode step is dominated by batch-independent costs (weights, overheads), so packing
 is nearly free; above it, each added request slows the whole batch about in proportion.
-The version the running or next training step must consume entirely (``next_step - k - 1``, the one the
-trainer waits for) is packed only to half the consolidation batch: with ``t(B) ~ a + c*B`` and the knee
+The version the next training step to start must consume entirely (``next_step - k - 1``, the one the
+trainer waits for at the bound) is packed only to half the consolidation batch: with ``t(B) ~ a + c*B`` and the knee
 at ``a / c``, its tails then decode at most 1.5x slower than alone instead of 2x at the knee.
 
 Multi-version engines (``max_versions_per_engine = V > 1``, small models): an engine hosts up to
