@@ -61,7 +61,7 @@ class Screened:
     gen_s: float
     train_s: float
     sync_s: float
-    rollout_full_s: float = 0.0
+    rollout_full_s: float
     """T_thr + T_prefill: one batch's generation with every slot busy, the least time rollout needs per step."""
 
     @property
