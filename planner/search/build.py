@@ -130,6 +130,11 @@ def catalog_defaults_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -
     return tuple(f for f in fields if f not in current or current[f] == default.get(f))
 
 
+def _secs(x: float) -> str:
+    """Seconds for a warning: whole seconds at cluster scale, two significant digits for a sub-10 s CPU job."""
+    return f"{x:.0f} s" if x >= 10 else f"{x:.2g} s"
+
+
 def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) -> tuple[str, ...]:
     out = []
     c = outcome.chosen
@@ -148,8 +153,8 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
         forced = min(wait, max(0.0, c.screened.rollout_full_s - busy))
         if forced > 0.1 * step:
             out.append(f"rollout bounds this plan: the trainer idles {100 * forced / step:.0f}% of each step because "
-                       f"generating a batch takes at least {c.screened.rollout_full_s:.0f} s with every slot busy, "
-                       f"against {busy:.0f} s of training and publishing")
+                       f"generating a batch takes at least {_secs(c.screened.rollout_full_s)} with every slot busy, "
+                       f"against {_secs(busy)} of training and publishing")
         if wait - forced > 0.1 * step:
             out.append(f"the staleness budget k={c.screened.k} stalls the trainer {100 * (wait - forced) / step:.0f}% "
                        "of each step waiting for the oldest version's tail; a larger k or a lower response cap "
