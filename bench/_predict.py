@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 from typing import Any
+
+
+def fresh_run_dir(path: str, console: Any) -> None:
+    """Remove an earlier run's output directory: a bench measures whole runs, and `dora apply` would resume the
+    checkpoint it finds there (measuring only the steps left) or stop on one of another configuration."""
+    if Path(path).exists():
+        console.print(f"  removing the earlier run in {path}/")
+        shutil.rmtree(path)
 
 
 def predict_run(resolved: Any, rc: Any, calibration: Any, *, steps: int) -> Any:

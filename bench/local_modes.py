@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from _predict import predict_run
+from _predict import fresh_run_dir, predict_run
 from rich.console import Console
 
 from dora.apply import ApplyOverrides, runtime_config_for
@@ -90,7 +90,7 @@ def main() -> int:
         calibration = load_calibration(args.calibration)
     import ray
 
-    from dora.runtime.driver import run_job
+    from dora.runtime.driver import JobStopped, run_job
 
     results: dict[str, list[dict[str, Any]]] = {}
     predictions: dict[str, dict[str, float] | str] = {}
@@ -113,10 +113,14 @@ def main() -> int:
                 predictions.setdefault(mode, predict(resolved, rc, calibration))
                 console.print(f"[bold]{mode}[/bold] seed {seed}: {rc.rollout_workers}x{rc.max_num_seqs} slots, "
                               f"{rc.prompts_per_step}x{rc.samples_per_prompt} per step, {rc.steps} steps ...")
+                fresh_run_dir(rc.output_dir, console)
                 ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
                 try:
                     result = run_job(rc, console=console, live=False, warmup_cache_dir=Path(args.out_dir) / "cache")
+                except JobStopped as exc:
+                    console.print(f"error: {mode} seed {seed}: {exc}")
+                    return 1
                 finally:
                     ray.shutdown()
                 results.setdefault(mode, []).append({**result.summary, "audit_ok": result.ok})

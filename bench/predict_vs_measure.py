@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _predict import predict_run
+from _predict import fresh_run_dir, predict_run
 from rich.console import Console
 
 STEP_TARGET = 0.15
@@ -122,6 +122,7 @@ def main() -> int:
                                   output_dir=out)
             console.print(f"[bold]{mode}[/bold] run {rep + 1}/{args.repeats}: k={rc.max_version_lag}, {rc.rollout_workers} engine(s) x "
                           f"{rc.max_num_seqs} slots ({rc.versions_per_engine} version(s)) + 1 trainer, {args.steps} steps -> {out}")
+            fresh_run_dir(out, console)
             rc_code = run_apply(args.spec, overrides=over, console=console, live=False)
             if rc_code != 0:
                 console.print(f"  dora apply exited {rc_code}; skipping")
@@ -150,6 +151,7 @@ def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int,
     for mode in ("sync", "streaming"):
         out = f"{out_dir}/calibrate-{mode}"
         console.print(f"in-situ calibration run: {mode}, {steps} steps, seed {data['runtime']['seed']} -> {out}")
+        fresh_run_dir(out, console)
         if run_apply(str(spec), overrides=ApplyOverrides(mode=mode, steps=steps, output_dir=out),
                      console=console, live=False) != 0:
             return 1
