@@ -124,8 +124,6 @@ class Simulator:
         trajectory ``i`` gets the ``i``-th length drawn either way."""
         self.t_spans: dict[int, list[tuple[int, int]]] = {}
         """Trajectory -> [(version, first token index)], only for trajectories that changed version."""
-        self.group_tokens: list[int] = []
-        self.group_sq: list[float] = []
         self.group_left: list[int] = []
         self.heap: list[tuple[float, int, int, int, int]] = []
         """Pending events ``(time_s, sequence, kind, a, b)``."""
@@ -211,7 +209,7 @@ class Simulator:
         e_heap, e_wait, e_pos, e_t, e_step_s = self.e_heap, self.e_wait, self.e_pos, self.e_t, self.e_step_s
         e_sum_start, e_gen, e_paused = self.e_sum_start, self.e_gen, self.e_paused
         e_busy, e_slot_time = self.m.e_busy, self.m.e_slot_time
-        t_len, group_tokens, group_sq, group_left = self.t_len, self.group_tokens, self.group_sq, self.group_left
+        t_len, group_left = self.t_len, self.group_left
         spp, prompt, multi, record = self.spp, self.prompt, self.multi, self.record
         on_finish, execute = policy.on_trajectory_finished, self._execute
         decode_step_s, next_seq, eps = self.decode_step_s, self.next_seq, _EPS
@@ -257,9 +255,6 @@ class Simulator:
                 gid = idx // spp
                 if multi:
                     self.e_vcount[r][policy.group_version[gid]] -= 1
-                seq_tokens = prompt + length
-                group_tokens[gid] += seq_tokens
-                group_sq[gid] += seq_tokens * seq_tokens
                 group_left[gid] -= 1
                 if record:
                     self._record_finish(idx, r, length)
@@ -377,8 +372,6 @@ class Simulator:
         if base + n > len(self.t_len):
             self._draw_lengths(base + n)
         lengths = self.t_len[base:base + n]
-        self.group_tokens.append(0)
-        self.group_sq.append(0.0)
         self.group_left.append(n)
         h, waiting = self.e_heap[r], self.e_wait[r]
         if not waiting and len(h) + n <= self.cap:
@@ -499,12 +492,13 @@ class Simulator:
 
     def _train(self, act: StartTrainStep) -> None:
         step, gids, spp = act.step, act.group_ids, self.spp
-        tokens, sq = 0, 0.0
+        tokens, sq, prompt, t_len = 0, 0.0, self.prompt, self.t_len
         for g in gids:
             if self.group_left[g]:
                 raise ValueError(f"step {step} consumes group {g} with {self.group_left[g]} unfinished samples")
-            tokens += self.group_tokens[g]
-            sq += self.group_sq[g]
+            for length in t_len[g * spp:(g + 1) * spp]:
+                tokens += prompt + length
+                sq += (prompt + length) ** 2  # whole numbers far below 2**53: exact, in any order
         duration = self.timing.train_step_s(tokens, sq, len(gids) * spp)
         if self.train_contention != 1.0 and any(h and not p for h, p in zip(self.e_heap, self.e_paused, strict=True)):
             duration *= self.train_contention
