@@ -2,14 +2,17 @@
 
 The candidate is the one `dora plan` chooses for the spec (or, with --mode, the best simulated candidate of that
 mode, so timings stay comparable when the chosen mode changes). Runs the full cluster (every replica, the whole batch)
-for --steps steps, then the reduced-scale simulation the plan search uses for the same candidate, and prints wall
-time, simulated events, events/s, trajectories/s and the simulated step time of each (they should agree).
-Usage: python bench/simulate_scale.py [--steps 10] [--spec moe-scale-x10240] [--mode streaming]
+for --steps steps, then the reduced-scale simulation the plan search uses for the same candidate, each --repeats
+times in this process (this machine's speed varies +-20% from minute to minute: the spread is part of the figure),
+and prints the wall time of each run, their median, simulated events, events/s and trajectories/s at the median,
+and the simulated step time (it should agree between the scales).
+Usage: python bench/simulate_scale.py [--steps 10] [--spec moe-scale-x10240] [--mode streaming] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -26,6 +29,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--spec", default="moe-scale-x10240")
     ap.add_argument("--mode", default=None, help="time the best simulated candidate of this mode instead")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     inputs = search_inputs(load_spec(str(REPO / "specs" / f"{args.spec}.yaml")))
     outcome = search(inputs)
@@ -42,12 +46,16 @@ def main() -> None:
     print(f"{args.spec}: {chosen.label}; {p.replicas} replicas x {p.rollout.slots} slots, "
           f"{inputs.prompts_per_step}x{inputs.samples_per_prompt} per step, {args.steps} steps")
     for name, scaled in (("full scale", full), ("search scale", scale_for(inputs, p.replicas, args.steps))):
-        t0 = time.perf_counter()
-        r = simulate_candidate(space, chosen, steps=args.steps, scale=scaled)
-        wall = time.perf_counter() - t0
+        walls = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            r = simulate_candidate(space, chosen, steps=args.steps, scale=scaled)
+            walls.append(time.perf_counter() - t0)
+        wall = statistics.median(walls)
         trajs = len(r.steps) * scaled.prompts_per_step * inputs.samples_per_prompt + r.unfinished_at_end
-        print(f"  {name:12} ({scaled.replicas} replicas, 1/{scaled.factor:.1f}): wall {wall:.2f} s, "
-              f"{r.num_sim_events:,} events ({r.num_sim_events / wall:,.0f}/s), {trajs / wall:,.0f} trajectories/s; "
+        print(f"  {name:12} ({scaled.replicas} replicas, 1/{scaled.factor:.1f}): wall median {wall:.2f} s "
+              f"(runs {', '.join(f'{w:.2f}' for w in walls)}), {r.num_sim_events:,} events "
+              f"({r.num_sim_events / wall:,.0f}/s), {trajs / wall:,.0f} trajectories/s; "
               f"simulated step {r.step_time_s:.1f} s, trained tokens/s {r.tokens_per_s * scaled.factor:,.0f}")
 
 
