@@ -498,7 +498,7 @@ class Simulator:
                 raise ValueError(f"step {step} consumes group {g} with {self.group_left[g]} unfinished samples")
             for length in t_len[g * spp:(g + 1) * spp]:
                 tokens += prompt + length
-                sq += (prompt + length) ** 2  # whole numbers far below 2**53: exact, in any order
+                sq += (prompt + length) ** 2  # whole numbers: exact in any order while below 2**53
         duration = self.timing.train_step_s(tokens, sq, len(gids) * spp)
         if self.train_contention != 1.0 and any(h and not p for h, p in zip(self.e_heap, self.e_paused, strict=True)):
             duration *= self.train_contention
