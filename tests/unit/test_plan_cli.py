@@ -80,3 +80,20 @@ def test_bad_plan_file_format_version(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"format_version": 99}))
     proc = _run("plan", "specs/local-tiny.yaml", "--against", str(bad))
     assert proc.returncode == 2 and "format_version 99" in proc.stderr
+
+
+def test_report_gives_the_overlap_ceiling_against_the_best_sync_plan() -> None:
+    import re
+
+    from dora.report import plan_report_text
+    from planner.plan import Plan
+
+    plan = Plan.from_dict(json.loads((GOLDEN / "dense-32b-h800x128.plan.json").read_text()))
+    p = plan.predictions
+    text = " ".join(plan_report_text(plan, width=200).split())
+    found = re.search(r"overlap ceiling ([\d.]+K) trained tokens/s \(([\d.]+)x best sync\); this plan reaches (\d+)%",
+                      text)
+    assert found, text
+    assert found.group(2) == f"{p.speedup_vs_sync * p.overlap_ceiling_tokens_per_s / p.trained_tokens_per_s:.2f}"
+    assert float(found.group(2)) > p.speedup_vs_sync  # the ceiling bounds the plan
+    assert found.group(3) == f"{100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}"
