@@ -111,7 +111,9 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
         gpu_memory_utilization=spec.runtime.gpu_memory_utilization,
         max_num_seqs_cap=CPU_MAX_NUM_SEQS if c.accelerator == "cpu" else VLLM_MAX_NUM_SEQS,
         pins=pins, price_per_accelerator_hour_usd=c.price_per_accelerator_hour_usd, objective=spec.objective,
-        seed=spec.runtime.seed, calibration=calibration)
+        seed=spec.runtime.seed, calibration=calibration,
+        # the local `count` task's prompt fixes the answer's length: every sample of a group has the same one
+        lengths_per_prompt=spec.workload.task is not None)
 
 
 def _pinned_slowdown(resolved: ResolvedSpec, calibration: Calibration, outcome: SearchOutcome) -> float | None:

@@ -183,6 +183,11 @@ class Workload:
     response_length: LengthDistribution
     prompt_tokens: int
     """Prompt length in tokens (same for every prompt; its variance is small next to the response tail)."""
+    length_per_prompt: bool = False
+    """All samples of a prompt group share one response length, drawn once per group (a task whose prompt fixes the
+    answer's length, like the local ``count`` task); otherwise every sample draws its own. A batch then holds
+    ``prompts_per_step`` independent lengths instead of ``prompts_per_step * samples_per_prompt``, so its longest
+    response, the one synchronous rollout waits for, is shorter."""
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:

@@ -238,7 +238,8 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         colocated=p.colocated, max_versions_per_engine=versions_per_engine(c),
         consolidation_batch=consolidation_batch(c),
         admission_queue=admission_queue_for(c.mode, inp.accelerator.name, inp.samples_per_prompt))
-    workload = Workload(response_length=inp.response_lengths, prompt_tokens=max(1, round(space.prompt_mean)))
+    workload = Workload(response_length=inp.response_lengths, prompt_tokens=max(1, round(space.prompt_mean)),
+                        length_per_prompt=inp.lengths_per_prompt)
     return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,
                     accelerators_per_group=p.rollout.tp,
                     train_accelerators=max(1, round(p.train.accelerators * scale.replicas / p.replicas)))

@@ -72,6 +72,8 @@ class SearchInputs:
     objective: str
     seed: int
     calibration: Calibration = DEFAULT_CALIBRATION
+    lengths_per_prompt: bool = False
+    """The samples of a prompt group share one response length (``Workload.length_per_prompt``)."""
 
     @property
     def total_accelerators(self) -> int:

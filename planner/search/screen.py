@@ -99,8 +99,10 @@ class Screen:
         return self._sync[key]
 
     def expected_max_response(self) -> float:
-        n = self.space.inp.batch_samples
-        return float(self.space.inp.response_lengths.quantile(1.0 - 1.0 / (n + 1)))
+        """The batch's longest response: the quantile at the largest of ``n`` independent draws' mean rank."""
+        inp = self.space.inp
+        n = inp.prompts_per_step if inp.lengths_per_prompt else inp.batch_samples
+        return float(inp.response_lengths.quantile(1.0 - 1.0 / (n + 1)))
 
     def _full_occupancy(self, p: Placement) -> tuple[float, float, float]:
         """(t(S), T_thr, T_prefill) of placement ``p``: a decode step at full slots, and the batch's generation and

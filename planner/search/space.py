@@ -117,6 +117,8 @@ class Space:
         """Expected longest sequence (prompt + response) among one optimizer step's samples: the response quantile at
         the largest order statistic's mean rank, S / (S + 1)."""
         s = self.inp.samples_per_minibatch
+        if self.inp.lengths_per_prompt:  # independent draws: one per prompt group
+            s = -(-s // self.inp.samples_per_prompt)
         return self.prompt_mean + self.inp.response_lengths.quantile(s / (s + 1))
 
     @cached_property

@@ -86,6 +86,7 @@ class Simulator:
         self.training = False
         """A training step is running (decode steps take ``rollout_contention`` times longer meanwhile)."""
         self.dist = workload.response_length
+        self.length_per_prompt = workload.length_per_prompt
         self.prompt = workload.prompt_tokens
         self.prompt_prefill_s = timing.prefill_s(self.prompt)
         """One prefill of the shared prompt, paid by every admitted group."""
@@ -400,9 +401,17 @@ class Simulator:
 
     def _draw_lengths(self, upto: int) -> None:
         """Draw the lengths of trajectories up to ``upto`` at least, and more ahead: as many as drawn so far, at most
-        ``_LENGTH_BLOCK`` (one call per block, instead of one per admitted group, keeps the sampling loop hot)."""
+        ``_LENGTH_BLOCK`` (one call per block, instead of one per admitted group, keeps the sampling loop hot).
+        With ``length_per_prompt`` one draw per group serves all its samples (``upto`` and ``have`` are whole groups:
+        groups are admitted whole)."""
         have = len(self.t_len)
-        self.t_len.extend(self.dist.sample_many(self.rng, max(upto - have, min(have, _LENGTH_BLOCK))))
+        n = max(upto - have, min(have, _LENGTH_BLOCK))
+        if not self.length_per_prompt:
+            self.t_len.extend(self.dist.sample_many(self.rng, n))
+            return
+        spp = self.spp
+        for length in self.dist.sample_many(self.rng, -(-n // spp)):
+            self.t_len.extend([length] * spp)
 
     def _load(self, act: LoadWeights) -> None:
         r = act.rollout_group

@@ -195,3 +195,21 @@ def test_consolidation_batch_is_the_batching_knee_unless_pinned() -> None:
     sync = make_plan(_resolved(SMALL_GPU.replace("staleness: {max_version_lag: 2}",
                                                  "staleness: {max_version_lag: 2, mode: sync}"))).plan
     assert sync.rollout.consolidation_batch is None
+
+
+def test_local_task_lengths_are_per_prompt_and_shorten_the_expected_tail() -> None:
+    import dataclasses
+
+    from planner.search.core import Space
+    from planner.search.screen import Screen
+
+    local = search_inputs(load_spec(str(SPECS / "local-tiny.yaml")))
+    assert local.lengths_per_prompt  # the count task's prompt fixes its answer's length
+    assert not search_inputs(load_spec(str(SPECS / "dense-32b-h800x128.yaml"))).lengths_per_prompt
+    per_sample = dataclasses.replace(local, lengths_per_prompt=False)
+    dist, spp = local.response_lengths, local.samples_per_prompt
+    # the batch's longest response is the largest of prompts_per_step draws, not of prompts x samples
+    n = local.prompts_per_step
+    assert Screen(Space(local)).expected_max_response() == float(dist.quantile(1 - 1 / (n + 1)))
+    assert Screen(Space(per_sample)).expected_max_response() == float(dist.quantile(1 - 1 / (n * spp + 1)))
+    assert Space(local).longest_seq_tokens < Space(per_sample).longest_seq_tokens

@@ -225,3 +225,21 @@ def test_consolidation_batch_is_validated():
         cfg("streaming", consolidation_batch=0)
     with pytest.raises(ValueError, match="consolidation_batch is for mode 'streaming'"):
         cfg("bounded-async", consolidation_batch=8)
+
+
+def test_length_per_prompt_gives_every_sample_of_a_group_its_length():
+    dist = LengthDistribution.lognormal(median=50, p99=400, max_tokens=500)
+    c = cfg("sync", max_version_lag=0, num_rollout_groups=2, slots_per_group=32, prompts_per_step=8,
+            samples_per_prompt=4, total_steps=4)
+    shared = simulate(c, Workload(response_length=dist, prompt_tokens=5, length_per_prompt=True), HAND, seed=3,
+                      record_events=True)
+    per_group: dict[str, set[int]] = {}
+    for e in shared.events:
+        if e["type"] == "finished":
+            per_group.setdefault(e["traj"].split("/")[0], set()).add(e["num_tokens"])
+    assert len(per_group) == 4 * 8 and all(len(v) == 1 for v in per_group.values())
+    assert len({next(iter(v)) for v in per_group.values()}) > 8  # one independent draw per group
+    independent = simulate(c, Workload(response_length=dist, prompt_tokens=5), HAND, seed=3, record_events=True)
+    lengths = {e["traj"]: e["num_tokens"] for e in independent.events if e["type"] == "finished"}
+    assert any(lengths[f"g{g}/0"] != lengths[f"g{g}/1"] for g in range(32))
+    assert check_trace(list(shared.events), k=0, allow_version_mixing=False).ok
