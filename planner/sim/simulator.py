@@ -122,7 +122,8 @@ class Simulator:
         self.t_len: list[int] = []
         """Response length of each trajectory (index ``group * samples_per_prompt + sample``), drawn ahead of the
         admissions in blocks (``_draw_lengths``). ``rng`` draws nothing else and groups are admitted in order, so
-        trajectory ``i`` gets the ``i``-th length drawn either way."""
+        trajectory ``i`` gets the ``i``-th length drawn either way (group ``g`` the ``g``-th with
+        ``length_per_prompt``)."""
         self.t_spans: dict[int, list[tuple[int, int]]] = {}
         """Trajectory -> [(version, first token index)], only for trajectories that changed version."""
         self.group_left: list[int] = []
