@@ -135,7 +135,8 @@ class TaskSpec(StrictModel):
     """The verifiable task the embedded local runtime trains on."""
 
     name: Literal["count"] = "count"
-    """Task name: `count` — count from a to b; the answer length b - a + 1 is drawn from response_length."""
+    """Task name: `count` — count from a to b; the answer length b - a + 1 is drawn from response_length, once per
+    prompt, so every sample of a prompt group has the same length (the planner simulates it so)."""
     warmup_steps: NonNegInt = 500
     """Supervised warm-up steps from random init before RL (cached in the output directory)."""
 
