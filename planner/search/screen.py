@@ -1,7 +1,8 @@
 """The analytic screen: a closed-form step time for every (placement, mode, k) candidate.
 
 Notation (seconds unless noted): N = samples per step, Lbar = mean response, Lmax = expected longest of N
-responses (the 1 - 1/(N+1) quantile, capped at the generation limit), R = rollout replicas, S = slots each,
+responses (the N/(N+1) quantile, capped at the generation limit; over the P prompt groups when a group's samples
+share one length), R = rollout replicas, S = slots each,
 t(B) = decode step time of one replica at batch B and the mean context, T_train = training step,
 T_pub = trainer-side publish (gather/convert), T_load = replica weight load. Trained tokens/s = N * (Pbar + Lbar) / T,
 with Pbar the mean prompt: prompt and response tokens, the simulator's definition.
@@ -99,10 +100,8 @@ class Screen:
         return self._sync[key]
 
     def expected_max_response(self) -> float:
-        """The batch's longest response: the quantile at the largest of ``n`` independent draws' mean rank."""
-        inp = self.space.inp
-        n = inp.prompts_per_step if inp.lengths_per_prompt else inp.batch_samples
-        return float(inp.response_lengths.quantile(1.0 - 1.0 / (n + 1)))
+        """The batch's longest response (``Space.expected_longest_response``)."""
+        return self.space.expected_longest_response(self.space.inp.batch_samples)
 
     def _full_occupancy(self, p: Placement) -> tuple[float, float, float]:
         """(t(S), T_thr, T_prefill) of placement ``p``: a decode step at full slots, and the batch's generation and

@@ -116,10 +116,14 @@ class Space:
     def longest_seq_tokens(self) -> float:
         """Expected longest sequence (prompt + response) among one optimizer step's samples: the response quantile at
         the largest order statistic's mean rank, S / (S + 1)."""
-        s = self.inp.samples_per_minibatch
-        if self.inp.lengths_per_prompt:  # independent draws: one per prompt group
-            s = -(-s // self.inp.samples_per_prompt)
-        return self.prompt_mean + self.inp.response_lengths.quantile(s / (s + 1))
+        return self.prompt_mean + self.expected_longest_response(self.inp.samples_per_minibatch)
+
+    def expected_longest_response(self, samples: int) -> float:
+        """Expected longest response among ``samples`` samples: the response quantile at the largest of ``m``
+        independent draws' mean rank, ``m / (m + 1)``, with ``m = samples``, or the number of prompt groups they
+        span when a group's samples share one length (``lengths_per_prompt``)."""
+        m = -(-samples // self.inp.samples_per_prompt) if self.inp.lengths_per_prompt else samples
+        return float(self.inp.response_lengths.quantile(m / (m + 1)))
 
     @cached_property
     def ctx_avg(self) -> float:
