@@ -48,7 +48,7 @@ class JobStopped(Exception):
     """The run stopped before its end (stalled pipeline, lost worker, unusable checkpoint): a message, no traceback."""
 
 
-def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_threads: int = 1,
+def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
                       warmup_cache_dir: Path | None = None, cpus: float | None = None,
                       watchdog_s: float | None = None) -> Any:
     """Resolve the runtime config into the controller's objects (engine, trainer, task, policy configs).
@@ -56,6 +56,8 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
     The task defines the vocabulary (numbers plus three specials), so the model's ``vocab_size`` is
     the task's, not the catalog preset's. Sequences fit ``4`` prompt tokens plus the response cap.
     The warm-up cache defaults to ``<output_dir>/cache``; runs that share a spec and seed can share it.
+    Each engine runs one torch thread (one core); the trainer runs one per core of the plan's trainer
+    (``train_accelerators``: both cores in a colocated sync plan, whose engines idle while it trains).
     """
     from dora.runtime.checkpoint import config_key
     from dora.runtime.controller import ControllerConfig
@@ -105,7 +107,8 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(), trainer_thr
                               **({"decode_ingest_max_tokens": 0} if interrupts else {})),
         trainer=TrainerConfig(model=model, learning_rate=a.learning_rate, off_policy_correction=a.off_policy_correction,
                               is_weight_cap=a.tis_cap, ppo_clip_eps=a.clip_ratio, num_minibatches=a.minibatches_per_step,
-                              temperature=a.temperature, num_threads=trainer_threads, seed=rc.seed),
+                              temperature=a.temperature, num_threads=max(1, min(rc.train_accelerators, int(cores))),
+                              seed=rc.seed),
         task=task, response_lengths=lengths, temperature=a.temperature, seed=rc.seed, output_dir=out,
         warmup_cache_dir=warmup_cache_dir or out / "cache", worker_num_cpus=share, trainer_num_cpus=share,
         config_key=config_key(json.loads(rc.to_json())), **extra,

@@ -140,6 +140,7 @@ class StepRecord:
     trained_tokens: int
     forward_tokens: int
     forward_sum_sq_tokens: int
+    train_threads: int
     mean_response_tokens: float
     generated_tokens: int
     rollout_occupancy: float
@@ -245,7 +246,7 @@ class RunStats:
             ppo_clip_frac=metrics.ppo_clip_frac, mean_staleness=sum(staleness) / len(staleness),
             max_staleness=max(staleness), num_sequences=metrics.num_sequences,
             trained_tokens=metrics.num_trained_tokens, forward_tokens=metrics.num_forward_tokens,
-            forward_sum_sq_tokens=metrics.forward_sum_sq_tokens,
+            forward_sum_sq_tokens=metrics.forward_sum_sq_tokens, train_threads=metrics.train_threads,
             mean_response_tokens=metrics.num_trained_tokens / metrics.num_sequences, generated_tokens=d_gen,
             rollout_occupancy=d_slot / (self.num_workers * self.slots_per_worker * interval),
             rollout_share=d_rollout / interval, live_versions=live, engine_versions=engines,

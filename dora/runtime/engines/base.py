@@ -185,6 +185,9 @@ class TrainMetrics:
     max_staleness: int
     grad_norm: float
     train_time_s: float
+    train_threads: int = 1
+    """Torch threads the step ran on (``dora calibrate --from-run`` models them as that many data-parallel
+    devices)."""
 
 
 @runtime_checkable

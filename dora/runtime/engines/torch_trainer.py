@@ -208,6 +208,7 @@ class TorchTrainer:
             max_staleness=max(staleness),
             grad_norm=grad_norm,
             train_time_s=time.perf_counter() - start,
+            train_threads=torch.get_num_threads(),
         )
 
     def supervised_step(
