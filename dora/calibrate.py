@@ -1,7 +1,8 @@
 """`dora calibrate SPEC`: measure the engines a local spec runs, fit the cost model's constants, write the file.
 
 Four micro-benchmarks on the real torch CPU engines, built exactly as the runtime builds them
-(`dora.runtime.driver.controller_config`: same model shape, same vocabulary, one torch thread per actor):
+(`dora.runtime.driver.controller_config`: same model shape, same vocabulary, one torch thread per engine, the
+trainer's threads):
 
     decode   `TorchRolloutEngine.step()` with B resident sequences of context C (no EOS, so B stays fixed)
     prefill  the first step of the same engine: B prompts of C tokens (P = B*C tokens, S2 = B*C^2)
@@ -175,7 +176,8 @@ def measure_train(trainer_config: Any, prompt_tokens: int, grid: Grid) -> list[P
         trainer.train_step(batch)  # warm the allocator and autograd
         times = [trainer.train_step(batch).train_time_s for _ in range(grid.train_repeats)]
         seq = prompt_tokens + resp
-        points.append(Point(kind="train", x={"tokens": n * seq, "sum_sq_seq_len": n * seq * seq, "num_seqs": n},
+        points.append(Point(kind="train", x={"tokens": n * seq, "sum_sq_seq_len": n * seq * seq, "num_seqs": n,
+                                             "dp": trainer_config.num_threads},
                             seconds=statistics.median(times), seconds_min=min(times), seconds_max=max(times)))
     return points
 
@@ -285,7 +287,7 @@ def fit_prefill(points: Sequence[Point], ctx: ModelContext, calib: Calibration) 
 def _train_seconds(ctx: ModelContext, calib: Calibration, p: Point) -> float:
     from planner.train_cost import TrainCostModel
 
-    model = TrainCostModel(arch=ctx.arch, acc=ctx.accelerator, tp=1, pp=1, dp=1,
+    model = TrainCostModel(arch=ctx.arch, acc=ctx.accelerator, tp=1, pp=1, dp=int(p.x.get("dp", 1)),
                            micro_batch_tokens=ctx.micro_batch_tokens, extra_forward_passes=ctx.extra_forward_passes,
                            optimizer_steps=ctx.optimizer_steps, dtype_bytes=ctx.dtype_bytes, calib=calib,
                            accelerators_per_node=ctx.accelerators_per_node)
@@ -473,7 +475,8 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
         for run in from_runs:
             read_run(Path(run), data)
         machine = machine_description()
-        engine_steps = sum(len(c) for c in data.decode_alone.values()) + len(data.decode_contended) + len(data.multi)
+        engine_steps = (sum(len(c) for c in data.decode_alone.values()) + len(data.decode_engines)
+                        + len(data.decode_contended) + len(data.multi))
         source = (f"measured in situ: {engine_steps} engine steps and "
                   f"{len(data.train_alone) + len(data.train_contended)} training steps of {len(from_runs)} "
                   f"`dora apply` run(s) of {resolved.spec.name} on {machine['cpu_model']}, "
@@ -486,6 +489,9 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
         console.print("  prefill  not refitted: the runs ingested every prompt through the decode batch "
                       f"(kept cpu_prefill_compute_efficiency={calib.cpu_prefill_compute_efficiency})",
                       highlight=False)
+    if not any(f.kind == "engines" for f in fits):
+        console.print("  engines  not refitted: no run had two engines decoding at once "
+                      f"(kept cpu_engine_contention={calib.cpu_engine_contention})", highlight=False)
     text = calibration_document(calib, fits, points_of(data), machine, resolved.spec.name, resolved.spec_hash)
     return _write(console, spec_path, out_path, text, calib, fits)
 

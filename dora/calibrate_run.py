@@ -11,21 +11,30 @@ and the controller share the host: on the 2-core development machine a decode st
                         sequence lengths, sequences
     trace.jsonl         train-step ends, weight publications and loads
 
-Engine steps are split by whether they overlap a training step, training steps by whether engine steps
+Engine steps are split by whether they overlap a training step, and by whether other engines' steps cover at
+least half of their span (another engine decoding at the same time); training steps by whether engine steps
 cover at least half of their span. Then, with the cost model's own formulas (`dora.calibrate`):
 
-    decode       (eta_mem, eta_c, t_step) from single-version decode steps with no training step running,
-                 as cells of (batch size, mean context rounded to 8 tokens) with >= MIN_CELL_STEPS steps, each
-                 cell's mean duration (means, not medians: a run's throughput pays for the slow steps too)
+    decode       (eta_mem, eta_c, t_step) from single-version decode steps with no training step running and no
+                 other engine decoding, as cells of (batch size, mean context rounded to 8 tokens) with
+                 >= MIN_CELL_STEPS steps, each cell's mean duration (means, not medians: a run's throughput pays
+                 for the slow steps too)
+    engines      cpu_engine_contention = sum measured / sum predicted-alone over single-version decode steps with
+                 no training step running while another engine decodes (only runs with several engines have
+                 them, e.g. sync on 2 cores; without them the base value is kept and the fit says so)
     contention   cpu_rollout_contention = sum measured / sum predicted-alone over single-version decode steps
                  during a training step; cpu_train_contention = the same over training steps run while rollout
                  ran (alone = fitted on training steps with no rollout)
     versions     cpu_extra_version_step_s = sum over multi-version steps of (measured / contention - predicted
                  single-version) / sum (versions - 1), less the weight read the formula already charges
-    train        (eta_train, t_train) from training steps with no rollout running
+Steps that overlap both a training step and another engine's steps have the engine factor divided out.
+    train        (eta_train, t_train) from training steps with no rollout running; a step run on n torch
+                 threads (a colocated sync trainer has every core) is modelled as data parallel over n cores
     weights      cpu_weight_publish_fixed_s from train-step end -> weights published (the trainer side: the
                  checkpoint, export and object-store put of a real step); cpu_weight_reload_fixed_s from the
-                 engine thread's weight loads (``load`` rows of engine_steps.jsonl: decoding paused); means
+                 loads of engines that ran no step meanwhile (trace: load started -> version served; the
+                 weights are fetched and a model built beside the engine, which pauses only to install it:
+                 the ``load`` rows of engine_steps.jsonl); means
 
 A sync run gives the alone figures (rollout and training alternate), an asynchronous run the contended ones,
 so pass one of each, e.g. `--from-run runs/sync --from-run runs/streaming`. Prefill is not refitted when the
@@ -65,17 +74,23 @@ class RunTimings:
 
     runs: list[str] = field(default_factory=list)
     decode_alone: dict[tuple[int, int], list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
-    """(batch, context bucket) -> [(context tokens, seconds)] of single-version steps with no training step."""
-    decode_contended: list[tuple[int, float, float]] = field(default_factory=list)
-    """(batch, context tokens, seconds) of single-version steps during a training step."""
-    multi: list[tuple[int, float, int, bool, float]] = field(default_factory=list)
-    """(batch, context tokens, versions, during a training step, seconds) of multi-version steps."""
+    """(batch, context bucket) -> [(context tokens, seconds)] of single-version steps with no training step and no
+    other engine decoding."""
+    decode_engines: list[tuple[int, float, float]] = field(default_factory=list)
+    """(batch, context tokens, seconds) of single-version steps with no training step while another engine
+    decodes."""
+    decode_contended: list[tuple[int, float, bool, float]] = field(default_factory=list)
+    """(batch, context tokens, another engine decoding, seconds) of single-version steps during a training
+    step."""
+    multi: list[tuple[int, float, int, bool, bool, float]] = field(default_factory=list)
+    """(batch, context tokens, versions, during a training step, another engine decoding, seconds) of
+    multi-version steps."""
     train_alone: list[Point] = field(default_factory=list)
     train_contended: list[Point] = field(default_factory=list)
     publish: list[Point] = field(default_factory=list)
     """Train-step end -> weights published (trainer side: checkpoint, export, object store)."""
     loads: list[float] = field(default_factory=list)
-    """Seconds the engine thread spent loading a version (decoding paused)."""
+    """Seconds from a load's start to the version being served, on an engine that ran no step meanwhile."""
     prefill_steps: int = 0
 
     def decode_points(self) -> list[Point]:
@@ -125,9 +140,29 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
         i = bisect.bisect_right(starts, t1) - 1
         return i if i >= 0 and spans[i][1] > t0 else None
 
-    for _, start, dur, kind, rows, ctx, versions, prefill in steps[1:]:
+    engine_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    """worker -> its steps' (start, end), in start order (an engine runs one step at a time)."""
+    for worker, start, dur, kind, *_ in steps[1:]:
+        if kind != "load":
+            engine_spans[worker].append((start, start + dur))
+    for worker_spans in engine_spans.values():
+        worker_spans.sort()
+    engine_starts = {w: [s for s, _ in sp] for w, sp in engine_spans.items()}
+
+    def others_busy(worker: int, t0: float, t1: float) -> float:
+        """Seconds of [t0, t1] during which other engines ran a step (summed over engines)."""
+        busy = 0.0
+        for w, sp in engine_spans.items():
+            if w == worker:
+                continue
+            j = bisect.bisect_left(engine_starts[w], t1) - 1
+            while j >= 0 and sp[j][1] > t0:
+                busy += min(t1, sp[j][1]) - max(t0, sp[j][0])
+                j -= 1
+        return busy
+
+    for worker, start, dur, kind, rows, ctx, versions, prefill in steps[1:]:
         if kind == "load":
-            into.loads.append(dur)
             continue
         i = training_at(start, start + dur)
         if i is not None:
@@ -137,18 +172,32 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
             continue
         if rows == 0:
             continue
+        shared = len(engine_spans) > 1 and others_busy(worker, start, start + dur) >= 0.5 * dur
         if versions > 1:
-            into.multi.append((rows, ctx, versions, i is not None, dur))
-        elif i is None:
-            into.decode_alone[(rows, round(ctx / rows / CONTEXT_BUCKET))].append((ctx, dur))
+            into.multi.append((rows, ctx, versions, i is not None, shared, dur))
+        elif i is not None:
+            into.decode_contended.append((rows, ctx, shared, dur))
+        elif shared:
+            into.decode_engines.append((rows, ctx, dur))
         else:
-            into.decode_contended.append((rows, ctx, dur))
+            into.decode_alone[(rows, round(ctx / rows / CONTEXT_BUCKET))].append((ctx, dur))
     for m in metrics:
         i = bisect.bisect_left(starts, m["start_s"])
         span = m["end_s"] - m["start_s"]
         point = Point(kind="train", x={"tokens": m["forward_tokens"], "sum_sq_seq_len": m["forward_sum_sq_tokens"],
-                                       "num_seqs": m["num_sequences"]}, seconds=span, seconds_min=span, seconds_max=span)
+                                       "num_seqs": m["num_sequences"], "dp": m.get("train_threads", 1)},
+                      seconds=span, seconds_min=span, seconds_max=span)
         (into.train_contended if busy_in.get(i, 0.0) >= 0.5 * span else into.train_alone).append(point)
+    load_started: dict[tuple[int, int], float] = {}
+    for e in trace:
+        kind = e.get("type")
+        if kind == "weights_load_started":
+            load_started[(e["rollout_group"], e["version"])] = e["t"]
+        elif kind == "weights_loaded" and (e["rollout_group"], e["version"]) in load_started:
+            t0, worker = load_started.pop((e["rollout_group"], e["version"])), e["rollout_group"]
+            st = engine_starts.get(worker, [])
+            if bisect.bisect_right(st, e["t"]) == bisect.bisect_left(st, t0):  # no step started meanwhile
+                into.loads.append(e["t"] - t0)
     ends = {e["step"]: e["t"] for e in trace if e.get("type") == "train_step"}
     for e in trace:
         if e.get("type") == "weights_published" and e["version"] in ends:
@@ -165,8 +214,9 @@ def _require(points: Sequence[Any], what: str, hint: str) -> None:
 def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str) -> tuple[Calibration, list[Fit]]:
     """Fit every in-situ constant (see the module docstring) onto ``base``; the calibration and its fits."""
     decode = data.decode_points()
-    _require(decode, f"decode cells of >= {MIN_CELL_STEPS} single-version steps with no training step running",
-             "add a sync run (--from-run runs/<sync>): its rollout runs while the trainer idles")
+    _require(decode, f"decode cells of >= {MIN_CELL_STEPS} single-version steps with no training step running and "
+             "no other engine decoding", "add a sync run (--from-run runs/<sync>): its rollout runs while the trainer "
+             "idles")
     _require(data.decode_contended, "single-version decode steps during a training step",
              "add an asynchronous run (streaming or one-step-off)")
     _require(data.train_alone, "training steps with no rollout running", "add a sync run")
@@ -174,9 +224,19 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
     fits = [fit_decode(decode, ctx, base)]
     calib = base.with_overrides(**_rounded(fits[0].constants))
     alone = _rollout_model(ctx, calib)
-    predicted = [alone.decode_step_s(b, c) for b, c, _ in data.decode_contended]
-    rollout_f = max(1.0, sum(s for *_, s in data.decode_contended) / sum(predicted))
-    ratios = [s / p for (*_, s), p in zip(data.decode_contended, predicted, strict=True)]
+    engine_f = calib.cpu_engine_contention or 1.0
+    if len(data.decode_engines) >= MIN_POINTS:
+        predicted = [alone.decode_step_s(b, c) for b, c, _ in data.decode_engines]
+        engine_f = max(1.0, sum(s for *_, s in data.decode_engines) / sum(predicted))
+        fits.append(Fit(kind="engines", constants={"cpu_engine_contention": engine_f},
+                        residuals=tuple(s / p / engine_f - 1
+                                        for (*_, s), p in zip(data.decode_engines, predicted, strict=True))))
+        calib = calib.with_overrides(**_rounded(fits[-1].constants))
+        engine_f = calib.cpu_engine_contention or 1.0
+    contended = [s / (engine_f if shared else 1.0) for _, _, shared, s in data.decode_contended]
+    predicted = [alone.decode_step_s(b, c) for b, c, _, _ in data.decode_contended]
+    rollout_f = max(1.0, sum(contended) / sum(predicted))
+    ratios = [s / p for s, p in zip(contended, predicted, strict=True)]
     train_fit = fit_train(data.train_alone, ctx, calib)
     calib = calib.with_overrides(**_rounded(train_fit.constants))
     train_pred = [_train_seconds(ctx, calib, p) for p in data.train_contended]
@@ -187,9 +247,10 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
     calib = calib.with_overrides(**_rounded(fits[-1].constants))
     if data.multi:
         weight_read = alone.nonexpert_weight_bytes_per_device / alone.memory_rate_bytes_per_s
-        excess = [s / (rollout_f if during else 1.0) - alone.decode_step_s(b, c) for b, c, v, during, s in data.multi]
-        extra = max(0.0, sum(excess) / sum(v - 1 for _, _, v, _, _ in data.multi) - weight_read)
-        extras = [e / (v - 1) - weight_read for e, (_, _, v, _, _) in zip(excess, data.multi, strict=True)]
+        excess = [s / (rollout_f if during else 1.0) / (engine_f if shared else 1.0) - alone.decode_step_s(b, c)
+                  for b, c, v, during, shared, s in data.multi]
+        extra = max(0.0, sum(excess) / sum(v - 1 for _, _, v, *_ in data.multi) - weight_read)
+        extras = [e / (v - 1) - weight_read for e, (_, _, v, *_) in zip(excess, data.multi, strict=True)]
         fits.append(Fit(kind="versions", constants={"cpu_extra_version_step_s": extra},
                         residuals=tuple((e - extra) / (alone.decode_step_s(b, c) + extra)
                                         for e, (b, c, *_) in zip(extras, data.multi, strict=True))))

@@ -113,29 +113,32 @@ class Calibration:
     """Fixed cost per weight update on the rollout side (s): pausing the engine, resetting the prefix cache,
     resuming.  Prior."""
 
-    cpu_compute_efficiency: float = 0.0848
+    cpu_compute_efficiency: float = 0.0701
     """On the local `cpu` entry, replaces the decode compute efficiency: tiny PyTorch matmuls on one core reach only
-    a small fraction of the FMA peak.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC
-    --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine
-    class (AMD EPYC VM, 2 cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours."""
+    a small fraction of the FMA peak. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run
+    SYNC --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development
+    machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it
+    on yours."""
 
-    cpu_memory_efficiency: float = 1.0
-    """On `cpu`, replaces eta_mem.  The fit hits the bound: for this tiny model a decode step is dispatch overhead
-    plus compute, never memory bound.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC
-    --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine
-    class (AMD EPYC VM, 2 cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours."""
+    cpu_memory_efficiency: float = 0.1145
+    """On `cpu`, replaces eta_mem: the decode step's bytes (weights, KV) over this fraction of the core's nominal
+    memory rate, the catalog's rough 20 GB/s. The fit trades it against the compute efficiency and the step
+    overhead, so read the three together. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run
+    SYNC --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development
+    machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it
+    on yours."""
 
-    cpu_step_overhead_s: float = 0.00152
-    """On `cpu`, replaces decode_step_overhead_s: Python and operator-dispatch cost of one engine step for the
-    tiny model.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run
-    STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD
-    EPYC VM, 2 cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours."""
+    cpu_step_overhead_s: float = 0.00238
+    """On `cpu`, replaces decode_step_overhead_s: Python and operator-dispatch cost of one engine step for the tiny
+    model. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`,
+    runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM,
+    2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
 
-    cpu_train_step_overhead_s: float = 0.0125
+    cpu_train_step_overhead_s: float = 0.0722
     """On `cpu`, replaces train_step_overhead_s.  In a run it includes the Ray call and the batch's serialisation.
-    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
-    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
-    torch thread per actor) on 2026-11-21; rerun it on yours."""
+    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of
+    60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores,
+    one torch thread per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
 
     # Optional CPU constants: None means "fall back" (named in each docstring).  They are left out of `to_dict`
     # while None, so calibration files and plan fingerprints written before they existed stay valid.
@@ -146,56 +149,65 @@ class Calibration:
     specs/local-tiny.yaml` on the development machine class (AMD EPYC VM, 2 cores, 1 torch thread per engine) on
     2026-11-21 (the local runs ingest prompts through the decode batch, so `--from-run` does not refit it)."""
 
-    cpu_train_compute_efficiency: float | None = 0.3585
-    """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed
-    GRPO step.  Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`,
-    runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2
-    cores, 1 torch thread per actor) on 2026-11-21; rerun it on yours.  That fit gave 0.478 while the formula still
-    charged a proximal forward the one-minibatch step never runs (4 forward-equivalents instead of 3): the same
-    measured times give 0.478 * 3/4."""
+    cpu_train_compute_efficiency: float | None = 0.3067
+    """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed GRPO
+    step. A step on n torch threads (the colocated sync trainer has both cores) is charged as data parallel over n
+    cores. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`,
+    runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM,
+    2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
 
-    cpu_extra_version_step_s: float | None = 0.000306
+    cpu_extra_version_step_s: float | None = 0.00052
     """On `cpu`: what each extra policy version with running requests adds to one decode step of a multi-version
     engine (the torch engine stacks the versions' weights and runs one batched matmul per linear over rows padded
-    per version, so a version costs a few pad/unpad ops, not a forward).  None: a full `decode_step_overhead_s`
-    per extra version (a separate forward, as an engine without stacking would run).  (Engine alone, `python
-    bench/engine_speed.py`: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms.)  Default measured in situ (`dora
+    per version, so a version costs a few pad/unpad ops, not a forward).  None: a full `decode_step_overhead_s` per
+    extra version (a separate forward, as an engine without stacking would run).  (Engine alone, `python
+    bench/engine_speed.py`: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms.) Default measured in situ (`dora
     calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1,
-    versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1 torch thread per
-    actor) on 2026-11-21; rerun it on yours."""
+    versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, one torch thread
+    per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
 
-    cpu_weight_reload_fixed_s: float | None = 0.0
-    """On `cpu`, replaces weight_reload_fixed_s (None: keep it): building the engine's model from a received
-    state dict, beyond the formula's per-tensor term.  The GPU prior (0.5 s engine pause/resume) is two orders of
-    magnitude too slow for the tiny CPU model; in a run the engine thread's loads took no longer than the
-    per-tensor term already charges.
-    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
-    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
-    torch thread per actor) on 2026-11-21; rerun it on yours."""
+    cpu_weight_reload_fixed_s: float | None = 0.01275
+    """On `cpu`, replaces weight_reload_fixed_s (None: keep it): from the start of a load to the engine serving the
+    version, beyond the formula's per-tensor term (fetching the state dict from Ray's object store and building the
+    engine's model; the engine pauses only to install it). The GPU prior (0.5 s engine pause/resume) is far too slow
+    for the tiny CPU model. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC
+    --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine
+    class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it on
+    yours."""
 
-    cpu_weight_publish_fixed_s: float | None = 0.0208
-    """On `cpu`: trainer-side time to publish a version beyond the formula's gather/convert terms (the local
-    runtime checkpoints the step, exports the state dict and puts it in Ray's object store before the version is
-    published; the trainer is busy, the engines keep decoding).  None: 0.  `dora calibrate --from-run` measures
-    it as the mean train-step end -> weights-published interval.
-    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
-    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
-    torch thread per actor) on 2026-11-21; rerun it on yours."""
+    cpu_weight_publish_fixed_s: float | None = 0.01556
+    """On `cpu`: trainer-side time to publish a version beyond the formula's gather/convert terms (the local runtime
+    checkpoints the step, exports the state dict and puts it in Ray's object store before the version is published;
+    the trainer is busy, the engines keep decoding).  None: 0.  `dora calibrate --from-run` measures it as the mean
+    train-step end -> weights-published interval. Default measured in situ (`dora calibrate specs/local-tiny.yaml
+    --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the
+    development machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on
+    2026-11-21; rerun it on yours."""
 
-    cpu_rollout_contention: float | None = 1.077
-    """On `cpu` with rollout and training on disjoint cores of one host: a decode step takes this many times
-    longer while the trainer runs (they share the host's caches and memory bus, and with the controller, its
-    cores).  None: 1 (no contention).  `dora calibrate --from-run` measures it as sum measured / sum
-    predicted-alone over the engine steps that overlap a training step.
-    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
-    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
-    torch thread per actor) on 2026-11-21; rerun it on yours."""
+    cpu_rollout_contention: float | None = 1.29
+    """On `cpu` with rollout and training on disjoint cores of one host: a decode step takes this many times longer
+    while the trainer runs (they share the host's caches and memory bus, and with the controller, its cores).  None:
+    1 (no contention).  `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the
+    engine steps that overlap a training step. Default measured in situ (`dora calibrate specs/local-tiny.yaml
+    --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the
+    development machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on
+    2026-11-21; rerun it on yours."""
 
-    cpu_train_contention: float | None = 1.293
-    """The same for a training step that starts while rollout is under way (None: 1).
-    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60
-    steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, 1
-    torch thread per actor) on 2026-11-21; rerun it on yours."""
+    cpu_train_contention: float | None = 1.084
+    """The same for a training step that starts while rollout is under way (None: 1). Default measured in situ
+    (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1,
+    versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, one torch thread
+    per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
+
+    cpu_engine_contention: float | None = 1.391
+    """On `cpu`: a decode step takes this many times longer while another engine replica of the host decodes at the
+    same time (the engines share the host's caches and memory bus, and with the controller, its cores).  None: 1.
+    `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the engine steps of a run
+    with several engines (a sync run on 2 cores) that overlap another engine's steps; the decode constants are
+    fitted on the steps that do not. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC
+    --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development
+    machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it
+    on yours."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -269,6 +281,13 @@ class Calibration:
             return 1.0, 1.0
         return self.cpu_rollout_contention or 1.0, self.cpu_train_contention or 1.0
 
+    def engine_contention(self, accelerator_name: str) -> float:
+        """Slow-down of a decode step while another replica on the same host decodes (`cpu_engine_contention` on
+        `cpu`, else 1: a GPU replica has its devices to itself)."""
+        if accelerator_name != "cpu":
+            return 1.0
+        return self.cpu_engine_contention or 1.0
+
     def resolved_for(self, accelerator_name: str) -> Calibration:
         """The calibration the formulas should use on `accelerator_name`.
 
@@ -298,6 +317,7 @@ class Calibration:
 
 _OPTIONAL_FIELDS = frozenset({"cpu_prefill_compute_efficiency", "cpu_train_compute_efficiency",
                               "cpu_weight_reload_fixed_s", "cpu_extra_version_step_s", "cpu_rollout_contention",
-                              "cpu_train_contention", "cpu_weight_publish_fixed_s"})
+                              "cpu_train_contention", "cpu_weight_publish_fixed_s",
+                              "cpu_engine_contention"})
 
 DEFAULT_CALIBRATION = Calibration()

@@ -42,9 +42,12 @@ class CostModelTiming:
     """A decode step takes this many times longer while the trainer runs (`Calibration.contention`)."""
     train_contention: float = 1.0
     """A training step started while rollout runs takes this many times longer."""
+    engine_contention: float = 1.0
+    """A decode step takes this many times longer while another replica decodes (`Calibration.engine_contention`;
+    1 with one replica)."""
     prompt_ingest_max_tokens: int = 0
-    """Prompts up to this many tokens enter the decode batch directly (``CPU_DECODE_INGEST_MAX_TOKENS``): their
-    prefill costs those rows of a decode step, not a forward of its own."""
+    """Prompts up to this many tokens enter the decode batch directly (``CPU_DECODE_INGEST_MAX_TOKENS``), one token
+    per step, instead of getting a prefill forward (the simulator charges those steps)."""
     _per_batch: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
     """batch size -> the terms of ``RolloutCostModel.decode_step_s`` that do not depend on the context (bytes, FLOPs,
     comm + overhead s), with the per-context-token rates and the roofline's two rates: the simulator calls
@@ -67,12 +70,7 @@ class CostModelTiming:
         return (compute_s if compute_s > memory_s else memory_s) + fixed_s  # max(memory_s, compute_s)
 
     def prefill_s(self, num_tokens: int) -> float:
-        if num_tokens <= 0:
-            return 0.0
-        if num_tokens <= self.prompt_ingest_max_tokens:
-            r = self.rollout  # rows added to decode steps: their matmul FLOPs at the decode rate
-            return r._matmul_flops(num_tokens) / r.decode_flops_per_s
-        return self.rollout.prefill_s(num_tokens)
+        return self.rollout.prefill_s(num_tokens) if num_tokens > 0 else 0.0
 
     def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:
         return self.train.train_step_s(num_tokens, sum_sq_seq_len, num_seqs)
@@ -138,5 +136,6 @@ def cost_model_timing(
         extra_version_step_s=extra_version,
         rollout_contention=rollout_contention,
         train_contention=train_contention,
+        engine_contention=calib.engine_contention(rollout_acc.name) if num_rollout_groups > 1 else 1.0,
         prompt_ingest_max_tokens=CPU_DECODE_INGEST_MAX_TOKENS if rollout_acc.name == "cpu" else 0,
     )

@@ -15,16 +15,22 @@ A replica is a heap of ``(finish_pos, trajectory)`` and costs O(log B) per finis
 At most ``slots_per_group`` sequences run; requests admitted beyond them (the policy's
 ``admission_queue``) wait in a FIFO and start, from the replica's current ``pos``, when a slot frees.
 Admitting a prompt group pauses decoding for one prefill of the shared prompt (the group's
-samples share it, as with prefix caching). Loading weights pauses the replica; with
+samples share it, as with prefix caching), unless the engine feeds prompts of at most
+``prompt_ingest_max_tokens`` through the decode batch (dora's CPU engine, outside modes that interrupt
+in-flight requests): then each new sequence runs ``prompt - 1`` decode steps, as a row of the batch,
+before its first sampled token (its start position is that many steps ahead). Loading weights pauses the replica; with
 ``resume_in_flight`` the in-flight contexts are re-prefilled on the new weights afterwards.
 With ``max_versions_per_engine > 1`` a replica decodes all its sequences in one batched step whatever
 their versions, plus ``extra_version_step_s`` per hosted version with running sequences beyond the
 first (reading that version's weights, and the engine's per-version overhead);
-a ``LoadWeights(keep_loaded=True)`` pauses the replica for the load, without touching its sequences.
+a ``LoadWeights(keep_loaded=True)`` is staged beside the running batch (the replica keeps decoding) and the
+version is served once the load's time has passed.
 On one host (``cpu`` rollout and trainer on disjoint cores) the two slow each other down: while a training
 step runs, decode steps take ``rollout_contention`` times longer (every replica's step time is re-evaluated
 when a step starts and ends), and a training step started while some replica decodes takes
-``train_contention`` times longer; both are 1 on separate devices.
+``train_contention`` times longer; while two or more replicas decode at once, their steps take
+``engine_contention`` times longer (re-evaluated whenever that starts or stops being so). All three are 1 on
+separate devices.
 Migration moves sequences with their generated tokens; the source replica is busy for
 ``kv_migration_s_per_token * moved context`` before it can load new weights (the destination is
 not slowed: an optimistic simplification).
@@ -83,12 +89,22 @@ class Simulator:
         """Bound once: the hot path calls it ~10^6 times (and ``timing`` may resolve attributes dynamically)."""
         self.rollout_contention = timing.rollout_contention
         self.train_contention = timing.train_contention
+        self.engine_contention = timing.engine_contention
         self.training = False
         """A training step is running (decode steps take ``rollout_contention`` times longer meanwhile)."""
+        self.concurrent = False
+        """Two or more replicas decode (decode steps take ``engine_contention`` times longer meanwhile)."""
+        self.slowdown = 1.0
+        """Factor on every decode step now: the contentions in effect (``_set_slowdown``)."""
         self.dist = workload.response_length
         self.length_per_prompt = workload.length_per_prompt
         self.prompt = workload.prompt_tokens
-        self.prompt_prefill_s = timing.prefill_s(self.prompt)
+        interrupts = config.mode == "partial-rollout" or config.update == "interrupt"
+        ingest = not interrupts and self.prompt <= timing.prompt_ingest_max_tokens
+        self.ingest_steps = self.prompt - 1 if ingest else 0
+        """Decode steps a new sequence spends feeding its prompt before it samples (a request resumed mid-ingest
+        has no token yet; the runtime turns ingestion off in modes that interrupt in-flight requests)."""
+        self.prompt_prefill_s = 0.0 if ingest else timing.prefill_s(self.prompt)
         """One prefill of the shared prompt, paid by every admitted group."""
         self.spp = config.samples_per_prompt
         self.rng = random.Random(seed)
@@ -176,8 +192,7 @@ class Simulator:
             busy = sum(1 for bv in self.e_vcount[r].values() if bv)
             if busy > 1:
                 step += (busy - 1) * self.timing.extra_version_step_s
-        if self.training:
-            step *= self.rollout_contention
+        step *= self.slowdown
         self.e_step_s[r] = step
         self._push(self.e_t[r] + dpos * step, _EV_ENGINE, r, self.e_gen[r])
 
@@ -215,6 +230,7 @@ class Simulator:
         spp, prompt, multi, record = self.spp, self.prompt, self.multi, self.record
         on_finish, execute = policy.on_trajectory_finished, self._execute
         decode_step_s, next_seq, eps = self.decode_step_s, self.next_seq, _EPS
+        engine_contention = self.engine_contention != 1.0
         events = 0
         while True:  # not `while heap`: CPython 3.11 only specializes a loop's bytecode after a few JUMP_BACKWARDs
             if not heap:
@@ -267,6 +283,8 @@ class Simulator:
                     break
             if e_wait[r]:
                 self._start_waiting(r)
+            if engine_contention:
+                self._check_concurrency()
             # _flush(): the fast path when no other replica is dirty
             if dirty:
                 if len(dirty) > 1 or r not in dirty:
@@ -290,13 +308,14 @@ class Simulator:
                 busy = sum(1 for bv in self.e_vcount[r].values() if bv)
                 if busy > 1:
                     step += (busy - 1) * self.timing.extra_version_step_s
-            if self.training:
-                step *= self.rollout_contention
+            step *= self.slowdown
             e_step_s[r] = step
             heapreplace(heap, (e_t[r] + dpos * step, next_seq(), _EV_ENGINE, r, gen))
         return events
 
     def _flush(self) -> None:
+        if self.engine_contention != 1.0:
+            self._check_concurrency()
         if self.dirty:
             for r in sorted(self.dirty):
                 self._reschedule(r)
@@ -313,7 +332,7 @@ class Simulator:
         pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
         while waiting and len(h) < cap:
             idx, generated = waiting.popleft()
-            start = pos - generated
+            start = pos - generated if generated else pos + self.ingest_steps
             heapq.heappush(h, (start + t_len[idx], idx))
             sum_start += start
         self.e_sum_start[r] = sum_start
@@ -379,9 +398,10 @@ class Simulator:
         if not waiting and len(h) + n <= self.cap:
             # what _enqueue does when every sample fits: each starts now, at e_pos[r] (0 tokens generated)
             pos, sum_start = self.e_pos[r], self.e_sum_start[r]
+            start = pos + self.ingest_steps
             for i, length in enumerate(lengths):
-                heapq.heappush(h, (pos + length, base + i))
-                sum_start += pos
+                heapq.heappush(h, (start + length, base + i))
+                sum_start += start
             self.e_sum_start[r] = sum_start
         else:
             self._enqueue(r, [(base + i, 0) for i in range(n)])
@@ -425,8 +445,18 @@ class Simulator:
         if self.e_wait[r] and not keep:
             raise ValueError(f"LoadWeights v{act.version} resuming engine {r} with queued requests (no queue here)")
         duration = self.timing.weight_load_peer_s if act.source == "peer" else self.timing.weight_load_trainer_s
+        self.m.loads += 1
+        if self.record:
+            self.trace.append(
+                {"t": now, "type": "weights_load_started", "rollout_group": r, "version": act.version,
+                 "source": act.source}
+            )
+        if keep:  # staged while the replica decodes; served from the end of the load
+            self.m.load_s_total += duration
+            self._push(now + duration, _EV_LOADED, r, act.version)
+            return
         start = max(self.e_t[r], now)
-        if h and not keep:
+        if h:
             pos = self.e_pos[r]
             ctx = 0.0
             for finish, idx in h:
@@ -438,21 +468,18 @@ class Simulator:
                 spans.append((act.version, round(first)))
                 ctx += self.prompt + first
             duration += self.timing.prefill_s(round(ctx))  # recompute KV on the new weights
+        self.m.load_s_total += duration
         self.e_paused[r] = True
         self.e_t[r] = start + duration
-        self.m.load_s_total += duration
-        self.m.loads += 1
         self.e_gen[r] += 1
         self._push(start + duration, _EV_LOADED, r, act.version)
-        if self.record:
-            self.trace.append(
-                {"t": now, "type": "weights_load_started", "rollout_group": r, "version": act.version,
-                 "source": act.source}
-            )
 
     def _loaded(self, r: int, version: int) -> None:
-        self.e_paused[r] = False
-        self.e_t[r] = self.now
+        if self.e_paused[r]:
+            self.e_paused[r] = False
+            self.e_t[r] = self.now
+        else:  # a load staged beside the running batch
+            self._advance(r, self.now)
         self.m.engine_version_change(self.e_version[r], version)
         self.e_version[r] = version
         if self.record:
@@ -468,7 +495,7 @@ class Simulator:
         h_src, pos_src = self.e_heap[src], self.e_pos[src]
         t_len = self.t_len
         # (trajectory, tokens generated): running, soonest finish first (the heap's pop order); queued
-        items = [(idx, pos_src - (finish - t_len[idx])) for finish, idx in sorted(h_src)]
+        items = [(idx, max(0.0, pos_src - (finish - t_len[idx]))) for finish, idx in sorted(h_src)]
         h_src.clear()
         items.extend(self.e_wait[src])
         self.e_wait[src].clear()
@@ -527,9 +554,27 @@ class Simulator:
             )
 
     def _set_training(self, on: bool) -> None:
-        """Start or end a training step; with contention, every replica's step time changes from now on."""
+        """Start or end a training step."""
         self.training = on
-        if self.rollout_contention != 1.0:
+        self._set_slowdown()
+
+    def _check_concurrency(self) -> None:
+        """Note whether two or more replicas decode now (they slow each other by ``engine_contention``)."""
+        decoding = 0
+        for h, paused in zip(self.e_heap, self.e_paused, strict=True):
+            if h and not paused:
+                decoding += 1
+        if (decoding > 1) != self.concurrent:
+            self.concurrent = decoding > 1
+            self._set_slowdown()
+
+    def _set_slowdown(self) -> None:
+        """Set the factor on decode steps from the contentions in effect; when it changes, every replica's step
+        time changes from now on."""
+        slowdown = ((self.rollout_contention if self.training else 1.0)
+                    * (self.engine_contention if self.concurrent else 1.0))
+        if slowdown != self.slowdown:
+            self.slowdown = slowdown
             for r in range(len(self.e_heap)):
                 self._advance(r, self.now)
                 self.dirty.add(r)

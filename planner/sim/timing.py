@@ -13,6 +13,8 @@ from architecture, accelerator, placement and calibration):
     weight_bytes_per_group  bytes of one policy version on one replica (for the extra-memory metric)
     rollout_contention   factor on a decode step while the trainer runs (1: separate devices)
     train_contention     factor on a training step started while rollout runs (1: separate devices)
+    engine_contention    factor on a decode step while another replica decodes too (1: separate devices)
+    prompt_ingest_max_tokens  prompts up to this long are fed through the decode batch, one token per step
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class StepTiming(Protocol):
     """Added to a decode step for each hosted version with running requests beyond the first (multi-version)."""
     rollout_contention: float
     train_contention: float
+    engine_contention: float
+    prompt_ingest_max_tokens: int
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
 
@@ -65,6 +69,8 @@ class LinearTiming:
     """None: ``decode_base_s`` (each extra hosted version costs a step's fixed part)."""
     rollout_contention: float = 1.0
     train_contention: float = 1.0
+    engine_contention: float = 1.0
+    prompt_ingest_max_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.decode_base_s <= 0:

@@ -20,12 +20,13 @@ TRUTH = DEFAULT_CALIBRATION.with_overrides(
     cpu_memory_efficiency=0.3, cpu_compute_efficiency=0.1, cpu_step_overhead_s=0.0015,
     cpu_train_compute_efficiency=0.4, cpu_train_step_overhead_s=0.01, cpu_rollout_contention=1.3,
     cpu_train_contention=1.5, cpu_extra_version_step_s=0.0004, cpu_weight_publish_fixed_s=0.02,
-    cpu_weight_reload_fixed_s=0.003)
+    cpu_weight_reload_fixed_s=0.003, cpu_engine_contention=1.25)
 
 
 def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int) -> None:
     """A run whose every duration follows TRUTH: training steps of 0.1 s every 0.3 s; engine steps in between
-    (sync: only while no training step runs) or throughout (asynchronous)."""
+    (sync: only while no training step runs) or throughout (asynchronous). In sync a second engine decodes
+    during the first ~half of each rollout, and both engines' steps take 1.25x meanwhile."""
     rng = random.Random(seed)
     model = _rollout_model(ctx, TRUTH)
     timing = cost_model_timing(ctx.arch, rollout_acc=ctx.accelerator, train_acc=ctx.accelerator, rollout_tp=1,
@@ -48,20 +49,30 @@ def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int) ->
         trace.append({"t": t0 + 0.15 + train_s, "type": "train_step", "step": k + 1})
         trace.append({"t": t0 + 0.15 + train_s + timing.weight_publish_s, "type": "weights_published",
                       "version": k + 1})
-        steps.append(json.dumps([0, t0 + 0.001, timing.weight_load_trainer_s, "load", 0, 0, 0, 0]))
-        t = t0 + 0.01
-        stop = t0 + 0.3 if overlapped else t0 + 0.149
-        while True:
-            b = rng.choice((1, 8, 16, 32, 64))
-            c = b * rng.choice((8, 32, 64, 96))
-            v = rng.choice((1, 1, 2, 3)) if overlapped else 1
-            during = t0 + 0.15 <= t <= t0 + 0.15 + train_s
-            dur = model.decode_step_s(b, c) + (v - 1) * (weight_read + 0.0004)
-            dur *= 1.3 if during else 1.0
-            if t + dur > stop:
-                break
-            steps.append(json.dumps([0, round(t, 9), dur, "step", b, c, v, 0]))
-            t += dur + 1e-6
+        # the version is served weight_load_trainer_s after the load starts; the engine pauses only to install it
+        steps.append(json.dumps([0, t0 + 0.001 + timing.weight_load_trainer_s - 2e-4, 2e-4, "load", 0, 0, 0, 0]))
+        trace.append({"t": t0 + 0.001, "type": "weights_load_started", "rollout_group": 0, "version": k})
+        trace.append({"t": t0 + 0.001 + timing.weight_load_trainer_s, "type": "weights_loaded", "rollout_group": 0,
+                      "version": k})
+        other_end = t0 + 0.01  # the second engine's steps end here
+        for worker, stop in ((1, t0 + 0.08), (0, t0 + 0.3 if overlapped else t0 + 0.149)):
+            if worker == 1 and overlapped:
+                continue
+            t = t0 + 0.01
+            while True:
+                b = rng.choice((1, 8, 16, 32, 64))
+                c = b * rng.choice((8, 32, 64, 96))
+                v = rng.choice((1, 1, 2, 3)) if overlapped else 1
+                during = t0 + 0.15 <= t <= t0 + 0.15 + train_s
+                dur = model.decode_step_s(b, c) + (v - 1) * (weight_read + 0.0004)
+                dur *= 1.3 if during else 1.0
+                dur *= 1.25 if worker == 1 or t < other_end else 1.0
+                if t + dur > stop:
+                    break
+                steps.append(json.dumps([worker, round(t, 9), dur, "step", b, c, v, 0]))
+                t += dur + 1e-6
+            if worker == 1:
+                other_end = t
     (path / "engine_steps.jsonl").write_text("\n".join(steps) + "\n")
     (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (path / "trace.jsonl").write_text("".join(json.dumps(e) + "\n" for e in trace))
@@ -75,7 +86,8 @@ def test_in_situ_fit_recovers_contention_versions_and_weight_times(ctx: ModelCon
     read_run(tmp_path / "async", data)
     assert len(data.train_alone) == 12 and len(data.train_contended) == 12
     calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, "test")
-    assert {f.kind for f in fits} == {"decode", "contention", "versions", "train", "weights"}
+    assert {f.kind for f in fits} == {"decode", "engines", "contention", "versions", "train", "weights"}
+    assert calib.cpu_engine_contention == pytest.approx(1.25, rel=0.03)
     assert calib.cpu_rollout_contention == pytest.approx(1.3, rel=0.03)
     assert calib.cpu_train_contention == pytest.approx(1.5, rel=0.03)
     assert calib.cpu_extra_version_step_s == pytest.approx(0.0004, rel=0.1)

@@ -145,6 +145,46 @@ def test_contention_slows_only_what_overlaps():
     assert [s.end_s - s.start_s for s in r.steps] == pytest.approx([10.0, 5.0, 5.0, 5.0])
 
 
+def test_engine_contention_slows_replicas_only_while_two_decode():
+    from dataclasses import replace
+
+    # sync, two replicas, one prompt group each, each group's samples of one length: both replicas decode
+    # together until the shorter group ends (1.5x slower meanwhile), then the other decodes alone
+    w = Workload(response_length=LengthDistribution.lognormal(median=60, p99=400, max_tokens=500), prompt_tokens=5,
+                 length_per_prompt=True)
+    c = cfg("sync", max_version_lag=0, num_rollout_groups=2, slots_per_group=2, prompts_per_step=2, total_steps=1)
+    r = simulate(c, w, replace(HAND, engine_contention=1.5), seed=4, record_events=True)
+    ends = {e["rollout_group"]: e["num_tokens"] for e in r.events if e["type"] == "finished"}
+    short, long = sorted(ends.values())
+    assert len(ends) == 2 and short < long
+    assert r.steps[0].start_s == pytest.approx(0.01 * (1.5 * short + (long - short)))
+    # one replica decodes alone whatever the factor
+    one = cfg("sync", max_version_lag=0, prompts_per_step=2, total_steps=1)
+    assert simulate(one, w, replace(HAND, engine_contention=1.5), seed=4).steps[0].start_s == pytest.approx(
+        simulate(one, w, HAND, seed=4).steps[0].start_s)
+
+
+def test_multi_version_engine_decodes_while_it_loads_a_version():
+    from dataclasses import replace
+
+    # one engine hosting up to 3 versions, 10 ms a step with one version busy: a load of v1 takes 0.3 s from the
+    # end of step 1, and the engine's v0 requests keep decoding meanwhile, so every request that finishes before
+    # v1 is served has taken exactly 10 ms a token since its admission, some of them inside the load
+    w = Workload(response_length=LengthDistribution.lognormal(median=60, p99=400, max_tokens=500), prompt_tokens=5)
+    t = replace(HAND, weight_load_trainer_s=0.3, train_base_s=0.2, weight_publish_s=0.0)
+    c = cfg("streaming", max_version_lag=2, slots_per_group=16, prompts_per_step=2, total_steps=4,
+            max_versions_per_engine=3)
+    r = simulate(c, w, t, seed=1, record_events=True)
+    started = next(e["t"] for e in r.events if e["type"] == "weights_load_started")
+    served = next(e["t"] for e in r.events if e["type"] == "weights_loaded")
+    assert served == pytest.approx(started + 0.3)
+    admitted = {e["traj"]: e["t"] for e in r.events if e["type"] == "admitted"}
+    early = [e for e in r.events if e["type"] == "finished" and e["t"] < served]
+    assert any(e["t"] > started for e in early)
+    for e in early:
+        assert e["t"] == pytest.approx(admitted[e["traj"]] + 0.01 * e["num_tokens"])
+
+
 def _busiest_destination(events) -> tuple[int, int]:
     """Replay a trace's per-engine request counts; (migrations, most requests a destination held right after one)."""
     where: dict[str, int] = {}
