@@ -458,7 +458,7 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
     machine = machine_description()
     source = (f"measured: torch CPU engines of {spec.name} ({len(decode)} decode, {len(prefill)} prefill, "
               f"{len(train)} train, {len(publish)} publish points{', quick grid' if quick else ''}) on "
-              f"{machine['cpu_model']}, {machine['cpu_count']} cores, 1 torch thread per actor")
+              f"{machine['cpu_model']}, {machine['cpu_count']} cores, 1 torch thread per engine")
     calib, fits = fit_all(decode, prefill, train, publish, ctx, DEFAULT_CALIBRATION, source)
     text = calibration_document(calib, fits, [*decode, *prefill, *train, *publish], machine, spec.name,
                                 resolved.spec_hash)

@@ -27,7 +27,8 @@ cover at least half of their span. Then, with the cost model's own formulas (`do
                  ran (alone = fitted on training steps with no rollout)
     versions     cpu_extra_version_step_s = sum over multi-version steps of (measured / contention - predicted
                  single-version) / sum (versions - 1), less the weight read the formula already charges
-Steps that overlap both a training step and another engine's steps have the engine factor divided out.
+                 (steps that another engine's steps cover have the engine factor divided out too, here and in
+                 the contention fit)
     train        (eta_train, t_train) from training steps with no rollout running; a step run on n torch
                  threads (a colocated sync trainer has every core) is modelled as data parallel over n cores
     weights      cpu_weight_publish_fixed_s from train-step end -> weights published (the trainer side: the

@@ -18,8 +18,8 @@ Admitting a prompt group pauses decoding for one prefill of the shared prompt (t
 samples share it, as with prefix caching), unless the engine feeds prompts of at most
 ``prompt_ingest_max_tokens`` through the decode batch (dora's CPU engine, outside modes that interrupt
 in-flight requests): then each new sequence runs ``prompt - 1`` decode steps, as a row of the batch,
-before its first sampled token (its start position is that many steps ahead). Loading weights pauses the replica; with
-``resume_in_flight`` the in-flight contexts are re-prefilled on the new weights afterwards.
+before its first sampled token (its start position is that many steps ahead). Loading weights pauses the
+replica; with ``resume_in_flight`` the in-flight contexts are re-prefilled on the new weights afterwards.
 With ``max_versions_per_engine > 1`` a replica decodes all its sequences in one batched step whatever
 their versions, plus ``extra_version_step_s`` per hosted version with running sequences beyond the
 first (reading that version's weights, and the engine's per-version overhead);
