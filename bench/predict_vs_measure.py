@@ -136,7 +136,9 @@ def main() -> int:
 def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int, out_dir: str,
                        console: Console) -> int:
     """`dora apply` a sync and a streaming run of the spec with its seed + 1 (so the measured runs are not the
-    data the constants were fitted to), then `dora calibrate --from-run` both."""
+    data the constants were fitted to), then `dora calibrate --from-run` both. The sync run has one engine per
+    core whatever the plan says, so that it measures engines decoding alone and side by side
+    (`cpu_engine_contention`)."""
     import yaml
 
     from dora.apply import ApplyOverrides, run_apply
@@ -152,7 +154,8 @@ def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int,
         out = f"{out_dir}/calibrate-{mode}"
         console.print(f"in-situ calibration run: {mode}, {steps} steps, seed {data['runtime']['seed']} -> {out}")
         fresh_run_dir(out, console)
-        if run_apply(str(spec), overrides=ApplyOverrides(mode=mode, steps=steps, output_dir=out),
+        workers = resolved.spec.cluster.accelerators_per_node if mode == "sync" else None
+        if run_apply(str(spec), overrides=ApplyOverrides(mode=mode, steps=steps, output_dir=out, rollout_workers=workers),
                      console=console, live=False) != 0:
             return 1
         runs.append(out)
