@@ -185,8 +185,7 @@ class Controller:
         self._prompts: dict[int, Prompt] = {}
         self._group_version: dict[int, int] = {}
         self._scored: dict[int, list[ScoredTrajectory]] = {}
-        self._consumed: set[int] = set()
-        self._consumed_all: set[int] = set(resume.consumed_groups) if resume else set()
+        self._trained_groups: set[int] = set(resume.consumed_groups) if resume else set()
         self._regenerate = resume.regenerate if resume else ()
         self._next_group = resume.next_group if resume else 0
         self._local_group: dict[int, int] = {}
@@ -286,7 +285,7 @@ class Controller:
         if trainer_file is None:
             return
         write_checkpoint(self.config.output_dir, Checkpoint(
-            step=step, consumed_groups=tuple(self._consumed_all), trainer_state=Path(trainer_file).name,
+            step=step, consumed_groups=tuple(self._trained_groups), trainer_state=Path(trainer_file).name,
             step_event=step_event, config_key=self.config.config_key,
         ))
 
@@ -580,7 +579,6 @@ class Controller:
             if len(self._scored[g]) != self.spp:
                 raise RuntimeError(f"step {step} consumes group {g} with {len(self._scored[g])}/{self.spp} finished")
             batch.extend(self._scored[g])
-            self._consumed.add(g)
         start = self.now()
         versions = [self._group_version[g] for g in groups for _ in range(self.spp)]
 
@@ -590,7 +588,7 @@ class Controller:
             event = {"t": round(self.trace.offset_s + end, 6), "type": "train_step", "step": step,
                      "start_t": round(self.trace.offset_s + start, 6),
                      "consumed": [s.trajectory.request_id for s in batch], "produced_version": step}
-            self._consumed_all.update(groups)
+            self._trained_groups.update(groups)
             self._checkpoint(step, event)  # the trainer saved; before the trace records the step (see checkpoint)
             self.trace.write(event)
             record = self.stats.step_finished(
@@ -677,11 +675,15 @@ class Controller:
         self.stats.observe(self.now(), self._latest_counters(), self._live(), self._engines())
 
     def _close(self) -> None:
-        """Account for every admitted, unconsumed trajectory, stop the actors, close the files."""
+        """Account for every admitted, untrained trajectory, stop the actors, close the files.
+
+        A group a train step took is untrained until that step finished: stopped while the step runs (Ctrl-C,
+        a lost worker), its trajectories are recorded unfinished too (finished ones), as the resume regenerates
+        them from the last checkpoint."""
         t = self.now()
         finished_ids = {s.trajectory.request_id for g in self._scored for s in self._scored[g]}
         for g in sorted(self._scored):
-            if g in self._consumed:
+            if g in self._trained_groups:
                 continue
             for i in range(self.spp):
                 rid = f"g{g}/{i}"

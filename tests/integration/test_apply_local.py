@@ -21,6 +21,7 @@ from ruamel.yaml import YAML
 
 from dora.apply import ApplyOverrides, run_apply
 from dora.runtime.driver import finish_job, report
+from dora.runtime.faults import ledger
 from dora.runtime.trace import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,8 +163,10 @@ def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path):
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "Traceback" not in stdout
     assert "interrupted" in stderr
-    events = read_jsonl(tmp_path / "interrupted" / "trace.jsonl")
-    assert any(e["type"] == "unfinished_at_end" for e in events)  # the leftovers are accounted for
+    trace = tmp_path / "interrupted" / "trace.jsonl"
+    assert any(e["type"] == "unfinished_at_end" for e in read_jsonl(trace))  # the leftovers are accounted for,
+    counts = ledger(trace)  # every one of them: a batch the trainer held when Ctrl-C came included
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
 
 
 def test_streaming_with_two_versions_per_engine_audits_clean(tmp_path):

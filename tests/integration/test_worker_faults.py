@@ -97,3 +97,31 @@ def test_watchdog_reports_what_a_stalled_run_waits_for(tmp_path, joined):
     message = str(info.value)
     assert "rollout worker 0" in message and "rollout worker 1" in message and "last reply" in message
     assert "waits for" in message or "waiting for the trainer" in message
+
+
+def test_a_run_stopped_while_a_step_trains_accounts_for_that_steps_batch(tmp_path, joined):
+    # Ctrl-C (or any stop) lands while the trainer holds a batch: the step never finished, so its trajectories
+    # were not trained and must be recorded unfinished, not silently lost.
+    from dora.runtime.controller import Controller
+
+    controller, config = _controller(tmp_path, "streaming", steps=20)
+    train, taken = Controller._train, []
+
+    def train_then_stop(self, act) -> None:
+        train(self, act)
+        taken.append(act)
+        if len(taken) == 3:
+            raise KeyboardInterrupt
+
+    controller._train = train_then_stop.__get__(controller)
+    with pytest.raises(KeyboardInterrupt):
+        controller.run()
+    events = read_jsonl(config.output_dir / "trace.jsonl")
+    trained = {t for e in events if e["type"] == "train_step" for t in e["consumed"]}
+    unfinished = {e["traj"]: e["finished"] for e in events if e["type"] == "unfinished_at_end"}
+    in_flight = [f"g{g}/{i}" for g in taken[-1].group_ids for i in range(4)]
+    assert not trained & set(in_flight) and all(unfinished.get(t) is True for t in in_flight), unfinished
+    counts = ledger(config.output_dir / "trace.jsonl")
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    report = check_trace(events, k=config.policy.max_version_lag, allow_version_mixing=False)
+    assert report.ok, report.violations[:5]
