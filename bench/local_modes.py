@@ -42,13 +42,11 @@ LENGTH_TOLERANCE = 0.05
 
 
 def predict(resolved: Any, rc: RuntimeConfig, calibration: Any = None) -> dict[str, float] | str:
-    """The planner's prediction for exactly what ``rc`` runs (``_predict.predict_run``), or why there is none, in
-    the measured columns' units: trained tokens are response tokens (the simulator counts prompt + response:
-    the prompts are subtracted)."""
+    """The planner's prediction for exactly what ``rc`` runs (``_predict.predict_run``), or why there is none
+    (trained tokens are prompt + response tokens on both sides)."""
     try:
         sim = predict_run(resolved, rc, calibration, steps=rc.steps)
-        prompt = max(1, round(resolved.prompt_lengths.mean_tokens()))
-        return {"trained_tokens_per_s": sim.tokens_per_s - sim.samples_per_s * prompt,
+        return {"trained_tokens_per_s": sim.tokens_per_s,
                 "occupancy": sim.rollout_slot_occupancy, "step_time_s": sim.step_time_s}
     except Exception as exc:  # a prediction is informative only; never let it stop the measured bench
         return f"n/a ({type(exc).__name__}: {exc})"

@@ -87,7 +87,8 @@ class Predictions:
     """Steady-state mean wall time per training step."""
     generated_tokens_per_s: float
     trained_tokens_per_s: float
-    """Response tokens trained per second (the fair cross-mode throughput)."""
+    """Prompt + response tokens trained per second: what the trainer processes (verl's ``perf/throughput``
+    convention; the fair cross-mode throughput). ``dora apply`` measures the same figure."""
     samples_per_s: float
     bubble_fraction: float
     """Fraction of accelerator time idle on the critical path (rollout slots empty or trainer waiting)."""

@@ -52,7 +52,7 @@ def render(stats: RunStats, title: str) -> Panel:
                                    f"IS weight mean {last.is_weight_mean:.3f} max {last.is_weight_max:.2f} "
                                    f"clipped {last.is_weight_clip_frac:.1%}")
         table.add_row("throughput", f"generated {last.generated_tokens / last.step_time_s:7.0f} tok/s   "
-                                    f"trained {last.trained_tokens / last.step_time_s:7.0f} tok/s   "
+                                    f"trained {last.forward_tokens / last.step_time_s:7.0f} tok/s   "
                                     f"step {last.step_time_s:.2f}s (rollout share {last.rollout_share:.0%})")
     versions = ", ".join(f"v{v}" for v in stats.live_versions)
     engines = " ".join(f"v{v}" for v in stats.engine_versions)
@@ -96,7 +96,7 @@ class LiveDisplay:
             self.console.print(
                 f"step {r.step:3d}/{stats.total_steps}  reward {r.reward_mean:.3f}  staleness {r.mean_staleness:.2f}  "
                 f"step {r.step_time_s:.2f}s  occupancy {r.rollout_occupancy:.0%}  "
-                f"trained {r.trained_tokens / r.step_time_s:.0f} tok/s", highlight=False,
+                f"trained {r.forward_tokens / r.step_time_s:.0f} tok/s", highlight=False,
             )
         self._printed_steps = len(stats.steps)
 

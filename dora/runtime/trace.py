@@ -111,7 +111,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
 # ----------------------------------------------------------------------------- metrics
 @dataclass(frozen=True, kw_only=True)
 class StepRecord:
-    """One line of ``metrics.jsonl``. Times in seconds on the run clock; tokens are response tokens.
+    """One line of ``metrics.jsonl``. Times in seconds on the run clock.
+
+    ``forward_tokens`` (prompt + response tokens the trainer processed) is what *trained tokens* counts, here and
+    in the planner's predictions; ``response_tokens`` are the response tokens that carry the loss.
 
     Interval figures cover ``(previous step's end, this step's end]``: ``rollout_occupancy`` is
     occupied slot-seconds over ``slots x workers x interval``; ``rollout_share`` is the part of the
@@ -137,7 +140,7 @@ class StepRecord:
     mean_staleness: float
     max_staleness: int
     num_sequences: int
-    trained_tokens: int
+    response_tokens: int
     forward_tokens: int
     forward_sum_sq_tokens: int
     train_threads: int
@@ -245,7 +248,7 @@ class RunStats:
             is_weight_max=metrics.is_weight_max, is_weight_clip_frac=metrics.is_weight_clip_frac,
             ppo_clip_frac=metrics.ppo_clip_frac, mean_staleness=sum(staleness) / len(staleness),
             max_staleness=max(staleness), num_sequences=metrics.num_sequences,
-            trained_tokens=metrics.num_trained_tokens, forward_tokens=metrics.num_forward_tokens,
+            response_tokens=metrics.num_trained_tokens, forward_tokens=metrics.num_forward_tokens,
             forward_sum_sq_tokens=metrics.forward_sum_sq_tokens, train_threads=metrics.train_threads,
             mean_response_tokens=metrics.num_trained_tokens / metrics.num_sequences, generated_tokens=d_gen,
             rollout_occupancy=d_slot / (self.num_workers * self.slots_per_worker * interval),
@@ -276,12 +279,12 @@ class RunStats:
         t0 = s[0].end_s if len(s) > 1 else 0.0
         base = s[0] if len(s) > 1 else None
         span = max(s[-1].end_s - t0, 1e-9)
-        tokens = [r.trained_tokens for r in s]
+        tokens = [r.response_tokens for r in s]
         seqs = [r.num_sequences for r in s]
         k = max(1, len(s) // 5)
         out.update({
             "steady_step_time_s": span / len(steady),
-            "steady_trained_tokens_per_s": sum(r.trained_tokens for r in steady) / span,
+            "steady_trained_tokens_per_s": sum(r.forward_tokens for r in steady) / span,  # prompt + response, as planned
             "steady_generated_tokens_per_s": (s[-1].cum_generated_tokens - (base.cum_generated_tokens if base else 0)) / span,
             "steady_rollout_occupancy": (s[-1].cum_busy_slot_s - (base.cum_busy_slot_s if base else 0.0))
             / (self.num_workers * self.slots_per_worker * span),
@@ -292,8 +295,8 @@ class RunStats:
             "reward_curve": [round(r.reward_mean, 4) for r in s],
             "reward_first": sum(r.reward_mean for r in s[:k]) / k,
             "reward_last": sum(r.reward_mean for r in s[-k:]) / k,
-            "is_weight_mean": sum(r.is_weight_mean * r.trained_tokens for r in s) / sum(tokens),
+            "is_weight_mean": sum(r.is_weight_mean * r.response_tokens for r in s) / sum(tokens),
             "is_weight_max": max(r.is_weight_max for r in s),
-            "is_weight_clip_frac": sum(r.is_weight_clip_frac * r.trained_tokens for r in s) / sum(tokens),
+            "is_weight_clip_frac": sum(r.is_weight_clip_frac * r.response_tokens for r in s) / sum(tokens),
         })
         return out

@@ -167,7 +167,7 @@ def test_step_records_use_interval_deltas_and_the_staleness_definition_of_the_ch
     assert r2.rollout_share == pytest.approx(0.5 / 1.0)
     assert r2.mean_staleness == pytest.approx(0.5) and r2.max_staleness == 1
     s = stats.summary()
-    assert s["steady_trained_tokens_per_s"] == pytest.approx(20 / 1.0)
+    assert s["steady_trained_tokens_per_s"] == pytest.approx((20 + 4 * 4) / 1.0)  # prompt + response, as planned
     assert s["steady_generated_tokens_per_s"] == pytest.approx(30 / 1.0)
     assert s["mean_trained_response_tokens"] == pytest.approx(60 / 8)
     assert s["reward_curve"] == [0.5, 0.5]
