@@ -128,7 +128,7 @@ class _Worker:
 
     index: int
     actor: Any
-    commands: deque[tuple[Callable[[], Any], Callable[[Any], None]]] = field(default_factory=deque)
+    commands: deque[Command] = field(default_factory=deque)
     busy: bool = False
     next_seq: int = 1
     held: dict[int, WorkerMessage] = field(default_factory=dict)
@@ -143,6 +143,8 @@ class _Worker:
     """The (global) version this worker serves or is loading, as last commanded."""
     requests: dict[str, GenerationRequest] = field(default_factory=dict)
     """Requests given to this worker (sent or queued), not yet finished or exported: what a restart regenerates."""
+    queued_add: tuple[Command, list[GenerationRequest]] | None = None
+    """The last add command and its request list, which grows while that command waits in ``commands``."""
     dead_counters: WorkerCounters | None = None
     """Counters of earlier incarnations (a restarted process counts from zero)."""
     last_heard: float = 0.0
@@ -328,10 +330,13 @@ class Controller:
         self._submit(w.actor.poll.remote(self.config.poll_timeout_s, self.config.poll_linger_s, self.spp,
                                          incarnation=w.incarnation), done)
 
-    def _command(self, w: _Worker, kind: str, call: Callable[[], Any], on_done: Callable[[Any], None]) -> None:
-        w.commands.append((kind, call, on_done))
+    def _command(self, w: _Worker, kind: str, call: Callable[[], Any], on_done: Callable[[Any], None]) -> Command:
+        """Queue a command for ``w`` (sent at once when none is in flight); the queued tuple."""
+        command = (kind, call, on_done)
+        w.commands.append(command)
         if not w.busy:
             self._next_command(w)
+        return command
 
     def _next_command(self, w: _Worker) -> None:
         if not w.commands:
@@ -356,12 +361,20 @@ class Controller:
 
         self._submit(call(), done)
 
-    def _add(self, w: _Worker, requests: list[GenerationRequest], kind: str = "add") -> None:
+    def _add(self, w: _Worker, requests: list[GenerationRequest]) -> None:
+        """Give ``requests`` to ``w``: they join the add command queued last, when that is the worker's last command
+        and not yet sent, instead of waiting one more round trip (an engine step at least) behind it: the policy
+        admits many groups at once (a sync step admits the whole batch)."""
         for r in requests:
             w.requests[r.request_id] = r
         self._count_open()
-        self._command(w, kind, lambda: w.actor.add_requests.remote(requests, incarnation=w.incarnation),
-                      lambda _: None)
+        if w.queued_add is not None and w.commands and w.commands[-1] is w.queued_add[0]:
+            w.queued_add[1].extend(requests)
+            return
+        batch = list(requests)
+        command = self._command(w, "add", lambda: w.actor.add_requests.remote(batch, incarnation=w.incarnation),
+                                lambda _: None)
+        w.queued_add = (command, batch)
 
     def _count_open(self) -> None:
         self.stats.trajectories_open(self.now(), sum(len(w.requests) for w in self._workers))

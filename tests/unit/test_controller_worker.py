@@ -134,6 +134,44 @@ def test_load_without_resume_refuses_an_engine_with_requests_in_flight(workers):
         w.load_weights(1, _weights(1))
 
 
+def test_admissions_queued_behind_an_add_in_flight_go_out_as_one_command(monkeypatch):
+    # The controller's side of a worker (no Ray): one command in flight per worker, in policy order. A sync step
+    # admits its whole batch at once; sent one group per round trip, the engine's batch grew by one group per step.
+    import ray
+
+    import dora.runtime.controller as ctl
+
+    monkeypatch.setattr(ctl, "ray", SimpleNamespace(get=lambda ref, **_: None, exceptions=ray.exceptions))
+    sent: list[tuple[str, list[str]]] = []
+
+    def method(name: str) -> SimpleNamespace:
+        def remote(*args, **_):
+            sent.append((name, [r.request_id for r in args[0]] if name == "add_requests" else list(args)))
+            return len(sent)
+        return SimpleNamespace(remote=remote)
+
+    actor = SimpleNamespace(add_requests=method("add_requests"), load_weights=method("load_weights"))
+    controller = object.__new__(ctl.Controller)
+    controller._pending, controller._t0 = {}, time.perf_counter()
+    controller.stats = RunStats(num_workers=1, slots_per_worker=8, total_steps=1, mode="sync")
+    w = ctl._Worker(index=0, actor=actor)
+    controller._workers = [w]
+    r = _requests(5)
+    controller._add(w, r[:1])  # nothing in flight: sent at once
+    controller._add(w, r[1:2])
+    controller._add(w, r[2:3])  # both queued behind it: one command
+    controller._command(w, "load", lambda: actor.load_weights.remote(1), lambda _: None)
+    controller._add(w, r[3:4])
+    controller._add(w, r[4:5])  # behind the load: never merged across it
+    assert sent == [("add_requests", ["g0/0"])]
+    while controller._pending:  # each reply sends the next command
+        ref, done = controller._pending.popitem()
+        done(ref)
+    assert sent == [("add_requests", ["g0/0"]), ("add_requests", ["g0/1", "g0/2"]), ("load_weights", [1]),
+                    ("add_requests", ["g0/3", "g0/4"])]
+    assert list(w.requests) == [f"g0/{i}" for i in range(5)] and not w.busy
+
+
 def _counters(slot_s: float, busy_s: float, gen: int) -> SimpleNamespace:
     return SimpleNamespace(busy_slot_s=slot_s, busy_s=busy_s, generated_tokens=gen, num_active=4, wall_s=0.0)
 
