@@ -194,6 +194,9 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
         out.append(_d((*R, "consolidation_batch"), f"consolidation only happens in mode streaming, and "
                       f"staleness.mode is {spec.staleness.mode!r}",
                       "remove consolidation_batch or set staleness.mode to streaming or auto"))
+    if spec.cluster.accelerator == "cpu" and r.tp is not None and r.tp > 1:
+        out.append(_d((*R, "tp"), f"the CPU engine runs one thread per replica, so rollout tp must be 1, got {r.tp}",
+                      "set tp: 1 (or remove it); more rollout replicas use more cores"))
     if r.versions_per_engine is not None and r.versions_per_engine > spec.staleness.max_version_lag + 1:
         out.append(_d((*R, "versions_per_engine"), f"an engine can hold at most k+1 = "
                       f"{spec.staleness.max_version_lag + 1} live versions, got {r.versions_per_engine}",

@@ -155,6 +155,14 @@ class Space:
         max_tp = min(inp.total_accelerators, 4 * inp.accelerators_per_node)
         tps = [pins.rollout_tp] if pins.rollout_tp else [t for t in powers_of_two_upto(max_tp) if heads % t == 0]
         out: list[RolloutOption] = []
+        if inp.accelerator.name == "cpu":
+            # dora's CPU engine is one single-threaded process per replica: a second core serves a second replica.
+            # (Two torch threads in one engine decode local-tiny's batches 2x slower than one, measured 2026-11-22.)
+            if pins.rollout_tp and pins.rollout_tp > 1:
+                self.rejections.append(Rejection(what=f"rollout tp{pins.rollout_tp}", reason=(
+                    "the CPU engine runs one thread per replica: pin rollout tp 1 (more replicas use more cores)"),
+                    need_over_have=float(pins.rollout_tp)))
+            tps = [t for t in tps if t == 1]
         for tp in tps:
             eps = [1, tp] if arch.is_moe and tp > 1 else [1]
             if pins.rollout_ep:

@@ -213,3 +213,19 @@ def test_local_task_lengths_are_per_prompt_and_shorten_the_expected_tail() -> No
     assert Screen(Space(local)).expected_max_response() == float(dist.quantile(1 - 1 / (n + 1)))
     assert Screen(Space(per_sample)).expected_max_response() == float(dist.quantile(1 - 1 / (n * spp + 1)))
     assert Space(local).longest_seq_tokens < Space(per_sample).longest_seq_tokens
+
+
+def test_cpu_rollout_engines_are_one_core_each_and_a_pinned_tp_is_refused_with_the_reason():
+    # The runtime runs each CPU engine on one thread (two threads decode local-tiny 2x slower): a plan that priced
+    # a 2-core engine as tensor parallel predicted a rollout the run never had.
+    import dataclasses
+
+    from planner.search import Pins
+
+    inputs = search_inputs(load_spec(str(SPECS / "local-tiny.yaml")))
+    outcome = search(inputs)
+    assert {c.placement.rollout.tp for c in outcome.screened} == {1}
+    assert any(c.placement.colocated and c.placement.replicas == 2 for c in outcome.screened if c.mode == "sync")
+    with pytest.raises(InfeasibleError) as info:
+        search(dataclasses.replace(inputs, pins=Pins(rollout_tp=2)))
+    assert info.value.closest is not None and "one thread per replica" in info.value.closest.reason
