@@ -19,8 +19,8 @@ Targets (issue 9): median |step-time error| <= 15%; predicted streaming/sync spe
     python bench/predict_vs_measure.py --calibration calibration.json          # 12 steps per mode (spec: 40)
     python bench/predict_vs_measure.py --steps 20 --repeats 2                  # spread over repeated runs
     python bench/predict_vs_measure.py --calibration catalog                   # the built-in constants
-Without --calibration it first calibrates in situ: a sync and a streaming `dora apply` run with the spec's seed
-+ 1, then `dora calibrate --from-run` both, into <out-dir>/calibration.json (the micro-benchmarks of plain
+Without --calibration it first calibrates in situ: two sync runs (one engine, one engine per core) and a streaming
+`dora apply` run with the spec's seed + 1, then `dora calibrate --from-run` all three, into <out-dir>/calibration.json (the micro-benchmarks of plain
 `dora calibrate` time each engine alone, which on 2 shared cores predicts ~1.6x too fast).
 """
 
@@ -135,10 +135,11 @@ def main() -> int:
 
 def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int, out_dir: str,
                        console: Console) -> int:
-    """`dora apply` a sync and a streaming run of the spec with its seed + 1 (so the measured runs are not the
-    data the constants were fitted to), then `dora calibrate --from-run` both. The sync run has one engine per
-    core whatever the plan says, so that it measures engines decoding alone and side by side
-    (`cpu_engine_contention`)."""
+    """`dora apply` two sync runs and a streaming run of the spec with its seed + 1 (so the measured runs are not
+    the data the constants were fitted to), then `dora calibrate --from-run` all three. One sync run has a single
+    engine: its steps fit the decode constants at every batch size (two engines started together decode side by
+    side until their tails, so their lone steps are nearly all small batches). The other has one engine per core,
+    whatever the plan says, for `cpu_engine_contention`."""
     import yaml
 
     from dora.apply import ApplyOverrides, run_apply
@@ -150,11 +151,11 @@ def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int,
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     runs = []
-    for mode in ("sync", "streaming"):
-        out = f"{out_dir}/calibrate-{mode}"
+    cores = resolved.spec.cluster.accelerators_per_node
+    for mode, workers, name in (("sync", 1, "sync-1"), ("sync", cores, f"sync-{cores}"), ("streaming", None, "streaming")):
+        out = f"{out_dir}/calibrate-{name}"
         console.print(f"in-situ calibration run: {mode}, {steps} steps, seed {data['runtime']['seed']} -> {out}")
         fresh_run_dir(out, console)
-        workers = resolved.spec.cluster.accelerators_per_node if mode == "sync" else None
         if run_apply(str(spec), overrides=ApplyOverrides(mode=mode, steps=steps, output_dir=out, rollout_workers=workers),
                      console=console, live=False) != 0:
             return 1
