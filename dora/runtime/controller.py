@@ -690,9 +690,9 @@ class Controller:
     def _close(self) -> None:
         """Account for every admitted, untrained trajectory, stop the actors, close the files.
 
-        A group a train step took is untrained until that step finished: stopped while the step runs (Ctrl-C,
-        a lost worker), its trajectories are recorded unfinished too (finished ones), as the resume regenerates
-        them from the last checkpoint."""
+        A group a train step took is untrained until that step finished: when the run stops while the step runs
+        (Ctrl-C, a lost worker), its trajectories are recorded ``unfinished_at_end`` with ``finished=True``, and a
+        resume regenerates them from the last checkpoint."""
         t = self.now()
         finished_ids = {s.trajectory.request_id for g in self._scored for s in self._scored[g]}
         for g in sorted(self._scored):
