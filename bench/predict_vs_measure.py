@@ -19,9 +19,10 @@ Targets (issue 9): median |step-time error| <= 15%; predicted streaming/sync spe
     python bench/predict_vs_measure.py --calibration calibration.json          # 12 steps per mode (spec: 40)
     python bench/predict_vs_measure.py --steps 20 --repeats 2                  # spread over repeated runs
     python bench/predict_vs_measure.py --calibration catalog                   # the built-in constants
-Without --calibration it first calibrates in situ: two sync runs (one engine, one engine per core) and a streaming
-`dora apply` run with the spec's seed + 1, then `dora calibrate --from-run` all three, into <out-dir>/calibration.json (the micro-benchmarks of plain
-`dora calibrate` time each engine alone, which on 2 shared cores predicts ~1.6x too fast).
+Without --calibration it first calibrates in situ: two sync runs (one engine, one engine per core) and a
+streaming `dora apply` run with the spec's seed + 1, then `dora calibrate --from-run` all three, into
+<out-dir>/calibration.json (the micro-benchmarks of plain `dora calibrate` time each engine alone, which on 2 shared
+cores predicts ~1.6x too fast).
 """
 
 from __future__ import annotations
@@ -152,12 +153,12 @@ def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int,
     spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     runs = []
     cores = resolved.spec.cluster.accelerators_per_node
-    for mode, workers, name in (("sync", 1, "sync-1"), ("sync", cores, f"sync-{cores}"), ("streaming", None, "streaming")):
-        out = f"{out_dir}/calibrate-{name}"
+    for mode, workers in (("sync", 1), ("sync", cores), ("streaming", None)):
+        out = f"{out_dir}/calibrate-{mode}" + (f"-{workers}" if workers else "")
         console.print(f"in-situ calibration run: {mode}, {steps} steps, seed {data['runtime']['seed']} -> {out}")
         fresh_run_dir(out, console)
-        if run_apply(str(spec), overrides=ApplyOverrides(mode=mode, steps=steps, output_dir=out, rollout_workers=workers),
-                     console=console, live=False) != 0:
+        overrides = ApplyOverrides(mode=mode, steps=steps, output_dir=out, rollout_workers=workers)
+        if run_apply(str(spec), overrides=overrides, console=console, live=False) != 0:
             return 1
         runs.append(out)
     return run_calibrate(spec_path, cal_path, console, from_runs=runs)

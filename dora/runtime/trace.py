@@ -284,7 +284,8 @@ class RunStats:
         k = max(1, len(s) // 5)
         out.update({
             "steady_step_time_s": span / len(steady),
-            "steady_trained_tokens_per_s": sum(r.forward_tokens for r in steady) / span,  # prompt + response, as planned
+            # prompt + response tokens, as the planner counts them
+            "steady_trained_tokens_per_s": sum(r.forward_tokens for r in steady) / span,
             "steady_generated_tokens_per_s": (s[-1].cum_generated_tokens - (base.cum_generated_tokens if base else 0)) / span,
             "steady_rollout_occupancy": (s[-1].cum_busy_slot_s - (base.cum_busy_slot_s if base else 0.0))
             / (self.num_workers * self.slots_per_worker * span),
