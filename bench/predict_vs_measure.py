@@ -10,9 +10,10 @@ For each mode (sync, one-step-off, streaming) this
    simulator's definition), bubble fraction and generated-response length, with relative errors, and the
    streaming/sync and one-step-off/sync speedups.
 
-Measured bubble fraction uses the simulator's definition (`planner.sim.result`): 1 - (rollout busy seconds +
-trainer busy seconds) / ((engines + trainers) x wall), over the run after warm-up; trainer busy = the
-controller-observed span of each training call.
+Measured bubble fraction uses the simulator's definition (`planner.sim.result`), over the whole run: 1 - (rollout
+busy seconds + trainer busy seconds) / ((engines + trainers) x wall), or, colocated, 1 - (rollout busy seconds +
+engines x trainer busy seconds) / (engines x wall); trainer busy = the controller-observed span of each training
+call.
 
 Targets (issue 9): median |step-time error| <= 15%; predicted streaming/sync speedup within 15% of measured.
 
@@ -49,8 +50,9 @@ def predict(resolved: Any, calibration: Any, rc: Any, *, steps: int) -> dict[str
             "train_busy": sim.train_busy_fraction, "response_tokens": resolved.response_lengths.mean_tokens()}
 
 
-def measured(out_dir: Path, workers: int) -> dict[str, float]:
-    """Figures from a finished run's summary.json and metrics.jsonl (definitions as the simulator's)."""
+def measured(out_dir: Path, workers: int, colocated: bool) -> dict[str, float]:
+    """Figures from a finished run's summary.json and metrics.jsonl (definitions as the simulator's: a colocated run's
+    pool is its engines' cores, which the trainer takes whole while it runs)."""
     summary = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))["summary"]
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
             if line.strip()]
@@ -59,10 +61,14 @@ def measured(out_dir: Path, workers: int) -> dict[str, float]:
     wall = rows[-1]["end_s"]
     train_busy = sum(r["end_s"] - r["start_s"] for r in rows)
     rollout_busy = rows[-1]["cum_busy_s"]
+    if colocated:
+        used, pool = rollout_busy + workers * train_busy, workers * wall
+    else:
+        used, pool = rollout_busy + train_busy, (workers + 1) * wall
     return {
         "step_time_s": summary["steady_step_time_s"],
         "tokens_per_s": sum(r["forward_tokens"] for r in steady) / span,
-        "bubble_fraction": max(0.0, 1 - (rollout_busy + train_busy) / ((workers + 1) * wall)),
+        "bubble_fraction": max(0.0, 1 - used / pool),
         "occupancy": summary["steady_rollout_occupancy"],
         "train_busy": train_busy / wall,
         "response_tokens": summary["mean_trained_response_tokens"],
@@ -129,7 +135,7 @@ def main() -> int:
                 console.print(f"  dora apply exited {rc_code}; skipping")
                 continue
             pred.setdefault(mode, []).append(p)
-            meas.setdefault(mode, []).append(measured(Path(out), workers=rc.rollout_workers))
+            meas.setdefault(mode, []).append(measured(Path(out), workers=rc.rollout_workers, colocated=rc.colocated))
     _print(console, pred, meas)
     return 0
 
