@@ -20,12 +20,15 @@ workers resolve that reference when they load it, the controller never fetches t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
+import signal
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,9 +229,10 @@ class Controller:
             else:
                 self.trace.event(0.0, "resumed", step=self.base)
             self._last_event = time.perf_counter()
-            self._execute(self.policy.start())
-            for w in self._workers:
-                self._poll(w)
+            with _ctrl_c_held():
+                self._execute(self.policy.start())
+                for w in self._workers:
+                    self._poll(w)
             while not self.policy.done:
                 self._wait_once()
             self.stats.observe(self.now(), self._final_counters(), self._live(), self._engines())
@@ -293,9 +297,10 @@ class Controller:
 
     def _wait_once(self) -> None:
         ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=1.0)
-        for ref in ready:
-            handler = self._pending.pop(ref)
-            handler(ref)
+        with _ctrl_c_held():  # Ctrl-C takes effect here, between events, never halfway through handling one
+            for ref in ready:
+                handler = self._pending.pop(ref)
+                handler(ref)
         idle = time.perf_counter() - self._last_event
         if idle > self.config.watchdog_s:
             raise PipelineStalled(self._stall_report(idle))
@@ -709,6 +714,39 @@ class Controller:
             ray.kill(actor)
         self.trace.close()
         self.metrics_out.close()
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold back SIGINT (Ctrl-C) until the block ends, then deliver it to the handler that was in place.
+
+    The controller handles each event whole: a KeyboardInterrupt raised halfway through one would leave the trace
+    and ``_close``'s accounting disagreeing, e.g. a step's groups marked trained before its ``train_step`` event is
+    written (so neither trained nor recorded unfinished), or a group recorded unfinished whose ``admitted`` events
+    were not all written (an audit violation when the run resumes). So Ctrl-C takes effect while the controller
+    waits for Ray, between events; a second Ctrl-C inside the block (an event that blocks, such as a worker restart
+    waiting for the actor) is delivered at once. Python runs signal handlers in the main thread only; elsewhere, or
+    when SIGINT's handler was not set from Python, the block runs unguarded (no KeyboardInterrupt starts there)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if not caught:
+            caught.append(signum)
+        else:  # the second: now (and not again when the block ends)
+            caught.clear()
+            if callable(previous):
+                previous(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _plus(a: WorkerCounters | None, b: WorkerCounters | None) -> WorkerCounters | None:

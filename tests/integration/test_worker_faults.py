@@ -99,6 +99,33 @@ def test_watchdog_reports_what_a_stalled_run_waits_for(tmp_path, joined):
     assert "waits for" in message or "waiting for the trainer" in message
 
 
+def test_ctrl_c_while_a_step_commits_waits_for_the_commit(tmp_path, joined):
+    # A real SIGINT lands while step 3 writes its checkpoint, after the controller took its groups as trained: the
+    # step's trace event must still be written before the KeyboardInterrupt, or its batch is lost from the trace.
+    import os
+    import signal
+
+    controller, config = _controller(tmp_path, "streaming", steps=20)
+    checkpoint = controller._checkpoint
+
+    def checkpoint_then_ctrl_c(step, event) -> None:
+        checkpoint(step, event)
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    controller._checkpoint = checkpoint_then_ctrl_c
+    with pytest.raises(KeyboardInterrupt):
+        controller.run()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    events = read_jsonl(config.output_dir / "trace.jsonl")
+    assert [e["step"] for e in events if e["type"] == "train_step"] == [1, 2, 3]
+    assert len(read_jsonl(config.output_dir / "metrics.jsonl")) == 3
+    counts = ledger(config.output_dir / "trace.jsonl")
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    report = check_trace(events, k=config.policy.max_version_lag, allow_version_mixing=False)
+    assert report.ok, report.violations[:5]
+
+
 def test_a_run_stopped_while_a_step_trains_accounts_for_that_steps_batch(tmp_path, joined):
     # Ctrl-C (or any stop) lands while the trainer holds a batch: the step never finished, so its trajectories
     # were not trained and must be recorded unfinished, not silently lost.

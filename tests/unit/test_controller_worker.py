@@ -229,3 +229,29 @@ def test_live_panel_and_summary_render_the_figures_a_user_watches():
     audit = {"ok": False, "violations": [{"constraint": "integrity"}], "num_consumed": 8}
     console.print(render_summary(stats.summary(), audit))
     assert "1 VIOLATION(S)" in console.export_text()
+
+
+def test_ctrl_c_is_held_until_the_event_is_handled_and_a_second_one_goes_through():
+    import os
+    import signal
+
+    from dora.runtime.controller import _ctrl_c_held
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with _ctrl_c_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)  # the handler runs at once; only the KeyboardInterrupt waits
+            reached.append("end of block")
+    assert reached == ["end of block"]
+    with pytest.raises(KeyboardInterrupt):
+        with _ctrl_c_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            reached.append("after the second")
+    assert reached == ["end of block"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with _ctrl_c_held():  # nothing caught: nothing delivered
+        pass
