@@ -121,7 +121,7 @@ def plan_spec(resolved: Any, mode: str | None, calibration: Any = None) -> tuple
     if mode is not None:
         spec = resolved.spec
         k = spec.staleness.max_version_lag
-        staleness = {"mode": mode}
+        staleness: dict[str, Any] = {"mode": mode}
         if mode == "one-step-off":
             staleness["max_version_lag"] = 1
         elif mode != "sync" and k == 0:

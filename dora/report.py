@@ -120,7 +120,9 @@ def render_plan(plan: Plan) -> Group:
 
 def plan_report_text(plan: Plan, width: int = 120) -> str:
     """The report as plain text (deterministic: fixed width, no colour) for report.txt."""
-    console = Console(width=width, record=True, file=_Null(), color_system=None, force_terminal=False)
+    # rich types `file` as IO[str]; it only calls write() and flush(), which _Null provides
+    console = Console(width=width, record=True, file=_Null(),  # type: ignore[arg-type]
+                      color_system=None, force_terminal=False)
     console.print(render_plan(plan))
     return console.export_text()
 

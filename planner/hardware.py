@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 _GIB = 1024**3
 _MIB = 1024**2
@@ -217,7 +218,7 @@ def with_overrides(
     scale_out_bandwidth_bytes_per_s: float | None = None,
 ) -> Accelerator:
     """Copy of `acc` with the cluster's actual link rates (e.g. a site with 2x400G per GPU)."""
-    changes: dict[str, float] = {}
+    changes: dict[str, Any] = {}
     if scale_up_bandwidth_bytes_per_s is not None:
         changes["scale_up_bandwidth_bytes_per_s"] = scale_up_bandwidth_bytes_per_s
     if scale_out_bandwidth_bytes_per_s is not None:

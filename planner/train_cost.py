@@ -246,9 +246,11 @@ def train_step_time(
     for params, group, inner in ((nonexpert_dev, dense_dp, tp * cp), (expert_dev, expert_dp, ep)):
         if group > 1 and params > 0:
             bw, eff = link(group, inner)
-            kw = {"group_size": group, "bandwidth_bytes_per_s": bw, "efficiency": eff,
-                  "latency_s": calib.collective_latency_s}
-            dp_s += ring_all_gather_s(params * GRAD_BYTES, **kw) + ring_all_gather_s(params * dtype_bytes, **kw)
+            lat = calib.collective_latency_s
+            dp_s += (ring_all_gather_s(params * GRAD_BYTES, group_size=group, bandwidth_bytes_per_s=bw,
+                                       efficiency=eff, latency_s=lat)
+                     + ring_all_gather_s(params * dtype_bytes, group_size=group, bandwidth_bytes_per_s=bw,
+                                         efficiency=eff, latency_s=lat))
     pp_s = 0.0
     if pp > 1:
         bw, eff = link(2, tp * cp * dp)

@@ -55,6 +55,8 @@ STEP_LOG_COLUMNS = ("start_s", "duration_s", "kind", "decode_rows", "context_tok
 """One row per engine step (kind ``step``): when it started (worker clock since ``start_clock``), how long it
 took, and its ``StepShape`` (what the cost model's step time depends on); and one per weight load run on the
 engine thread (kind ``load``, shape zeros): how long decoding paused for it."""
+StepLogRow = tuple[float, float, str, int, int, int, int]
+"""One step-log row, in ``STEP_LOG_COLUMNS`` order."""
 STEP_LOG_LIMIT = 200_000
 """Rows a worker keeps (about 10 MB; a 10-minute local run makes ~30K)."""
 STEP_LOG_FILE = "engine_steps.jsonl"
@@ -112,7 +114,7 @@ class RolloutWorker:
         self._busy_s = 0.0
         self._busy_slot_s = 0.0
         self._generated_base = 0
-        self._step_log: deque[tuple[float, ...]] = deque(maxlen=STEP_LOG_LIMIT)
+        self._step_log: deque[StepLogRow] = deque(maxlen=STEP_LOG_LIMIT)
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{index}", daemon=True)
         self._thread.start()
 
@@ -211,7 +213,7 @@ class RolloutWorker:
         with self._cond:
             return self._counters()
 
-    def step_log(self) -> tuple[float, list[tuple[float, ...]]]:
+    def step_log(self) -> tuple[float, list[StepLogRow]]:
         """``(clock origin, rows)``: every engine step since ``start_clock`` (the latest ``STEP_LOG_LIMIT``) as
         ``STEP_LOG_COLUMNS`` rows, ``start_s`` counted from the origin (a ``time.perf_counter()`` reading: one
         system-wide monotonic clock on Linux, so the controller can put the rows on its own clock). The in-situ

@@ -201,7 +201,7 @@ def _type_name(value: Any) -> str:
 def _decode(tp: Any, value: Any, where: str) -> Any:
     """Convert JSON ``value`` to type ``tp`` (dataclass, Literal, Optional, tuple, int, float, str, bool)."""
     origin = get_origin(tp)
-    if is_dataclass(tp):
+    if isinstance(tp, type) and is_dataclass(tp):
         if not isinstance(value, dict):
             raise RuntimeConfigError(where, f"expected an object, got {_type_name(value)}")
         hints = get_type_hints(tp)

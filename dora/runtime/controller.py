@@ -45,7 +45,13 @@ from dora.runtime.actors import (
     WorkerRestarted,
 )
 from dora.runtime.checkpoint import Checkpoint, ResumePoint, checkpoint_dir, write_checkpoint
-from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, ScoredTrajectory, TrainMetrics
+from dora.runtime.engines.base import (
+    FinishedTrajectory,
+    GenerationRequest,
+    MigratingRequest,
+    ScoredTrajectory,
+    TrainMetrics,
+)
 from dora.runtime.engines.torch_rollout import RolloutConfig
 from dora.runtime.engines.torch_trainer import TrainerConfig
 from dora.runtime.tasks import Prompt, TaskConfig, make_prompt, score
@@ -579,9 +585,12 @@ class Controller:
                 d = self._workers[dst]
                 for m in batch:
                     d.requests[m.request.request_id] = m.request
-                self._command(d, "import",
-                              lambda d=d, batch=batch: d.actor.import_requests.remote(batch, incarnation=d.incarnation),
-                              lambda _: None)
+
+                # defaults bind this iteration's worker and batch; incarnation is read when the command is sent
+                def send(d: _Worker = d, batch: list[MigratingRequest] = batch) -> Any:
+                    return d.actor.import_requests.remote(batch, incarnation=d.incarnation)
+
+                self._command(d, "import", send, lambda _: None)
                 self.trace.event(t, "migrated", src=w.index, dst=dst, trajs=[m.request.request_id for m in batch])
         if left:
             raise RuntimeError(f"MigrateRequests from engine {w.index}: capacity {act.capacity} leaves {len(left)}")

@@ -99,7 +99,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     cores = cpus if cpus is not None else os.cpu_count() or 2
     share = int(100 * cores / (rc.rollout_workers + 1)) / 100  # Ray CPU reservation per actor
     out = base_dir / rc.output_dir
-    extra = {} if watchdog_s is None else {"watchdog_s": watchdog_s}
+    extra: dict[str, Any] = {} if watchdog_s is None else {"watchdog_s": watchdog_s}
     return ControllerConfig(
         policy=policy,
         rollout=RolloutConfig(model=model, eos_token_id=task.eos_token_id, max_num_seqs=rc.max_num_seqs,

@@ -56,7 +56,8 @@ FIRST_NUMBER_TOKEN = 3
 class LengthSampler(Protocol):
     """What the task needs from ``planner.workload.LengthDistribution``."""
 
-    max_tokens: int
+    @property
+    def max_tokens(self) -> int: ...
 
     def sample(self, rng: random.Random) -> int: ...
 

@@ -101,9 +101,9 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
         else:
             msg = err["msg"]
             hint = "see `dora schema` for the field's type"
-        key = (path, msg)
-        if key in seen:
+        seen_key = (path, msg)
+        if seen_key in seen:
             continue
-        seen.add(key)
+        seen.add(seen_key)
         out.append(Diagnostic(path=path, line=doc.line_of(path), message=msg, hint=hint, file=file))
     return out

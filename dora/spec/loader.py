@@ -229,7 +229,9 @@ def _section_checks(data: Any, reported: set[Path]) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     if not isinstance(data, dict):
         return out
-    workload = data.get("workload") if isinstance(data.get("workload"), dict) else {}
+    workload = data.get("workload")
+    if not isinstance(workload, dict):
+        workload = {}
     for which in ("prompt_length", "response_length"):
         try:
             length = LengthSpec.model_validate(workload.get(which))

@@ -209,7 +209,7 @@ class Space:
         # uneven splits too (Megatron's first/last stage layer counts); the cost model charges the busiest stage
         pps = [p for p in range(1, min(arch.num_layers, 32) + 1) if pipeline_stage_layers(arch.num_layers, p)]
         cps = [c for c in (1, 2, 4, 8) if c == 1 or long_ctx]
-        out = []
+        out: list[tuple[int, int, int, int, int]] = []
         for tp in ([pins.train_tp] if pins.train_tp else tps):
             for pp in ([pins.train_pp] if pins.train_pp else pps):
                 for cp in ([pins.train_cp] if pins.train_cp else cps):

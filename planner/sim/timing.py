@@ -24,17 +24,38 @@ from typing import Protocol
 
 
 class StepTiming(Protocol):
-    weight_publish_s: float
-    weight_load_trainer_s: float
-    weight_load_peer_s: float
-    kv_migration_s_per_token: float
-    weight_bytes_per_group: float
-    extra_version_step_s: float
-    """Added to a decode step for each hosted version with running requests beyond the first (multi-version)."""
-    rollout_contention: float
-    train_contention: float
-    engine_contention: float
-    prompt_ingest_max_tokens: int
+    # Read-only properties: implementations are frozen dataclasses, whose fields mypy treats as read-only.
+    @property
+    def weight_publish_s(self) -> float: ...
+
+    @property
+    def weight_load_trainer_s(self) -> float: ...
+
+    @property
+    def weight_load_peer_s(self) -> float: ...
+
+    @property
+    def kv_migration_s_per_token(self) -> float: ...
+
+    @property
+    def weight_bytes_per_group(self) -> float: ...
+
+    @property
+    def extra_version_step_s(self) -> float:
+        """Added to a decode step for each hosted version with running requests beyond the first (multi-version)."""
+        ...
+
+    @property
+    def rollout_contention(self) -> float: ...
+
+    @property
+    def train_contention(self) -> float: ...
+
+    @property
+    def engine_contention(self) -> float: ...
+
+    @property
+    def prompt_ingest_max_tokens(self) -> int: ...
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
 

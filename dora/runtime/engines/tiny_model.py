@@ -318,7 +318,8 @@ class TinyTransformer(nn.Module):
         x = self.embed(token_ids)
         cos, sin = _rotary_tables(position_ids[:, None, :], self.config.head_dim, self.config.rope_theta)
         for i, layer in enumerate(self.layers):
-            x, k, v = layer.forward_rows(x, (cos, sin), mask)
+            # torch types ModuleList items as Module (attribute access -> Tensor | Module); these are _Block
+            x, k, v = layer.forward_rows(x, (cos, sin), mask)  # type: ignore[operator]
             if cache is not None:
                 assert cache_slots is not None
                 idx = torch.tensor(cache_slots)
@@ -333,7 +334,7 @@ class TinyTransformer(nn.Module):
         ctx = _decode_context(self.config, positions, slots)
         x = self.embed(token_ids)
         for i, layer in enumerate(self.layers):
-            x = layer.decode(x, cache, i, ctx)
+            x = layer.decode(x, cache, i, ctx)  # type: ignore[operator]  # ModuleList item typed Module; a _Block
         return self._logits(x)
 
 

@@ -194,10 +194,10 @@ class TorchRolloutEngine:
         return seq.partial()
 
     def export_request(self, request_id: str) -> MigratingRequest:
-        for seq in self._slots:
-            if seq.request.request_id == request_id:
+        for live in self._slots:
+            if live.request.request_id == request_id:
                 # Mid-ingest (prompt not fully cached yet): the target re-ingests it, nothing to carry.
-                kv = None if seq.ingesting() else self._cache.read_slot(seq.slot, seq.cached_len)
+                kv = None if live.ingesting() else self._cache.read_slot(live.slot, live.cached_len)
                 break
         else:
             kv = None

@@ -97,7 +97,8 @@ def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int
             segments[r, offset : offset + n] = seg
             where[i] = (r, offset)
             offset += n
-    index, targets = [], []
+    index: list[int] = []
+    targets: list[int] = []
     for i, (prompt, response) in enumerate(sequences):
         r, offset = where[i]
         first = r * width + offset + len(prompt) - 1
