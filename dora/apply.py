@@ -181,8 +181,9 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
                       f"{resolved.spec.runtime.backend!r}; submit it to the cluster with `dora apply "
                       f"{spec_path} --address http://HEAD:8265`")
         return EXIT_INVALID
-    console.print(f"dora apply {spec_path}: mode {rc.mode} (k={rc.max_version_lag}), {rc.rollout_workers} rollout "
-                  f"workers x {rc.max_num_seqs} slots, {rc.steps} steps -> {rc.output_dir}/", highlight=False)
+    workers = f"{rc.rollout_workers} rollout worker" + ("s" if rc.rollout_workers != 1 else "")
+    console.print(f"dora apply {spec_path}: mode {rc.mode} (k={rc.max_version_lag}), {workers} x {rc.max_num_seqs} "
+                  f"slots, {rc.steps} steps -> {rc.output_dir}/", highlight=False)
     console.print(f"  planned: {plan.mode} on {plan.rollout.replicas} rollout replica(s) + "
                   f"{plan.train.accelerators} training accelerator(s), predicted step "
                   f"{plan.predictions.step_time_s:.2f} s, {plan.predictions.trained_tokens_per_s:,.0f} trained tokens/s "

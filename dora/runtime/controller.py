@@ -160,6 +160,9 @@ class _Worker:
 
 
 Progress = Callable[[RunStats], None]
+Phase = Callable[[str], None]
+"""Told, in words, what the run does before its first step (starting actors, the warm-up), which can take a
+while with nothing else to show."""
 
 
 class Controller:
@@ -170,8 +173,10 @@ class Controller:
     group ``j`` is data group ``_data_group(j)``; ``_execute`` and the event calls translate.
     """
 
-    def __init__(self, config: ControllerConfig, *, on_progress: Progress | None = None) -> None:
+    def __init__(self, config: ControllerConfig, *, on_progress: Progress | None = None,
+                 on_phase: Phase | None = None) -> None:
         self.config = config
+        self.on_phase = on_phase
         resume = config.resume
         self.base = resume.step if resume else 0
         p = config.policy
@@ -264,16 +269,24 @@ class Controller:
         ]
         if cfg.resume is None:
             cache = None if cfg.warmup_cache_dir is None else str(cfg.warmup_cache_dir)
+            self._phase(f"starting the trainer and {self._workers_text()}; warm-up: "
+                        f"{cfg.task.warmup_steps} supervised steps on the task's answers"
+                        + (f", unless {cache}/ holds their result" if cache else ""))
             steps, seconds = ray.get(self._trainer.warm_up.remote(cache))
             self.stats.warmup_steps, self.stats.warmup_s = steps, seconds
+            self._phase(f"warm-up: {steps} steps in {seconds:.1f} s" if steps else
+                        f"warm-up: weights loaded from {cache} in {seconds:.1f} s")
             trainer_file = self._trainer_file(0)
             if trainer_file is not None:
                 ray.get(self._trainer.save_state.remote(trainer_file))
             self._checkpoint(0, None)
         else:
+            self._phase(f"starting the trainer and {self._workers_text()}; restoring the trainer "
+                        f"from {cfg.resume.trainer_state}")
             held = ray.get(self._trainer.load_state.remote(str(cfg.resume.trainer_state)))
             if held != self.base:
                 raise RuntimeError(f"checkpoint {cfg.resume.trainer_state} holds v{held}, expected v{self.base}")
+        self._phase(f"loading v{self.base} on {self._workers_text()}")
         self._weights[self.base] = self._trainer.publish.remote(self.base)
         tokens = ray.get([w.actor.incarnation.remote() for w in self._workers])
         for w, token in zip(self._workers, tokens, strict=True):
@@ -284,6 +297,14 @@ class Controller:
         now = time.perf_counter()
         for w in self._workers:
             w.last_heard = now
+
+    def _phase(self, what: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(what)
+
+    def _workers_text(self) -> str:
+        n = len(self._workers)
+        return f"{n} rollout worker" + ("s" if n != 1 else "")
 
     def _trainer_file(self, step: int) -> str | None:
         """Where the trainer saves its state after ``step`` (``None``: checkpoints are off)."""

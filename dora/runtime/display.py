@@ -2,8 +2,9 @@
 
 The live panel shows step / total, reward (last step and a sparkline of every step), live versions
 and what each rollout worker serves, staleness, generated and trained tokens per second, rollout
-slot occupancy and an ETA extrapolated from the steady-state step time. It only reads ``RunStats``;
-refreshes are throttled by ``rich.live.Live``.
+slot occupancy and an ETA extrapolated from the steady-state step time. Before the first step it says what the
+run is doing (starting the actors, the warm-up, loading the first weights). It only reads ``RunStats`` and those
+phase messages; refreshes are throttled by ``rich.live.Live``.
 """
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ class LiveDisplay:
         if self._live is not None:
             self._live.__exit__(*exc)
             self._live = None
+
+    def phase(self, what: str) -> None:
+        """What the run does before its first step: the panel's only line until then, or one plain line."""
+        if self._live is not None:
+            self._live.update(Panel(Text(what), title=self.title, border_style="cyan"))
+        else:
+            self.console.print(what, highlight=False)
 
     def update(self, stats: RunStats) -> None:
         if self._live is not None:

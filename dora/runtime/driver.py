@@ -154,6 +154,7 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
         if os.environ.get("RAY_ADDRESS"):  # inside a Ray job: join the cluster, never size it
             ray.init(log_to_driver=False, configure_logging=False)
         else:
+            _quiet_token_auth_notice()
             ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
                      configure_logging=False)
         started = True
@@ -166,7 +167,7 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
                  f"{rc.rollout_workers}x{rc.max_num_seqs} rollout slots"
         with LiveDisplay(console, header, enabled=live) as display:
             try:
-                stats = Controller(config, on_progress=display.update).run()
+                stats = Controller(config, on_progress=display.update, on_phase=display.phase).run()
             except (PipelineStalled, WorkerLost) as exc:
                 raise JobStopped(f"{exc}\n  trace and last checkpoint in {out}/; re-run the same command to "
                                  "resume from the checkpoint") from None
@@ -175,6 +176,18 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
             ray.shutdown()
     return finish_job(config.output_dir, stats.summary(), k=rc.max_version_lag,
                       allow_version_mixing=rc.allow_version_mixing, title=title)
+
+
+def _quiet_token_auth_notice() -> None:
+    """Drop Ray's notice that it turned token authentication on for the local instance dora starts (Ray's secure
+    default, which stays on): a line about Ray's settings in the middle of the run's output. Only that notice;
+    asking for the mode with RAY_AUTH_MODE=token instead would silence it too, but Ray reads that variable at import
+    and its processes then disagree about the token."""
+    import logging
+
+    notice = "Token authentication is enabled for this Ray cluster"
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        lambda record: not record.getMessage().startswith(notice))
 
 
 def _previous_summary(out: Path) -> dict[str, Any]:

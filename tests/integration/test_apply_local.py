@@ -87,6 +87,10 @@ def test_apply_runs_every_mode_and_the_audit_passes(tmp_path, mode):
     if mode == "one-step-off":
         assert max(lag for lag, _ in k) == 1
     assert "audit: ok" in text
+    # what it did before step 1, in words (the warm-up takes a while with nothing else to show)
+    assert "starting the trainer and 2 rollout workers; warm-up: 5 supervised steps" in text
+    assert "warm-up: 5 steps in" in text or "warm-up: weights loaded from" in text
+    assert "loading v0 on 2 rollout workers" in text
     # every engine step and weight load of both workers, on the run clock (what `dora calibrate --from-run` reads)
     steps = read_jsonl(out / "engine_steps.jsonl")
     assert steps[0]["columns"][:4] == ["worker", "start_s", "duration_s", "kind"]
