@@ -20,7 +20,6 @@ workers resolve that reference when they load it, the controller never fetches t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import random
@@ -28,7 +27,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +183,7 @@ class Controller:
             raise ValueError(f"nothing to run: the checkpoint is at step {self.base} of {p.total_steps}")
         self.policy = make_policy(dataclasses.replace(p, total_steps=p.total_steps - self.base))
         self.on_progress = on_progress
+        self._ctrl_c = _CtrlC()
         self.spp = p.samples_per_prompt
         out = Path(config.output_dir)
         self.trace = TraceWriter(out / "trace.jsonl", append=resume is not None,
@@ -228,6 +228,8 @@ class Controller:
     # ------------------------------------------------------------------ run
     def run(self) -> RunStats:
         """Warm up (or restore), run to ``total_steps`` under the policy, account for leftovers; the stats."""
+        ctrl_c = self._ctrl_c
+        ctrl_c.install()
         try:
             self._start_actors()
             self._t0 = time.perf_counter()
@@ -240,10 +242,11 @@ class Controller:
             else:
                 self.trace.event(0.0, "resumed", step=self.base)
             self._last_event = time.perf_counter()
-            with _ctrl_c_held():
-                self._execute(self.policy.start())
-                for w in self._workers:
-                    self._poll(w)
+            ctrl_c.holding = True
+            self._execute(self.policy.start())
+            for w in self._workers:
+                self._poll(w)
+            ctrl_c.release()
             while not self.policy.done:
                 self._wait_once()
             self.stats.observe(self.now(), self._final_counters(), self._live(), self._engines())
@@ -251,7 +254,12 @@ class Controller:
             self._write_step_logs()
             return self.stats
         finally:
-            self._close()
+            ctrl_c.holding = True  # _close's accounting is written whole too (a second Ctrl-C still goes through)
+            try:
+                self._close()
+            finally:
+                ctrl_c.restore()
+            ctrl_c.release()
 
     def _start_actors(self) -> None:
         cfg = self.config
@@ -324,10 +332,11 @@ class Controller:
 
     def _wait_once(self) -> None:
         ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=1.0)
-        with _ctrl_c_held():  # Ctrl-C takes effect here, between events, never halfway through handling one
-            for ref in ready:
-                handler = self._pending.pop(ref)
-                handler(ref)
+        self._ctrl_c.holding = True  # Ctrl-C takes effect between events, never halfway through handling one
+        for ref in ready:
+            handler = self._pending.pop(ref)
+            handler(ref)
+        self._ctrl_c.release()
         idle = time.perf_counter() - self._last_event
         if idle > self.config.watchdog_s:
             raise PipelineStalled(self._stall_report(idle))
@@ -746,37 +755,46 @@ class Controller:
         self.metrics_out.close()
 
 
-@contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[None]:
-    """Hold back SIGINT (Ctrl-C) until the block ends, then deliver it to the handler that was in place.
+class _CtrlC:
+    """Ctrl-C (SIGINT) takes effect between the controller's events, never halfway through handling one.
 
     The controller handles each event whole: a KeyboardInterrupt raised halfway through one would leave the trace
     and ``_close``'s accounting disagreeing, e.g. a step's groups marked trained before its ``train_step`` event is
     written (so neither trained nor recorded unfinished), or a group recorded unfinished whose ``admitted`` events
-    were not all written (an audit violation when the run resumes). So Ctrl-C takes effect while the controller
-    waits for Ray, between events; a second Ctrl-C inside the block (an event that blocks, such as a worker restart
-    waiting for the actor) is delivered at once. Python runs signal handlers in the main thread only; elsewhere, or
-    when SIGINT's handler was not set from Python, the block runs unguarded (no KeyboardInterrupt starts there)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield
-        return
-    caught: list[int] = []
+    were not all written (an audit violation when the run resumes). While ``holding``, a SIGINT is noted and raised
+    as KeyboardInterrupt by ``release``; a second one while holding (an event that blocks, such as a worker restart
+    waiting for its actor) is raised at once. Installed for the run only, and only over Python's default handler in
+    the main thread (the one place Python runs signal handlers); otherwise Ctrl-C behaves as it would without it.
+    One handler for the whole run, so holding and releasing cost two attribute writes per event."""
 
-    def hold(signum: int, frame: Any) -> None:
-        if not caught:
-            caught.append(signum)
-        else:  # the second: now (and not again when the block ends)
-            caught.clear()
-            if callable(previous):
-                previous(signum, frame)
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending = False
+        self.installed = False
 
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            signal.raise_signal(signal.SIGINT)
+    def install(self) -> None:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            signal.signal(signal.SIGINT, self._on_sigint)
+            self.installed = True
+
+    def restore(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.installed = False
+
+    def release(self) -> None:
+        self.holding = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.holding and not self.pending:
+            self.pending = True
+            return
+        self.pending = False
+        raise KeyboardInterrupt
 
 
 def _plus(a: WorkerCounters | None, b: WorkerCounters | None) -> WorkerCounters | None:

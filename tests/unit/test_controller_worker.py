@@ -231,27 +231,34 @@ def test_live_panel_and_summary_render_the_figures_a_user_watches():
     assert "1 VIOLATION(S)" in console.export_text()
 
 
-def test_ctrl_c_is_held_until_the_event_is_handled_and_a_second_one_goes_through():
+def test_ctrl_c_is_held_while_an_event_is_handled_and_a_second_one_goes_through():
     import os
     import signal
 
-    from dora.runtime.controller import _ctrl_c_held
+    from dora.runtime.controller import _CtrlC
 
-    reached = []
-    with pytest.raises(KeyboardInterrupt):
-        with _ctrl_c_held():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.01)  # the handler runs at once; only the KeyboardInterrupt waits
-            reached.append("end of block")
-    assert reached == ["end of block"]
-    with pytest.raises(KeyboardInterrupt):
-        with _ctrl_c_held():
+    ctrl_c, reached = _CtrlC(), []
+    ctrl_c.install()
+    try:
+        ctrl_c.holding = True
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs at once; only the KeyboardInterrupt waits
+        reached.append("end of the event")
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c.release()
+        assert reached == ["end of the event"]
+        ctrl_c.holding = True
+        with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
             reached.append("after the second")
-    assert reached == ["end of block"]
+        assert reached == ["end of the event"]
+        ctrl_c.release()  # the second went through: nothing left to deliver
+        with pytest.raises(KeyboardInterrupt):  # not holding: at once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    finally:
+        ctrl_c.restore()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with _ctrl_c_held():  # nothing caught: nothing delivered
-        pass
