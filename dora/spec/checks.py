@@ -9,6 +9,7 @@ from __future__ import annotations
 from dora.spec.diagnostics import Diagnostic
 from dora.spec.models import LengthSpec, Spec, StalenessSpec
 from planner.architecture import ModelArch
+from planner.search.core import MAX_BATCH_SAMPLES
 from planner.train_cost import pipeline_stage_layers
 
 
@@ -57,6 +58,14 @@ def check_spec(spec: Spec) -> list[Diagnostic]:
         out.append(_d(("model",), msg, "set one of model.preset, model.hf_config or model.architecture"))
     out += check_lengths(spec.workload.prompt_length, ("workload", "prompt_length"))
     out += check_lengths(spec.workload.response_length, ("workload", "response_length"))
+    w = spec.workload
+    if w.prompts_per_step * w.samples_per_prompt > MAX_BATCH_SAMPLES:
+        out.append(_d(("workload", "prompts_per_step"),
+                      f"prompts_per_step x samples_per_prompt = {w.prompts_per_step:,} x {w.samples_per_prompt} = "
+                      f"{w.prompts_per_step * w.samples_per_prompt:,} trajectories per step; dora plans batches of "
+                      f"up to {MAX_BATCH_SAMPLES:,} (its planner simulates each candidate's steps)",
+                      "lower prompts_per_step or samples_per_prompt (specs/moe-scale-x10240.yaml, the largest "
+                      "example, has 4,096 x 16)"))
 
     out += check_spec_staleness(spec.staleness)
     out += _runtime_checks(spec)

@@ -145,7 +145,8 @@ class WorkloadSpec(StrictModel):
     """What one training step consumes, and for how many steps."""
 
     prompts_per_step: PosInt
-    """Prompt groups per training step (the batch)."""
+    """Prompt groups per training step (the batch). With samples_per_prompt, at most 1,000,000 trajectories per step
+    (the planner simulates each candidate's steps)."""
     samples_per_prompt: PosInt = 8
     """Responses sampled per prompt (the GRPO group size)."""
     prompt_length: LengthSpec

@@ -138,6 +138,11 @@ MAX_SCALE = {"sync": 8.0}
 optimistic at 1/4 (fewer replicas hold the oldest version's tail on fewer, faster-decoding engines); sync stays within
 5% of the full cluster down to 1/8."""
 DEFAULT_MAX_SCALE = 2.0
+MAX_BATCH_SAMPLES = 1_000_000
+"""The largest batch (prompts x samples per step) the search plans. A finalist is simulated at no less than 1/2 scale
+(1/8 in sync) for at least 3 steps, so its shortest simulation generates at least 1.5 trajectories per batch sample:
+~15 s for this batch at the simulator's ~100K trajectories/s (bench/simulate_scale.py), a few minutes for a whole
+search. The largest example spec (moe-scale-x10240) has 65,536."""
 
 
 
@@ -292,6 +297,9 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
 
     ``map_fn(fn, candidates)`` runs the simulations, in order; the caller may spread them over processes (the
     result does not depend on it)."""
+    if inputs.batch_samples > MAX_BATCH_SAMPLES:
+        raise ValueError(f"a batch of {inputs.batch_samples:,} trajectories per step is over MAX_BATCH_SAMPLES "
+                         f"({MAX_BATCH_SAMPLES:,}), the most the search simulates")
     space = Space(inputs)
     screen = Screen(space)
     placements = _placements(space, screen)
