@@ -11,11 +11,26 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 _JOB: tuple[Callable[[Any], Any], Sequence[Any]] | None = None
 """The function and items of the running ``fork_map`` call, inherited by the forked workers."""
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pool worker initializer: exit when ``dora plan`` does. A Ctrl-C reaches the whole process group, but a SIGTERM
+    or SIGKILL sent to the command alone would leave its workers simulating, orphaned, for up to minutes. On Linux the
+    kernel sends SIGTERM to the worker when its parent dies (PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def _run(index: int) -> Any:
@@ -40,7 +55,8 @@ def fork_map(workers: int) -> Callable[[Callable[[Any], Any], Sequence[Any]], li
             return [fn(x) for x in items]
         _JOB = (fn, items)
         try:
-            with multiprocessing.get_context("fork").Pool(n) as pool:
+            with multiprocessing.get_context("fork").Pool(n, initializer=_die_with_parent,
+                                                          initargs=(os.getpid(),)) as pool:
                 return pool.map(_run, range(len(items)), chunksize=1)
         finally:
             _JOB = None

@@ -29,3 +29,39 @@ def test_parallel_plan_is_the_sequential_plan() -> None:
     resolved = load_spec(str(SPECS / "local-tiny.yaml"))
     sequential = make_plan(resolved).plan.to_dict()
     assert make_plan(resolved, workers=2).plan.to_dict() == sequential
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie no one reaped yet has exited
+    except FileNotFoundError:
+        return True
+
+
+def test_workers_exit_when_the_command_is_killed(tmp_path: Path) -> None:
+    # SIGKILL leaves the parent no chance to stop its pool: the kernel must take the workers down with it.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import os, sys, time\nfrom dora.parallel import fork_map\n"
+              "def work(i):\n    open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close()\n    time.sleep(120)\n"
+              "fork_map(2)(work, range(2))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
+            time.sleep(0.05)
+        workers = [int(p.name) for p in tmp_path.iterdir()]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while not all(_gone(pid) for pid in workers):
+            assert time.monotonic() < deadline, f"workers {workers} outlived the killed command"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
