@@ -97,3 +97,16 @@ def test_report_gives_the_overlap_ceiling_against_the_best_sync_plan() -> None:
     assert found.group(2) == f"{p.speedup_vs_sync * p.overlap_ceiling_tokens_per_s / p.trained_tokens_per_s:.2f}"
     assert float(found.group(2)) > p.speedup_vs_sync  # the ceiling bounds the plan
     assert found.group(3) == f"{100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}"
+
+
+def test_report_does_not_hold_a_colocated_plan_to_the_disaggregated_ceiling() -> None:
+    # The ceiling is over the disaggregated placements; a colocated plan may exceed it ("reaches 122%" read as nonsense).
+    import dataclasses
+
+    from dora.report import plan_report_text
+    from planner.plan import Plan
+
+    plan = Plan.from_dict(json.loads((GOLDEN / "dense-32b-h800x128.plan.json").read_text()))
+    text = " ".join(plan_report_text(dataclasses.replace(plan, colocated=True), width=200).split())
+    assert "it bounds the disaggregated placements, and this plan is colocated" in text
+    assert "this plan reaches" not in text
