@@ -60,6 +60,9 @@ class StreamingPolicy(PolicyBase):
         """version -> in-flight trajectories on engines of that version."""
         self.version_engines: dict[int, int] = {0: n}
         """version -> engines serving or loading it."""
+        self.peer_hint: dict[int, int] = {0: 0}
+        """version -> the lowest-numbered ready engine serving it when that is still true, -1 for none
+        (``_ready_peer``)."""
         self.engine_reserved = [0] * n
         """Slots promised to an in-progress migration."""
         self.migrating: dict[int, tuple[tuple[int, int], ...]] = {}
@@ -144,6 +147,9 @@ class StreamingPolicy(PolicyBase):
     def on_weights_loaded(self, rollout_group: int, version: int) -> Sequence[Action]:
         r = rollout_group
         self.engine_ready[r] = True
+        hint = self.peer_hint.get(version, -1)
+        if hint < 0 or r < hint:
+            self.peer_hint[version] = r
         out: list[Action] = []
         if self.multi and version != self.latest_version:
             self._add_newest(r, out)
@@ -203,9 +209,7 @@ class StreamingPolicy(PolicyBase):
         hosted[new] = 0
         self.engine_version[r] = new
         self.engine_ready[r] = False
-        peer = next(
-            (p for p in range(self.num_engines) if self.engine_ready[p] and self.engine_version[p] == new), None
-        )
+        peer = self._ready_peer(new)
         keep = bool(busy)
         if peer is None:
             out.append(LoadWeights(rollout_group=r, version=new, source="trainer", keep_loaded=keep))
@@ -226,13 +230,28 @@ class StreamingPolicy(PolicyBase):
         self.version_engines[new] += 1
         self.engine_version[r] = new
         self.engine_ready[r] = False
-        peer = next(
-            (p for p in range(self.num_engines) if self.engine_ready[p] and self.engine_version[p] == new), None
-        )
+        peer = self._ready_peer(new)
         if peer is None:
             out.append(LoadWeights(rollout_group=r, version=new, source="trainer"))
         else:
             out.append(LoadWeights(rollout_group=r, version=new, source="peer", peer=peer))
+
+    def _ready_peer(self, v: int) -> int | None:
+        """The lowest-numbered ready engine serving ``v`` (a weight source), or None.
+
+        Every engine becomes ready on a version through ``on_weights_loaded``, which lowers the hint (or sets it
+        over -1); an engine leaves a version only by loading another, which the check here notices. So a hint that
+        still holds is the lowest, -1 means none, and the scan (O(engines): with thousands of replicas, each of
+        them switching at every publish, the scan made a search quadratic) runs only when the hint went stale."""
+        hint = self.peer_hint.get(v)
+        if hint is not None:
+            if hint < 0:
+                return None
+            if self.engine_ready[hint] and self.engine_version[hint] == v:
+                return hint
+        peer = next((p for p in range(self.num_engines) if self.engine_ready[p] and self.engine_version[p] == v), None)
+        self.peer_hint[v] = -1 if peer is None else peer
+        return peer
 
     def _pack_cap(self, w: int) -> int:
         """Requests an engine of older version ``w`` may hold after consolidation: fewer for the version due next."""
