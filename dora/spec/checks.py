@@ -9,7 +9,7 @@ from __future__ import annotations
 from dora.spec.diagnostics import Diagnostic
 from dora.spec.models import LengthSpec, Spec, StalenessSpec
 from planner.architecture import ModelArch
-from planner.search.core import MAX_BATCH_SAMPLES
+from planner.search.core import MAX_ACCELERATORS, MAX_BATCH_SAMPLES
 from planner.train_cost import pipeline_stage_layers
 
 
@@ -58,6 +58,13 @@ def check_spec(spec: Spec) -> list[Diagnostic]:
         out.append(_d(("model",), msg, "set one of model.preset, model.hf_config or model.architecture"))
     out += check_lengths(spec.workload.prompt_length, ("workload", "prompt_length"))
     out += check_lengths(spec.workload.response_length, ("workload", "response_length"))
+    c = spec.cluster
+    if c.nodes * c.accelerators_per_node > MAX_ACCELERATORS:
+        out.append(_d(("cluster", "nodes"),
+                      f"nodes x accelerators_per_node = {c.nodes:,} x {c.accelerators_per_node} = "
+                      f"{c.nodes * c.accelerators_per_node:,} accelerators; dora plans clusters of up to "
+                      f"{MAX_ACCELERATORS:,} (its planner simulates every rollout replica)",
+                      "lower cluster.nodes"))
     w = spec.workload
     if w.prompts_per_step * w.samples_per_prompt > MAX_BATCH_SAMPLES:
         out.append(_d(("workload", "prompts_per_step"),

@@ -143,6 +143,9 @@ MAX_BATCH_SAMPLES = 1_000_000
 (1/8 in sync) for at least 3 steps, so its shortest simulation generates at least 1.5 trajectories per batch sample:
 ~15 s for this batch at the simulator's ~100K trajectories/s (bench/simulate_scale.py), a few minutes for a whole
 search. The largest example spec (moe-scale-x10240) has 65,536."""
+MAX_ACCELERATORS = 1_000_000
+"""The largest cluster the search plans: its simulations grow with the replicas (every replica loads every version).
+The dense-32b workload on 102,400 H800 plans in ~13 s, on 1,024,000 in ~107 s. The largest example has 10,240."""
 
 
 
@@ -297,6 +300,8 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
 
     ``map_fn(fn, candidates)`` runs the simulations, in order; the caller may spread them over processes (the
     result does not depend on it)."""
+    if inputs.total_accelerators > MAX_ACCELERATORS:
+        raise ValueError(f"{inputs.total_accelerators:,} accelerators is over MAX_ACCELERATORS ({MAX_ACCELERATORS:,})")
     if inputs.batch_samples > MAX_BATCH_SAMPLES:
         raise ValueError(f"a batch of {inputs.batch_samples:,} trajectories per step is over MAX_BATCH_SAMPLES "
                          f"({MAX_BATCH_SAMPLES:,}), the most the search simulates")
