@@ -57,8 +57,14 @@ def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = Non
     if overrides.steps:
         changes["steps"] = overrides.steps
     if overrides.rollout_workers:
-        changes["rollout_workers"] = overrides.rollout_workers
-        changes["rollout_accelerators"] = overrides.rollout_workers * rc.accelerators_per_rollout_worker
+        n, per = overrides.rollout_workers, rc.accelerators_per_rollout_worker
+        have = resolved.spec.cluster.nodes * resolved.spec.cluster.accelerators_per_node
+        if n * per > have:
+            raise ValueError(f"--rollout-workers {n} needs {n * per} accelerators ({n} x {per} per worker); the "
+                             f"cluster has {have} (cluster.nodes x cluster.accelerators_per_node), so at most "
+                             f"{have // per}")
+        changes["rollout_workers"] = n
+        changes["rollout_accelerators"] = n * per
     if overrides.max_num_seqs:
         changes["max_num_seqs"] = overrides.max_num_seqs
     if overrides.output_dir:
@@ -188,8 +194,14 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
                   f"{plan.train.accelerators} training accelerator(s), predicted step "
                   f"{plan.predictions.step_time_s:.2f} s, {plan.predictions.trained_tokens_per_s:,.0f} trained tokens/s "
                   f"({plan.calibration_source})", highlight=False)
-    Path(rc.output_dir).mkdir(parents=True, exist_ok=True)
-    (Path(rc.output_dir) / "runtime.json").write_text(rc.to_json(), encoding="utf-8")
+    try:
+        Path(rc.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(rc.output_dir) / "runtime.json").write_text(rc.to_json(), encoding="utf-8")
+    except OSError as exc:
+        console.print(f"[bold red]error[/bold red]: cannot write the run's outputs to {escape(str(rc.output_dir))}/: "
+                      f"{escape(exc.strerror or str(exc))}\n  to fix: choose a writable directory with --output-dir "
+                      "(or runtime.output_dir in the spec)")
+        return EXIT_INVALID
     try:
         result = run_job(rc, console=console, live=live, watchdog_s=overrides.watchdog_s)
     except RuntimeConfigError as exc:

@@ -137,6 +137,10 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         except LoweringError as exc:
             err_console.print(f"[bold red]error[/bold red]: cannot lower the plan: {exc}", markup=True)
             return error_code
+        except OSError as exc:
+            err_console.print(f"error: cannot write the plan to {args.out}/: {exc.strerror or exc}\n  to fix: choose "
+                              "a writable directory for --out", markup=False, highlight=False)
+            return error_code
         if not args.json:
             out_console.print(f"\nwrote {len(written)} files to {args.out}/ (plan.json, report.txt, timeline.html, "
                               "schedule.json/.dot, launch/)", markup=False, highlight=False)

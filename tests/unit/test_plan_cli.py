@@ -110,3 +110,12 @@ def test_report_does_not_hold_a_colocated_plan_to_the_disaggregated_ceiling() ->
     text = " ".join(plan_report_text(dataclasses.replace(plan, colocated=True), width=200).split())
     assert "it bounds the disaggregated placements, and this plan is colocated" in text
     assert "this plan reaches" not in text
+
+
+def test_plan_out_names_a_directory_it_cannot_write(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = _run("plan", "specs/local-tiny.yaml", "--out", str(blocker / "plan"))
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot write the plan to {blocker / 'plan'}/" in proc.stderr and "--out" in proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr

@@ -182,3 +182,25 @@ def test_dora_apply_refuses_gpu_engines_before_contacting_the_cluster(capsys):
     golden = REPO / "tests" / "golden" / "launch" / "dense-32b-h800x128" / "launch" / "runtime.json"
     with pytest.raises(RuntimeConfigError, match="not written yet"):
         run_job(RuntimeConfig.from_json(golden.read_text()))
+
+
+def test_dora_apply_refuses_more_rollout_workers_than_the_cluster_has(capsys):
+    # 1000 torch engines on a 2-core spec used to start 1000 Ray actors and hang; now it is refused before Ray starts.
+    from dora.cli import main
+
+    assert main(["apply", str(REPO / "specs" / "local-tiny.yaml"), "--rollout-workers", "1000", "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert "--rollout-workers 1000 needs 1000 accelerators" in err and "so at most 2" in err
+    assert "Traceback" not in err
+
+
+def test_dora_apply_names_an_output_dir_it_cannot_write(tmp_path, capsys):
+    from dora.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code = main(["apply", str(REPO / "specs" / "local-tiny.yaml"), "--output-dir", str(blocker / "run"), "--no-live"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"cannot write the run's outputs to {blocker / 'run'}/" in err and "--output-dir" in err
+    assert "Traceback" not in err and "internal error" not in err
