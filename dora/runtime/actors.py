@@ -113,6 +113,8 @@ class RolloutWorker:
         self._t0 = time.perf_counter()
         self._busy_s = 0.0
         self._busy_slot_s = 0.0
+        self._step_start: float | None = None
+        """``perf_counter()`` at the start of the engine step under way, ``None`` between steps."""
         self._generated_base = 0
         self._step_log: deque[StepLogRow] = deque(maxlen=STEP_LOG_LIMIT)
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{index}", daemon=True)
@@ -127,7 +129,8 @@ class RolloutWorker:
                 return
             if not (engine.num_active() or engine.num_waiting()):
                 continue
-            start = time.perf_counter()
+            with self._cond:  # read the clock and mark the step under the lock _counters holds: snapshots stay ordered
+                start = self._step_start = time.perf_counter()
             finished = engine.step()
             duration = time.perf_counter() - start
             occupied = engine.num_active() + len(finished)
@@ -136,6 +139,7 @@ class RolloutWorker:
                 self._step_log.append((round(start - self._t0, 6), round(duration, 7), "step", *shape))
                 self._busy_s += duration
                 self._busy_slot_s += occupied * duration
+                self._step_start = None
                 if finished:
                     self._outbox.extend(finished)
                     self._cond.notify_all()
@@ -179,8 +183,12 @@ class RolloutWorker:
         )
 
     def _counters(self) -> WorkerCounters:
+        """The counters as of the last instant they account for (caller holds ``_cond``): during an engine step that
+        is the step's start, since the step's slot-seconds are added when it ends. So ``busy_slot_s`` never exceeds
+        ``max_num_seqs * wall_s``, and neither does the difference of two snapshots (a step's occupancy)."""
+        in_step = self._step_start
         return WorkerCounters(
-            wall_s=time.perf_counter() - self._t0,
+            wall_s=(time.perf_counter() if in_step is None else in_step) - self._t0,
             busy_s=self._busy_s,
             busy_slot_s=self._busy_slot_s,
             generated_tokens=self._engine.stats().generated_tokens - self._generated_base,

@@ -117,7 +117,10 @@ class StepRecord:
     in the planner's predictions; ``response_tokens`` are the response tokens that carry the loss.
 
     Interval figures cover ``(previous step's end, this step's end]``: ``rollout_occupancy`` is
-    occupied slot-seconds over ``slots x workers x interval``; ``rollout_share`` is the part of the
+    occupied slot-seconds over ``slots x`` the worker-seconds they were counted in (each worker's counters carry
+    its own clock, and the controller holds them as of the worker's last message, which may be a poll timeout
+    older than the step's end: dividing by the controller's interval instead read above 100% for short steps);
+    ``rollout_share`` is the part of the
     interval with rollout under way: at least one admitted trajectory unfinished on any worker (in
     ``sync``, the generation phase over the step time, as the simulator and the published step
     breakdowns count it). ``mean_staleness`` is ``step - version - 1`` averaged over the batch (the
@@ -154,6 +157,8 @@ class StepRecord:
     cum_busy_slot_s: float
     cum_busy_s: float
     """Summed over workers: each worker's time with at least one sequence in its engine."""
+    cum_worker_wall_s: float
+    """Summed over workers: the wall time their counters cover (the denominator of the occupancy)."""
     cum_rollout_s: float
     """Time with at least one admitted trajectory unfinished anywhere (see ``rollout_share``)."""
 
@@ -167,10 +172,16 @@ class StepRecord:
         return out
 
 
-def _sums(counters: Sequence[Any]) -> tuple[float, float, int]:
-    """(busy slot-seconds, busy seconds, generated tokens) summed over the workers that reported."""
+def _sums(counters: Sequence[Any]) -> tuple[float, float, int, float]:
+    """(busy slot-seconds, busy seconds, generated tokens, wall seconds) summed over the workers that reported."""
     live = [c for c in counters if c is not None]
-    return (sum(c.busy_slot_s for c in live), sum(c.busy_s for c in live), sum(c.generated_tokens for c in live))
+    return (sum(c.busy_slot_s for c in live), sum(c.busy_s for c in live), sum(c.generated_tokens for c in live),
+            sum(c.wall_s for c in live))
+
+
+def _occupancy(slot_s: float, wall_s: float, slots: int) -> float:
+    """Occupied slot-seconds over the slot-seconds of ``wall_s`` worker-seconds (0 before any were counted)."""
+    return slot_s / (slots * wall_s) if wall_s > 0 else 0.0
 
 
 @dataclass(kw_only=True)
@@ -199,6 +210,7 @@ class RunStats:
     generated_tokens: int = 0
     busy_slot_s: float = 0.0
     busy_s: float = 0.0
+    worker_wall_s: float = 0.0
     resumed_from_step: int | None = None
     """The checkpoint step this attempt resumed from (``None``: a fresh run)."""
     regenerated: int = 0
@@ -226,7 +238,7 @@ class RunStats:
         reported = [c for c in counters if c is not None]
         self.in_flight = sum(c.num_active for c in reported)
         self.occupancy_now = min(1.0, self.in_flight / (self.num_workers * self.slots_per_worker))
-        self.busy_slot_s, self.busy_s, self.generated_tokens = _sums(counters)
+        self.busy_slot_s, self.busy_s, self.generated_tokens, self.worker_wall_s = _sums(counters)
 
     def step_finished(
         self, *, step: int, start_s: float, end_s: float, metrics: Any, rewards: Sequence[float],
@@ -240,6 +252,7 @@ class RunStats:
         d_slot = self.busy_slot_s - (prev.cum_busy_slot_s if prev else 0.0)
         d_rollout = self.rollout_s - (prev.cum_rollout_s if prev else 0.0)
         d_gen = self.generated_tokens - (prev.cum_generated_tokens if prev else 0)
+        d_wall = self.worker_wall_s - (prev.cum_worker_wall_s if prev else 0.0)
         staleness = [step - v - 1 for v in versions]
         record = StepRecord(
             step=step, start_s=start_s, end_s=end_s, step_time_s=interval, train_time_s=metrics.train_time_s,
@@ -251,10 +264,10 @@ class RunStats:
             response_tokens=metrics.num_trained_tokens, forward_tokens=metrics.num_forward_tokens,
             forward_sum_sq_tokens=metrics.forward_sum_sq_tokens, train_threads=metrics.train_threads,
             mean_response_tokens=metrics.num_trained_tokens / metrics.num_sequences, generated_tokens=d_gen,
-            rollout_occupancy=d_slot / (self.num_workers * self.slots_per_worker * interval),
+            rollout_occupancy=_occupancy(d_slot, d_wall, self.slots_per_worker),
             rollout_share=d_rollout / interval, live_versions=live, engine_versions=engines,
             cum_generated_tokens=self.generated_tokens, cum_busy_slot_s=self.busy_slot_s, cum_busy_s=self.busy_s,
-            cum_rollout_s=self.rollout_s,
+            cum_worker_wall_s=self.worker_wall_s, cum_rollout_s=self.rollout_s,
         )
         self.steps.append(record)
         return record
@@ -287,8 +300,9 @@ class RunStats:
             # prompt + response tokens, as the planner counts them
             "steady_trained_tokens_per_s": sum(r.forward_tokens for r in steady) / span,
             "steady_generated_tokens_per_s": (s[-1].cum_generated_tokens - (base.cum_generated_tokens if base else 0)) / span,
-            "steady_rollout_occupancy": (s[-1].cum_busy_slot_s - (base.cum_busy_slot_s if base else 0.0))
-            / (self.num_workers * self.slots_per_worker * span),
+            "steady_rollout_occupancy": _occupancy(
+                s[-1].cum_busy_slot_s - (base.cum_busy_slot_s if base else 0.0),
+                s[-1].cum_worker_wall_s - (base.cum_worker_wall_s if base else 0.0), self.slots_per_worker),
             "steady_rollout_share": (s[-1].cum_rollout_s - (base.cum_rollout_s if base else 0.0)) / span,
             "mean_staleness": sum(r.mean_staleness * r.num_sequences for r in s) / sum(seqs),
             "max_staleness": max(r.max_staleness for r in s),

@@ -8,6 +8,7 @@ request records a second version span.
 
 from __future__ import annotations
 
+import itertools
 import time
 from types import SimpleNamespace
 
@@ -74,6 +75,24 @@ def test_poll_returns_every_finish_once_with_increasing_sequence_numbers(workers
     assert c.generated_tokens == 72
     assert 0 < c.busy_s <= c.wall_s
     assert c.busy_slot_s <= CONFIG.max_num_seqs * c.busy_s + 1e-9
+
+
+def test_counter_snapshots_never_count_more_slot_seconds_than_the_time_they_cover(workers):
+    """Every slot full, counters read in a tight loop (so many land in the middle of an engine step): between any two
+    snapshots the occupied slot-seconds fit in ``max_num_seqs`` x the wall time between them. A snapshot taken
+    mid-step is dated at the step's start, because the step's slot-seconds are only added when it ends."""
+    w = workers(0)
+    w.start_clock()
+    w.add_requests(_requests(CONFIG.max_num_seqs, max_new_tokens=30))
+    snaps = []
+    deadline = time.monotonic() + 30
+    while w.counters().generated_tokens < CONFIG.max_num_seqs * 30 and time.monotonic() < deadline:
+        snaps.append(w.counters())
+        time.sleep(0)  # let the engine thread run
+    assert len(snaps) > 30
+    for a, b in itertools.pairwise(snaps):
+        assert b.wall_s >= a.wall_s
+        assert b.busy_slot_s - a.busy_slot_s <= CONFIG.max_num_seqs * (b.wall_s - a.wall_s) + 1e-9
 
 
 def test_a_call_for_another_incarnation_is_refused_and_changes_nothing(workers):
@@ -172,8 +191,8 @@ def test_admissions_queued_behind_an_add_in_flight_go_out_as_one_command(monkeyp
     assert list(w.requests) == [f"g0/{i}" for i in range(5)] and not w.busy
 
 
-def _counters(slot_s: float, busy_s: float, gen: int) -> SimpleNamespace:
-    return SimpleNamespace(busy_slot_s=slot_s, busy_s=busy_s, generated_tokens=gen, num_active=4, wall_s=0.0)
+def _counters(slot_s: float, busy_s: float, gen: int, wall_s: float = 0.0) -> SimpleNamespace:
+    return SimpleNamespace(busy_slot_s=slot_s, busy_s=busy_s, generated_tokens=gen, num_active=4, wall_s=wall_s)
 
 
 def _metrics(tokens: int, n: int) -> SimpleNamespace:
@@ -190,12 +209,12 @@ def test_step_records_use_interval_deltas_and_the_staleness_definition_of_the_ch
     stats.trajectories_open(1.0, 3)
     stats.trajectories_open(1.5, 0)  # rollout under way 0.5 -> 1.5
     r1 = stats.step_finished(step=1, start_s=1.0, end_s=2.0, metrics=_metrics(40, 4), rewards=[1.0, 0, 0, 0],
-                             versions=[0, 0, 0, 0], counters=[_counters(6, 2, 50), _counters(2, 1, 30)], **common)
+                             versions=[0, 0, 0, 0], counters=[_counters(6, 2, 50, 2.0), _counters(2, 1, 30, 2.0)], **common)
     stats.trajectories_open(2.2, 4)
     stats.trajectories_open(2.5, 0)
     stats.trajectories_open(2.8, 2)  # still open at the end of step 2: 0.3 + 0.2 s of its 1 s
     r2 = stats.step_finished(step=2, start_s=2.5, end_s=3.0, metrics=_metrics(20, 4), rewards=[0.5] * 4,
-                             versions=[0, 0, 1, 1], counters=[_counters(8, 2.5, 70), _counters(4, 1.5, 40)], **common)
+                             versions=[0, 0, 1, 1], counters=[_counters(8, 2.5, 70, 3.0), _counters(4, 1.5, 40, 3.0)], **common)
     assert r1.rollout_occupancy == pytest.approx(8 / (2 * 4 * 2.0))
     assert r1.exact_fraction == 0.25 and r1.mean_staleness == 0.0
     assert r2.step_time_s == pytest.approx(1.0)
@@ -209,6 +228,24 @@ def test_step_records_use_interval_deltas_and_the_staleness_definition_of_the_ch
     assert s["steady_generated_tokens_per_s"] == pytest.approx(30 / 1.0)
     assert s["mean_trained_response_tokens"] == pytest.approx(60 / 8)
     assert s["reward_curve"] == [0.5, 0.5]
+    assert s["steady_rollout_occupancy"] == pytest.approx(4 / (2 * 4 * 1.0))
+
+
+def test_step_occupancy_is_measured_on_the_workers_clocks_not_the_controllers():
+    """The controller holds each worker's counters as of its last message (up to a poll timeout old). A short step
+    whose interval ends before a slow worker's next message must not read above 100%: the slot-seconds are divided
+    by the worker-seconds they cover, not by the controller's interval."""
+    stats = RunStats(num_workers=2, slots_per_worker=4, total_steps=3, mode="streaming")
+    common = dict(live=(0,), engines=(0, 0), metrics=_metrics(20, 4), rewards=[0.0] * 4, versions=[0] * 4)
+    # at t=1.0: worker 0 counted up to 1.0 s, worker 1 (full all along) reported last at 0.2 s
+    r1 = stats.step_finished(step=1, start_s=0.0, end_s=1.0, counters=[_counters(2.0, 1.0, 10, 1.0),
+                                                                       _counters(0.8, 0.2, 2, 0.2)], **common)
+    # at t=1.1: worker 1's next message covers 0.2 -> 1.1 s, all slots full
+    r2 = stats.step_finished(step=2, start_s=1.0, end_s=1.1, counters=[_counters(2.4, 1.1, 11, 1.1),
+                                                                       _counters(4.4, 1.1, 12, 1.1)], **common)
+    assert r1.rollout_occupancy == pytest.approx(2.8 / (4 * 1.2))
+    assert r2.rollout_occupancy == pytest.approx(4.0 / (4 * 1.0))  # the controller's interval would give 500%
+    assert r2.rollout_occupancy <= 1.0
 
 
 def test_live_panel_and_summary_render_the_figures_a_user_watches():
