@@ -9,6 +9,9 @@ with Pbar the mean prompt: prompt and response tokens, the simulator's definitio
 
     T_thr   = N * Lbar / (R * S / t(S))             generation at full occupancy (no tail)
     T_tail  = Lmax * t(max(1, S/8))                 the longest response, decoded while its replica drains
+    T_prefill = (N / G) / R * prefill(Pbar)        one prefill of each prompt group's shared prompt (G samples each);
+                                                    on CPU a prompt of <= 8 tokens is fed through decode instead:
+                                                    T_prefill = 0 and T_thr counts Lbar + Pbar - 1 positions
     T_gen   = max(T_thr, T_tail) + T_prefill        a synchronous batch in one wave (N <= R*S)
             = T_thr + T_tail + T_prefill            several waves: long samples admitted last run past the rest
     sync        T = T_gen + T_train + T_pub + T_load          (colocated: on all accelerators, + engine reload)
@@ -28,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.policies.config import Mode
-from planner.rollout_cost import RolloutCostModel, make_rollout_cost_model
+from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS, RolloutCostModel, make_rollout_cost_model
 from planner.search.space import RolloutOption, Space, TrainOption
 from planner.weight_sync import WeightSyncTime, weight_sync_time_s
 
@@ -110,9 +113,16 @@ class Screen:
         model = self.rollout_model(p.rollout)
         slots = p.rollout.slots
         t_full = model.decode_step_s(slots, slots * sp.ctx_avg)
+        prompt = round(sp.prompt_mean)
+        if self.space.inp.accelerator.name == "cpu" and prompt <= CPU_DECODE_INGEST_MAX_TOKENS:
+            # dora's CPU engine feeds a short prompt through the decode batch, one token per step (the simulator's
+            # ingest steps): no prefill, prompt - 1 more decode positions per sample
+            return t_full, n * (sp.response_mean + prompt - 1) * t_full / (p.replicas * slots), 0.0
         t_thr = n * sp.response_mean * t_full / (p.replicas * slots)
-        prefill = model.prefill_s(int(slots * sp.prompt_mean)) * n / (p.replicas * slots)
-        return t_full, t_thr, prefill
+        # one prefill of the shared prompt per prompt group, as the simulator charges it (not one prefill of all the
+        # slots' prompts as a single sequence: its attention term is quadratic in the whole batch's prompt tokens)
+        groups = n / self.space.inp.samples_per_prompt
+        return t_full, t_thr, model.prefill_s(prompt) * groups / p.replicas
 
     def overlap_ceiling(self, p: Placement) -> float:
         """Trained tokens/s of a perfect asynchronous schedule on disaggregated placement ``p`` (module docstring)."""
