@@ -66,12 +66,18 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
         slower = 1 - s.trained_tokens_per_s / best if best else 0.0
         if s.trained_tokens_per_s >= top * (1 - TIE_FRACTION) and s.screened.k > chosen.screened.k:
             reason = f"ties within 1% but needs staleness k={s.screened.k} > {chosen.screened.k}"
-        elif s.trained_tokens_per_s >= top * (1 - TIE_FRACTION):
+        elif s.trained_tokens_per_s >= top * (1 - TIE_FRACTION) and s.screened.mode != chosen.screened.mode:
             reason = (f"ties within 1% ({100 * -slower:+.1f}%) at the same staleness; {chosen.screened.mode} is "
                       f"preferred (order: {', '.join(MODE_PREFERENCE)})")
         else:
             reason = f"slower by {100 * slower:.1f}% (simulated, {s.sim_steps} steps)"
         rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))
+    base = outcome.best_sync
+    if base is not None and base.screened.label not in sim_labels:
+        rows.append(row(base.screened, stage="simulated", tps=base.trained_tokens_per_s, status="rejected",
+                        reason=f"the sync baseline of the speedup figure (the spec pins {chosen.screened.mode}; "
+                               f"{base.sim_steps} steps)"))
+        sim_labels.add(base.screened.label)
     screen_best = outcome.screened[0].trained_tokens_per_s
     for c in outcome.screened:
         if len(rows) >= MAX_CONSIDERED_ROWS - 4:

@@ -64,6 +64,8 @@ class Simulated:
 class SearchOutcome:
     chosen: Simulated
     best_sync: Simulated | None
+    """The best simulated sync finalist; when the spec pins another mode, the screen's best sync candidate simulated
+    as a baseline only (not among ``finalists``)."""
     finalists: tuple[Simulated, ...]
     screened: tuple[Screened, ...]
     """Every screened candidate, best first."""
@@ -356,6 +358,12 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         again = {s.screened.label: s for s in map_fn(refined, [s.screened for s in todo])}
         sims = [again.get(s.screened.label, s) for s in sims]
     syncs = [s for s in sims if s.screened.mode == "sync"]
+    if not syncs:
+        # The spec pins an asynchronous mode: simulate the screen's best sync candidate on the same placements, over
+        # the leaders' steps, as the baseline of the speedup the report gives (not a candidate: the spec excludes it).
+        sync_cands = sorted((screen.evaluate(p, "sync", 0) for p in placements if _hosts(p, "sync", 0)),
+                            key=lambda c: (-c.trained_tokens_per_s, c.label))
+        syncs = map_fn(refined, sync_cands[:1])
     excluded = []
     if "partial-rollout" not in inputs.modes and not inputs.allow_version_mixing:
         excluded.append(("partial-rollout", "violates consistency: resumes trajectories on new weights; the spec "

@@ -68,6 +68,25 @@ def test_fixed_mode_and_zero_budget() -> None:
             .screened} == {"sync"}
 
 
+def test_a_pinned_asynchronous_mode_is_still_measured_against_a_simulated_sync_plan() -> None:
+    """With the mode pinned no sync candidate is searched; the speedup once fell back to the plan itself (1.00x)."""
+    pinned = _resolved(SMALL_GPU, **{"{max_version_lag: 2}": "{max_version_lag: 2, mode: streaming}"})
+    planned = make_plan(pinned)
+    plan, outcome = planned.plan, planned.outcome
+    base = outcome.best_sync
+    assert plan.mode == "streaming" and base is not None and base.screened.mode == "sync"
+    assert all(f.screened.mode == "streaming" for f in outcome.finalists)  # a baseline, never a candidate
+    assert plan.predictions.speedup_vs_sync == pytest.approx(plan.predictions.trained_tokens_per_s
+                                                            / base.trained_tokens_per_s)
+    assert plan.predictions.speedup_vs_sync != pytest.approx(1.0, abs=0.005)
+    assert 0 < plan.predictions.rollout_share < 1
+    row = next(c for c in plan.considered if c.mode == "sync")
+    assert row.status == "rejected" and "sync baseline" in row.reason and "pins streaming" in row.reason
+    # the sync plan a search of every mode finds best
+    free = search(search_inputs(_resolved(SMALL_GPU)))
+    assert free.best_sync is not None and base.screened.label == free.best_sync.screened.label
+
+
 def test_partial_rollout_only_with_mixing() -> None:
     modes = {c.mode for c in search(search_inputs(_resolved(SMALL_GPU))).screened}
     assert "partial-rollout" not in modes and "streaming" in modes
