@@ -123,8 +123,10 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         if exc.closest is not None:
             err_console.print(f"  closest candidate: {exc.closest.what}\n  it lacks: {exc.closest.reason}",
                               markup=False, highlight=False)
-        err_console.print("  to fix: add accelerators, use a larger accelerator, lower the response cap, or a "
-                          "smaller model", markup=False, highlight=False)
+        low_memory = resolved.spec.runtime.gpu_memory_utilization < 0.5
+        err_console.print("  to fix: add accelerators, use a larger accelerator, lower the response cap, "
+                          + ("raise runtime.gpu_memory_utilization, " if low_memory else "") + "or a smaller model",
+                          markup=False, highlight=False)
         return 1
     plan = planned.plan
     if args.json:

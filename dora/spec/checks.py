@@ -202,6 +202,12 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
             if n is not None and n != total:
                 out.append(_d(path, f"colocated placement time-shares all {total} accelerators, got {n}",
                               f"remove it or set it to {total}"))
+    elif p.colocated is False and r.accelerators == total:
+        out.append(_d((*R, "accelerators"), f"a disaggregated placement needs accelerators for training, and rollout "
+                      f"takes all {total}", f"use at most {total - 1}, or set placement.colocated: true to time-share"))
+    elif p.colocated is False and t.accelerators == total:
+        out.append(_d((*T, "accelerators"), f"a disaggregated placement needs accelerators for rollout, and training "
+                      f"takes all {total}", f"use at most {total - 1}, or set placement.colocated: true to time-share"))
     elif r.accelerators is not None and t.accelerators is not None and r.accelerators + t.accelerators > total:
         out.append(_d((*R, "accelerators"), f"rollout ({r.accelerators}) + train ({t.accelerators}) = "
                       f"{r.accelerators + t.accelerators} > cluster ({total})",
@@ -213,7 +219,12 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
     if spec.cluster.accelerator == "cpu" and r.tp is not None and r.tp > 1:
         out.append(_d((*R, "tp"), f"the CPU engine runs one thread per replica, so rollout tp must be 1, got {r.tp}",
                       "set tp: 1 (or remove it); more rollout replicas use more cores"))
-    if r.versions_per_engine is not None and r.versions_per_engine > spec.staleness.max_version_lag + 1:
+    if (r.versions_per_engine is not None and r.versions_per_engine > 1
+            and spec.staleness.mode not in ("auto", "streaming")):
+        out.append(_d((*R, "versions_per_engine"), f"only mode streaming hosts several versions per engine, and "
+                      f"staleness.mode is {spec.staleness.mode!r}",
+                      "remove versions_per_engine (or set it to 1), or set staleness.mode to streaming or auto"))
+    elif r.versions_per_engine is not None and r.versions_per_engine > spec.staleness.max_version_lag + 1:
         out.append(_d((*R, "versions_per_engine"), f"an engine can hold at most k+1 = "
                       f"{spec.staleness.max_version_lag + 1} live versions, got {r.versions_per_engine}",
                       "lower versions_per_engine or raise staleness.max_version_lag"))

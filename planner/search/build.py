@@ -165,6 +165,12 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
             out.append(f"the staleness budget k={c.screened.k} stalls the trainer {100 * (wait - forced) / step:.0f}% "
                        "of each step waiting for the oldest version's tail; a larger k or a lower response cap "
                        "would remove it")
+    pinned_versions = inputs.pins.versions_per_engine
+    if pinned_versions and pinned_versions > versions_per_engine(c.screened):
+        out.append(f"placement.rollout.versions_per_engine pins {pinned_versions}, but the chosen {c.screened.mode} "
+                   f"k={c.screened.k} hosts {versions_per_engine(c.screened)} per engine (only streaming hosts "
+                   "several, at most k+1); the pin still reserves their memory: remove it or set staleness.mode: "
+                   "streaming")
     if outcome.best_sync is not None and preds.rollout_share < 0.5 and c.screened.mode != "sync":
         out.append(f"rollout is only {100 * preds.rollout_share:.0f}% of a synchronous step: asynchronous modes "
                    "can hide little; training dominates")

@@ -87,6 +87,14 @@ def test_a_pinned_asynchronous_mode_is_still_measured_against_a_simulated_sync_p
     assert free.best_sync is not None and base.screened.label == free.best_sync.screened.label
 
 
+def test_a_versions_per_engine_pin_the_chosen_mode_cannot_use_is_reported() -> None:
+    plan = make_plan(_resolved(SMALL_GPU + "placement:\n  colocated: true\n  rollout: {versions_per_engine: 3}\n")).plan
+    assert plan.mode == "sync" and plan.rollout.versions_per_engine == 1
+    assert any("versions_per_engine pins 3, but the chosen sync k=0 hosts 1 per engine" in w for w in plan.warnings)
+    free = make_plan(_resolved(SMALL_GPU + "placement:\n  colocated: true\n")).plan
+    assert not any("versions_per_engine" in w for w in free.warnings)
+
+
 def test_partial_rollout_only_with_mixing() -> None:
     modes = {c.mode for c in search(search_inputs(_resolved(SMALL_GPU))).screened}
     assert "partial-rollout" not in modes and "streaming" in modes
