@@ -83,6 +83,10 @@ class ModelArch:
     """A: attention sub-layers per block (LongCat-Flash: 2)."""
     dense_ffns_per_moe_layer: int = 0
     """Dense FFNs running beside the MoE in each MoE block (LongCat-Flash shortcut-connected MoE: 2)."""
+    max_context_tokens: int | None = None
+    """The longest sequence (prompt + response) the checkpoint is configured for: ``max_position_embeddings``, or
+    with a RoPE scaling ``factor`` the (original) length times it, as vLLM derives its limit on ``max_model_len``;
+    None when unknown (no check)."""
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -298,32 +302,32 @@ def _mla_deepseek() -> MLA:
 # transformers LongcatFlashConfig defaults that reproduce meituan-longcat/LongCat-Flash-Chat.
 _PRESETS: dict[str, ModelArch] = {
     "qwen2.5-7b": ModelArch(  # huggingface.co/Qwen/Qwen2.5-7B config.json
-        name="qwen2.5-7b", num_layers=28, hidden_size=3584, num_attention_heads=28, num_kv_heads=4,
+        name="qwen2.5-7b", max_context_tokens=131072, num_layers=28, hidden_size=3584, num_attention_heads=28, num_kv_heads=4,
         head_dim=128, ffn_hidden_size=18944, vocab_size=152064, qkv_bias=True),
     "qwen2.5-32b": ModelArch(  # huggingface.co/Qwen/Qwen2.5-32B config.json
-        name="qwen2.5-32b", num_layers=64, hidden_size=5120, num_attention_heads=40, num_kv_heads=8,
+        name="qwen2.5-32b", max_context_tokens=131072, num_layers=64, hidden_size=5120, num_attention_heads=40, num_kv_heads=8,
         head_dim=128, ffn_hidden_size=27648, vocab_size=152064, qkv_bias=True),
     "qwen3-8b": ModelArch(  # huggingface.co/Qwen/Qwen3-8B config.json
-        name="qwen3-8b", num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+        name="qwen3-8b", max_context_tokens=40960, num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
         head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True),
     "qwen3-32b": ModelArch(  # huggingface.co/Qwen/Qwen3-32B config.json
-        name="qwen3-32b", num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
+        name="qwen3-32b", max_context_tokens=40960, num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
         head_dim=128, ffn_hidden_size=25600, vocab_size=151936, qk_norm=True),
     "qwen3-30b-a3b": ModelArch(  # huggingface.co/Qwen/Qwen3-30B-A3B config.json
-        name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_kv_heads=4,
+        name="qwen3-30b-a3b", max_context_tokens=40960, num_layers=48, hidden_size=2048, num_attention_heads=32, num_kv_heads=4,
         head_dim=128, ffn_hidden_size=6144, vocab_size=151936, qk_norm=True,
         num_experts=128, experts_top_k=8, moe_ffn_hidden_size=768),
     "qwen3-235b-a22b": ModelArch(  # huggingface.co/Qwen/Qwen3-235B-A22B config.json
-        name="qwen3-235b-a22b", num_layers=94, hidden_size=4096, num_attention_heads=64, num_kv_heads=4,
+        name="qwen3-235b-a22b", max_context_tokens=40960, num_layers=94, hidden_size=4096, num_attention_heads=64, num_kv_heads=4,
         head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True,
         num_experts=128, experts_top_k=8, moe_ffn_hidden_size=1536),
     "deepseek-v3": ModelArch(  # huggingface.co/deepseek-ai/DeepSeek-V3 config.json (MTP module not counted)
-        name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
+        name="deepseek-v3", max_context_tokens=163840, num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
         head_dim=192, ffn_hidden_size=18432, vocab_size=129280,
         num_experts=256, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
         first_dense_layers=3, mla=_mla_deepseek()),
     "kimi-k2": ModelArch(  # huggingface.co/moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture)
-        name="kimi-k2", num_layers=61, hidden_size=7168, num_attention_heads=64, num_kv_heads=64,
+        name="kimi-k2", max_context_tokens=131072, num_layers=61, hidden_size=7168, num_attention_heads=64, num_kv_heads=64,
         head_dim=192, ffn_hidden_size=18432, vocab_size=163840,
         num_experts=384, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
         first_dense_layers=1, mla=_mla_deepseek()),
@@ -384,6 +388,23 @@ def _bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise HFConfigError(key, f"must be true or false, got {value!r}")
     return value
+
+
+def _context_limit(config: Mapping[str, Any]) -> int | None:
+    """``max_position_embeddings``, times the ``factor`` of a linear, dynamic or YaRN RoPE scaling (YaRN's of
+    ``original_max_position_embeddings`` when given), as vLLM derives the longest ``max_model_len`` it accepts;
+    None when the config has no ``max_position_embeddings``."""
+    if config.get("max_position_embeddings") is None:
+        return None
+    limit = _int(config, "max_position_embeddings")
+    scaling = config.get("rope_scaling")
+    if not isinstance(scaling, Mapping) or not isinstance(scaling.get("factor"), int | float):
+        return limit
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in ("linear", "dynamic", "yarn") and scaling["factor"] > 1:  # llama3/longrope: already the scaled length
+        base = scaling.get("original_max_position_embeddings") if kind == "yarn" else None
+        limit = int((base if isinstance(base, int) and base > 0 else limit) * scaling["factor"])
+    return limit
 
 
 def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
@@ -448,6 +469,7 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
                 raise HFConfigError("decoder_sparse_step", "only 1 (every layer is MoE) is supported")
             if config.get("mlp_only_layers"):
                 raise HFConfigError("mlp_only_layers", "interleaved dense layers are not supported")
+    kw["max_context_tokens"] = _context_limit(config)
     try:
         return ModelArch(**kw)
     except ValueError as exc:

@@ -119,6 +119,7 @@ class ModelConfig:
     num_zero_experts: int
     attention_per_layer: int
     dense_ffns_per_moe_layer: int
+    max_context_tokens: int | None
     dtype: Literal["bf16", "fp16", "fp32", "fp8"]
     checkpoint: str | None
     """Hugging Face id or cluster path of the weights; null = built in code (the tiny CPU model)."""

@@ -128,6 +128,20 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
     return out
 
 
+def check_context(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
+    """The longest sequence, prompt cap + response cap, within the checkpoint's context (vLLM refuses a longer
+    ``max_model_len``)."""
+    limit, w = arch.max_context_tokens, spec.workload
+    longest = w.prompt_length.max_tokens + w.response_length.max_tokens
+    if limit is None or longest <= limit:
+        return []
+    return [_d(("workload", "response_length", "max_tokens"), f"prompt max ({w.prompt_length.max_tokens:,}) + "
+               f"response max ({w.response_length.max_tokens:,}) = {longest:,} tokens exceeds the model's context of "
+               f"{limit:,} (max_position_embeddings{' with its RoPE scaling' if spec.model.hf_config else ''})",
+               f"lower it to at most {limit - w.prompt_length.max_tokens:,}, or give model.hf_config a config.json "
+               "whose rope_scaling extends the context")]
+
+
 def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
     """Pinned placement against the cluster size and the model's heads, layers and experts."""
     out: list[Diagnostic] = []

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dora.spec.checks import check_lengths, check_placement, check_spec, check_spec_staleness
+from dora.spec.checks import check_context, check_lengths, check_placement, check_spec, check_spec_staleness
 from dora.spec.diagnostics import Diagnostic, Path, SpecError
 from dora.spec.errors import diagnostics_from_validation
 from dora.spec.models import ArchitectureSpec, LengthSpec, Spec, StalenessSpec
@@ -269,7 +269,7 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
                                                                ("workload", "response_length"), base_dir)
         diags += d1 + d2
     if arch is not None:
-        diags += check_placement(spec, arch)
+        diags += check_context(spec, arch) + check_placement(spec, arch)
     if diags:
         raise SpecError(file, located(diags))
     assert arch is not None and prompt is not None and response is not None

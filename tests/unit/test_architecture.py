@@ -122,6 +122,18 @@ def test_hf_llama_config_matches_published_8b():
     assert arch.kv_bytes_per_token(2) == 32 * 2 * 8 * 128 * 2
 
 
+def test_hf_config_context_limit_follows_vllms_rope_scaling_rule():
+    llama = _config("llama-3.1-8b")  # rope_type llama3: max_position_embeddings is already the scaled length
+    assert arch_from_hf_config(llama, name="l").max_context_tokens == 131072
+    yarn = {**_config("qwen3-8b"), "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 32768}}
+    assert arch_from_hf_config(yarn, name="q").max_context_tokens == 131072  # Qwen3's documented YaRN setting
+    linear = {**_config("qwen3-8b"), "rope_scaling": {"type": "linear", "factor": 2.0}}
+    assert arch_from_hf_config(linear, name="q").max_context_tokens == 81920
+    bare = {k: v for k, v in _config("qwen3-8b").items() if k != "max_position_embeddings"}
+    assert arch_from_hf_config(bare, name="q").max_context_tokens is None
+
+
 def test_hf_config_errors_name_the_key():
     cfg = _config("qwen3-8b")
     del cfg["num_hidden_layers"]
