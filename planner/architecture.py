@@ -302,35 +302,43 @@ def _mla_deepseek() -> MLA:
 # transformers LongcatFlashConfig defaults that reproduce meituan-longcat/LongCat-Flash-Chat.
 _PRESETS: dict[str, ModelArch] = {
     "qwen2.5-7b": ModelArch(  # huggingface.co/Qwen/Qwen2.5-7B config.json
-        name="qwen2.5-7b", max_context_tokens=131072, num_layers=28, hidden_size=3584, num_attention_heads=28, num_kv_heads=4,
-        head_dim=128, ffn_hidden_size=18944, vocab_size=152064, qkv_bias=True),
+        name="qwen2.5-7b", num_layers=28, hidden_size=3584, num_attention_heads=28, num_kv_heads=4,
+        head_dim=128, ffn_hidden_size=18944, vocab_size=152064, qkv_bias=True,
+        max_context_tokens=131072),
     "qwen2.5-32b": ModelArch(  # huggingface.co/Qwen/Qwen2.5-32B config.json
-        name="qwen2.5-32b", max_context_tokens=131072, num_layers=64, hidden_size=5120, num_attention_heads=40, num_kv_heads=8,
-        head_dim=128, ffn_hidden_size=27648, vocab_size=152064, qkv_bias=True),
+        name="qwen2.5-32b", num_layers=64, hidden_size=5120, num_attention_heads=40, num_kv_heads=8,
+        head_dim=128, ffn_hidden_size=27648, vocab_size=152064, qkv_bias=True,
+        max_context_tokens=131072),
     "qwen3-8b": ModelArch(  # huggingface.co/Qwen/Qwen3-8B config.json
-        name="qwen3-8b", max_context_tokens=40960, num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
-        head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True),
-    "qwen3-32b": ModelArch(  # huggingface.co/Qwen/Qwen3-32B config.json
-        name="qwen3-32b", max_context_tokens=40960, num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
-        head_dim=128, ffn_hidden_size=25600, vocab_size=151936, qk_norm=True),
-    "qwen3-30b-a3b": ModelArch(  # huggingface.co/Qwen/Qwen3-30B-A3B config.json
-        name="qwen3-30b-a3b", max_context_tokens=40960, num_layers=48, hidden_size=2048, num_attention_heads=32, num_kv_heads=4,
-        head_dim=128, ffn_hidden_size=6144, vocab_size=151936, qk_norm=True,
-        num_experts=128, experts_top_k=8, moe_ffn_hidden_size=768),
-    "qwen3-235b-a22b": ModelArch(  # huggingface.co/Qwen/Qwen3-235B-A22B config.json
-        name="qwen3-235b-a22b", max_context_tokens=40960, num_layers=94, hidden_size=4096, num_attention_heads=64, num_kv_heads=4,
+        name="qwen3-8b", num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
         head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True,
-        num_experts=128, experts_top_k=8, moe_ffn_hidden_size=1536),
+        max_context_tokens=40960),
+    "qwen3-32b": ModelArch(  # huggingface.co/Qwen/Qwen3-32B config.json
+        name="qwen3-32b", num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
+        head_dim=128, ffn_hidden_size=25600, vocab_size=151936, qk_norm=True,
+        max_context_tokens=40960),
+    "qwen3-30b-a3b": ModelArch(  # huggingface.co/Qwen/Qwen3-30B-A3B config.json
+        name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_kv_heads=4,
+        head_dim=128, ffn_hidden_size=6144, vocab_size=151936, qk_norm=True,
+        num_experts=128, experts_top_k=8, moe_ffn_hidden_size=768,
+        max_context_tokens=40960),
+    "qwen3-235b-a22b": ModelArch(  # huggingface.co/Qwen/Qwen3-235B-A22B config.json
+        name="qwen3-235b-a22b", num_layers=94, hidden_size=4096, num_attention_heads=64, num_kv_heads=4,
+        head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True,
+        num_experts=128, experts_top_k=8, moe_ffn_hidden_size=1536,
+        max_context_tokens=40960),
     "deepseek-v3": ModelArch(  # huggingface.co/deepseek-ai/DeepSeek-V3 config.json (MTP module not counted)
-        name="deepseek-v3", max_context_tokens=163840, num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
+        name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
         head_dim=192, ffn_hidden_size=18432, vocab_size=129280,
         num_experts=256, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
-        first_dense_layers=3, mla=_mla_deepseek()),
+        first_dense_layers=3, mla=_mla_deepseek(),
+        max_context_tokens=163840),
     "kimi-k2": ModelArch(  # huggingface.co/moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture)
-        name="kimi-k2", max_context_tokens=131072, num_layers=61, hidden_size=7168, num_attention_heads=64, num_kv_heads=64,
+        name="kimi-k2", num_layers=61, hidden_size=7168, num_attention_heads=64, num_kv_heads=64,
         head_dim=192, ffn_hidden_size=18432, vocab_size=163840,
         num_experts=384, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
-        first_dense_layers=1, mla=_mla_deepseek()),
+        first_dense_layers=1, mla=_mla_deepseek(),
+        max_context_tokens=131072),
     "longcat-flash": ModelArch(  # transformers LongcatFlashConfig defaults; arXiv 2509.01322
         name="longcat-flash", num_layers=28, hidden_size=6144, num_attention_heads=64, num_kv_heads=64,
         head_dim=192, ffn_hidden_size=12288, vocab_size=131072,
