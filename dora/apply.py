@@ -11,15 +11,18 @@ of the three constraints; 2 invalid spec or overrides; 130 interrupted (Ctrl-C).
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
+from dora.runtime.checkpoint import CheckpointError, check_resumable
 from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
+from dora.terminal import error, say
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+
 
 @dataclass(frozen=True, kw_only=True)
 class ApplyOverrides:
@@ -87,7 +90,7 @@ def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = Non
 def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) -> tuple[Any, Any]:
     """(resolved spec, plan) for `dora apply TARGET`: a spec is planned now; a saved plan (plan.json, or a plan
     directory) is used as is after checking it still matches its spec. Raises ``ApplyInputError``."""
-    from dora.plan_cmd import PlanFileError, read_plan_file
+    from dora.plan_cmd import PlanFileError, is_json_spec, read_plan_file
     from dora.planning import CalibrationFileError, load_calibration
     from dora.spec import load_spec
     from planner.plan import Plan
@@ -96,7 +99,8 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
     if mode is not None and mode not in MODES:
         raise ApplyInputError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
     path = Path(target)
-    plan_file = path / "plan.json" if path.is_dir() else path if path.suffix == ".json" else None
+    saved = path.suffix.lower() == ".json" and not is_json_spec(target)
+    plan_file = path / "plan.json" if path.is_dir() else path if saved else None
     if plan_file is not None:
         if mode is not None:
             raise ApplyInputError("--mode cannot change a saved plan: re-run `dora plan` with the spec's mode")
@@ -105,7 +109,7 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
         except PlanFileError as exc:
             raise ApplyInputError(str(exc)) from None
         plan = Plan.from_dict(data)
-        resolved = load_spec(plan.spec_file)
+        resolved = load_spec(_saved_plan_spec(plan_file, plan.spec_file))
         if resolved.spec_hash != plan.spec_hash:
             raise ApplyInputError(
                 f"saved plan is stale: {plan_file} was planned for spec hash {plan.spec_hash[:12]}, but "
@@ -119,20 +123,46 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
     return plan_spec(load_spec(target), mode, calibration)
 
 
+def _saved_plan_spec(plan_file: Path, spec_file: str) -> str:
+    """Where the spec of a saved plan is. ``spec_file`` is relative to the directory `dora plan` ran in: this one, or,
+    when the plan is applied from elsewhere, the plan's directory or one of its parents (plans are written below the
+    directory they were planned in: ``dora plan specs/x.yaml --out plans/x``). Raises ``ApplyInputError``."""
+    name = Path(spec_file)
+    if name.is_absolute() or name.exists():
+        return spec_file
+    for base in plan_file.resolve().parents:  # the plan's directory, then its parents
+        candidate = base / name
+        if candidate.is_file():
+            return os.path.relpath(candidate)
+    raise ApplyInputError(
+        f"{plan_file} was planned from the spec {spec_file} (its spec_file, relative to the directory `dora plan` ran "
+        f"in), which is neither in this directory nor relative to {plan_file.parent.resolve()} or a parent of it; "
+        "run `dora apply` from the directory it was planned in, or plan the spec again with `dora plan SPEC --out DIR`")
+
+
 def plan_spec(resolved: Any, mode: str | None, calibration: Any = None) -> tuple[Any, Any]:
     """Plan a resolved spec, restricted to ``mode`` when given: (the spec as run, its plan)."""
     from dora.planning import make_plan
     from planner.calibration import DEFAULT_CALIBRATION
 
     if mode is not None:
+        from dora.spec.checks import check_placement, check_spec_staleness
+        from dora.spec.diagnostics import format_path
+
         spec = resolved.spec
-        k = spec.staleness.max_version_lag
         staleness: dict[str, Any] = {"mode": mode}
         if mode == "one-step-off":
             staleness["max_version_lag"] = 1
-        elif mode != "sync" and k == 0:
-            raise ApplyInputError(f"--mode {mode} needs staleness.max_version_lag >= 1; the spec has k = 0")
-        pinned = spec.model_copy(update={"staleness": spec.staleness.model_copy(update=staleness)})
+        update: dict[str, Any] = {"staleness": spec.staleness.model_copy(update=staleness)}
+        if mode != "streaming" and spec.placement != "auto":  # streaming-only pins do not apply (as in the runtime)
+            rollout = spec.placement.rollout.model_copy(update={"versions_per_engine": None,
+                                                                "consolidation_batch": None})
+            update["placement"] = spec.placement.model_copy(update={"rollout": rollout})
+        pinned = spec.model_copy(update=update)
+        # the spec passed its checks with its own mode: what fails now fails because of --mode
+        for d in check_spec_staleness(pinned.staleness) + check_placement(pinned, resolved.arch):
+            raise ApplyInputError(f"--mode {mode}: {d.message} ({format_path(d.path)}); to fix: {d.hint}, or "
+                                  "choose another --mode")
         resolved = dataclasses.replace(resolved, spec=pinned)
     return resolved, make_plan(resolved, calibration or DEFAULT_CALIBRATION).plan
 
@@ -163,55 +193,58 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
         print_spec_error(exc)
         return EXIT_INVALID
     except (ApplyInputError, InfeasibleError) as exc:
-        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        error(console, str(exc))
         return EXIT_INVALID
     try:
         rc = runtime_config_for(resolved, overrides, plan)
     except ValueError as exc:
-        console.print(f"[bold red]error[/bold red]: {spec_path}: {exc}")
+        error(console, f"{spec_path}: {exc}")
         return EXIT_INVALID
-    if overrides.watchdog_s is not None and overrides.watchdog_s <= 0:
-        console.print(f"[bold red]error[/bold red]: --watchdog-s must be > 0, got {overrides.watchdog_s:g}")
+    if overrides.watchdog_s is not None and not overrides.watchdog_s > 0:  # NaN too
+        error(console, f"--watchdog-s must be > 0, got {overrides.watchdog_s:g}")
         return EXIT_INVALID
     try:
         check_engines(rc)
     except RuntimeConfigError as exc:
-        console.print(f"[bold red]error[/bold red]: {spec_path}: {escape(str(exc))}")
+        error(console, f"{spec_path}: {exc}")
         return EXIT_INVALID
     if address is not None:
         from dora.cluster import submit_and_follow
 
         return submit_and_follow(address, resolved, plan, rc, console=console, watchdog_s=overrides.watchdog_s)
     if resolved.spec.runtime.backend != "local":
-        console.print(f"[bold red]error[/bold red]: {spec_path}: runtime.backend is "
-                      f"{resolved.spec.runtime.backend!r}; submit it to the cluster with `dora apply "
-                      f"{spec_path} --address http://HEAD:8265`")
+        error(console, f"{spec_path}: runtime.backend is {resolved.spec.runtime.backend!r}; submit it to the cluster "
+                       f"with `dora apply {spec_path} --address http://HEAD:8265`")
+        return EXIT_INVALID
+    try:  # before anything is written: a refused resume leaves the run's files as they were
+        check_resumable(Path(rc.output_dir), json.loads(rc.to_json()))
+    except CheckpointError as exc:
+        error(console, str(exc))
         return EXIT_INVALID
     workers = f"{rc.rollout_workers} rollout worker" + ("s" if rc.rollout_workers != 1 else "")
-    console.print(f"dora apply {spec_path}: mode {rc.mode} (k={rc.max_version_lag}), {workers} x {rc.max_num_seqs} "
-                  f"slots, {rc.steps} steps -> {rc.output_dir}/", highlight=False)
-    console.print(f"  planned: {plan.mode} on {plan.rollout.replicas} rollout replica(s) + "
-                  f"{plan.train.accelerators} training accelerator(s), predicted step "
-                  f"{plan.predictions.step_time_s:.2f} s, {plan.predictions.trained_tokens_per_s:,.0f} trained tokens/s "
-                  f"({plan.calibration_source})", highlight=False)
+    say(console, f"dora apply {spec_path}: mode {rc.mode} (k={rc.max_version_lag}), {workers} x {rc.max_num_seqs} "
+                 f"slots, {rc.steps} steps -> {rc.output_dir}/")
+    say(console, f"  planned: {plan.mode} on {plan.rollout.replicas} rollout replica(s) + "
+                 f"{plan.train.accelerators} training accelerator(s), predicted step "
+                 f"{plan.predictions.step_time_s:.2f} s, {plan.predictions.trained_tokens_per_s:,.0f} trained tokens/s "
+                 f"({plan.calibration_source})")
     try:
         Path(rc.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(rc.output_dir) / "runtime.json").write_text(rc.to_json(), encoding="utf-8")
     except OSError as exc:
-        console.print(f"[bold red]error[/bold red]: cannot write the run's outputs to {escape(str(rc.output_dir))}/: "
-                      f"{escape(exc.strerror or str(exc))}\n  to fix: choose a writable directory with --output-dir "
-                      "(or runtime.output_dir in the spec)")
+        error(console, f"cannot write the run's outputs to {rc.output_dir}/: {exc.strerror or exc}\n  to fix: choose "
+                       "a writable directory with --output-dir (or runtime.output_dir in the spec)")
         return EXIT_INVALID
     try:
         result = run_job(rc, console=console, live=live, watchdog_s=overrides.watchdog_s)
     except RuntimeConfigError as exc:
-        console.print(f"[bold red]error[/bold red]: {spec_path}: {exc}")
+        error(console, f"{spec_path}: {exc}")
         return EXIT_INVALID
     except JobStopped as exc:
-        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        error(console, str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        console.print(f"interrupted: actors stopped, Ray shut down, trace flushed to {rc.output_dir}/trace.jsonl")
+        say(console, f"interrupted: actors stopped, Ray shut down, trace flushed to {rc.output_dir}/trace.jsonl")
         return EXIT_INTERRUPTED
     return report(result, console)
 

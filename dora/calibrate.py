@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dora.terminal import error, say
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
 
 FORMAT = "dora-calibration/1"
@@ -421,15 +422,18 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
         return EXIT_INVALID
     spec = resolved.spec
     if spec.cluster.accelerator != "cpu" or spec.runtime.backend != "local":
-        console.print(f"[bold red]error[/bold red]: {spec_path}: `dora calibrate` measures the local torch engines; "
-                      f"this spec runs on {spec.cluster.accelerator!r} with backend {spec.runtime.backend!r}. "
-                      "Calibrate on a local CPU spec (e.g. specs/local-tiny.yaml)", highlight=False)
+        error(console, f"{spec_path}: `dora calibrate` measures the local torch engines; this spec runs on "
+                       f"{spec.cluster.accelerator!r} with backend {spec.runtime.backend!r}. Calibrate on a local CPU "
+                       "spec (e.g. specs/local-tiny.yaml)")
+        return EXIT_INVALID
+    problem = _unwritable(out_path)
+    if problem:  # before minutes of measuring
+        error(console, f"cannot write {out_path}: {problem}\n  to fix: give --out a file path in a writable directory")
         return EXIT_INVALID
     try:
         cc = controller_config(runtime_config_for(resolved, ApplyOverrides()))
     except (ValueError, RuntimeConfigError) as exc:
-        console.print(f"[bold red]error[/bold red]: {spec_path}: cannot build the local engines: {exc}",
-                      highlight=False)
+        error(console, f"{spec_path}: cannot build the local engines: {exc}")
         return EXIT_INVALID
     import torch
 
@@ -447,8 +451,8 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
     torch.set_num_threads(cc.rollout.num_threads)  # the runtime's actors run one torch thread each
     try:
         weights = export_weights(TinyTransformer(cc.rollout.model, seed=spec.runtime.seed))
-        console.print(f"dora calibrate {spec_path}: decode {len(grid.decode_batches)}x{len(grid.decode_contexts)} "
-                      f"cells x {grid.repeats} repeats ...", highlight=False)
+        say(console, f"dora calibrate {spec_path}: decode {len(grid.decode_batches)}x{len(grid.decode_contexts)} "
+                     f"cells x {grid.repeats} repeats ...")
         decode, prefill = measure_rollout(cc.rollout, weights, grid)
         console.print(f"  training steps: {len(grid.train_batches)} batch sizes ...", highlight=False)
         train = measure_train(cc.trainer, round(inputs.prompt_lengths.mean_tokens()), grid)
@@ -483,7 +487,7 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
                   f"{machine['cpu_count']} cores")
         calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, source)
     except RunDataError as exc:
-        console.print(f"[bold red]error[/bold red]: {exc}", highlight=False)
+        error(console, str(exc))
         return EXIT_INVALID
     if not data.prefill_steps:
         console.print("  prefill  not refitted: the runs ingested every prompt through the decode batch "
@@ -496,19 +500,35 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
     return _write(console, spec_path, out_path, text, calib, fits)
 
 
+def _unwritable(out_path: str) -> str | None:
+    """Why ``out_path`` cannot receive the calibration file, or ``None`` (checks only; creates nothing)."""
+    out = Path(out_path)
+    if out.is_dir():
+        return "it is a directory"
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # _write creates the missing directories below the nearest existing one
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
+
+
 def _write(console: Any, spec_path: str, out_path: str, text: str, calib: Calibration, fits: Sequence[Fit]) -> int:
     out = Path(out_path)
+    tmp = out.with_name(f".{out.name}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(out)
     except OSError as exc:
-        console.print(f"[bold red]error[/bold red]: cannot write {out_path}: {exc}", highlight=False)
+        tmp.unlink(missing_ok=True)
+        error(console, f"cannot write {out_path}: {exc.strerror or exc}")
         return EXIT_FAILED
     _print_fits(console, fits)
-    console.print(f"wrote {out_path} (calibration {calib.fingerprint()}); use it with "
-                  f"`dora plan {spec_path} --calibration {out_path}`", highlight=False)
+    say(console, f"wrote {out_path} (calibration {calib.fingerprint()}); use it with "
+                 f"`dora plan {spec_path} --calibration {out_path}`")
     return EXIT_OK
 
 

@@ -67,31 +67,30 @@ def cmd_validate(args: argparse.Namespace) -> int:
         results.append({"file": file, "valid": True, "spec_hash": resolved.spec_hash})
         if not args.json:
             arch = resolved.arch
-            _out_console().print(f"[green]ok[/green] {file}: {resolved.spec.name} — {arch.name}, "
-                                 f"{resolved.spec.total_accelerators} x {resolved.spec.cluster.accelerator}")
+            from rich.text import Text
+
+            _out_console().print(Text.assemble(("ok", "green"), f" {file}: {resolved.spec.name} — {arch.name}, "
+                                               f"{resolved.spec.total_accelerators} x {resolved.spec.cluster.accelerator}"))
     if args.json:
         print(json.dumps(results, indent=2, sort_keys=True))
     return status
 
 
 def print_spec_error(exc) -> None:
+    from rich.text import Text
+
     from dora.spec.diagnostics import format_path
+    from dora.terminal import error
 
     con = _err_console()
     n = len(exc.diagnostics)
-    con.print(f"[bold red]error[/bold red]: {exc.file}: {n} problem{'s' if n != 1 else ''}", markup=True)
+    error(con, f"{exc.file}: {n} problem{'s' if n != 1 else ''}")
     for d in exc.diagnostics:
         where = format_path(d.path) if d.path else "<document>"
         line = f" (line {d.line})" if d.line is not None else ""
-        con.print(f"  [bold]{_escape(where)}[/bold]{line}: {_escape(d.message)}")
+        con.print(Text.assemble("  ", (where, "bold"), f"{line}: {d.message}"))
         if d.hint:
-            con.print(f"      [dim]to fix:[/dim] {_escape(d.hint)}")
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
+            con.print(Text.assemble("      ", ("to fix:", "dim"), f" {d.hint}"))
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -124,11 +123,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from dora.cluster import ClusterError, job_status
+    from dora.terminal import error
 
     try:
         info = job_status(args.target)
     except ClusterError as exc:
-        _err_console().print(f"[bold red]error[/bold red]: {_escape(str(exc))}")
+        error(_err_console(), str(exc))
         return EXIT_ERROR
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
@@ -140,11 +140,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from dora.cluster import ClusterError, stop_job
+    from dora.terminal import error
 
     try:
         info = stop_job(args.target)
     except ClusterError as exc:
-        _err_console().print(f"[bold red]error[/bold red]: {_escape(str(exc))}")
+        error(_err_console(), str(exc))
         return EXIT_ERROR
     what = "stop requested" if info["stop_requested"] else "already finished"
     _out_console().print(f"{info['submission_id']} on {info['address']}: {what} ({info['status']})", markup=False)
@@ -169,8 +170,10 @@ def cmd_examples(args: argparse.Namespace) -> int:
         return EXIT_OK
     text = example_text(args.name)
     if text is None:
-        _err_console().print(f"error: no example named '{_escape(args.name)}'{did_you_mean(args.name, names)}; "
-                             f"examples: {', '.join(names)}")
+        from dora.terminal import error
+
+        error(_err_console(), f"no example named '{args.name}'{did_you_mean(args.name, names)}; "
+              f"examples: {', '.join(names)}")
         return EXIT_INVALID
     print(text, end="")
     return EXIT_OK
@@ -261,8 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug in dora, not bad input: short message, traceback only on request
         if os.environ.get("DORA_DEBUG"):
             raise
-        _err_console().print(f"[bold red]internal error[/bold red]: {type(exc).__name__}: {_escape(str(exc))}\n"
-                             "  this is a bug in dora; rerun with DORA_DEBUG=1 for the traceback and report it")
+        from dora.terminal import error
+
+        error(_err_console(), f"{type(exc).__name__}: {exc}\n"
+              "  this is a bug in dora; rerun with DORA_DEBUG=1 for the traceback and report it", label="internal error")
         return EXIT_ERROR
 
 

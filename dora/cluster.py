@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
 from dora.runtime.config import RuntimeConfig
 from dora.runtime.trace import write_json_atomic
+from dora.terminal import error
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 JOB_FILE = "job.json"
@@ -73,29 +72,29 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
             entrypoint_num_cpus=body.get("entrypoint_num_cpus"), entrypoint_num_gpus=body.get("entrypoint_num_gpus"),
         )
     except ClusterError as exc:
-        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        error(console, str(exc))
         return EXIT_FAILED
     except Exception as exc:  # the Jobs API answers errors as RuntimeError with the server's text
-        console.print(f"[bold red]error[/bold red]: job submission to {escape(address)} failed: {escape(str(exc))}")
+        error(console, f"job submission to {address} failed: {exc}")
         return EXIT_FAILED
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / JOB_FILE, {"address": address, "submission_id": submission_id,
                                        "spec_name": rc.spec_name, "mode": rc.mode, "output_dir": rc.output_dir})
     console.print(f"submitted {submission_id} to {address} (recorded in {out / JOB_FILE}); following its logs — "
-                  f"Ctrl-C detaches, `dora stop {out}` stops it", highlight=False)
+                  f"Ctrl-C detaches, `dora stop {out}` stops it", markup=False, highlight=False)
     if not follow:
         return EXIT_OK
     try:
         audit = _stream_logs(client, submission_id)
         status = _wait_terminal(client, submission_id)
     except KeyboardInterrupt:
-        console.print(f"detached; the job keeps running: `dora status {out}` / `dora stop {out}`")
+        console.print(f"detached; the job keeps running: `dora status {out}` / `dora stop {out}`", markup=False)
         return EXIT_INTERRUPTED
     if audit is not None:
         write_json_atomic(out / "cluster_audit.json", audit)
     info = client.get_job_info(submission_id)
-    console.print(f"job {submission_id}: {status}" + (f" — {escape(info.message)}" if info.message else ""),
-                  highlight=False)
+    console.print(f"job {submission_id}: {status}" + (f" — {info.message}" if info.message else ""),
+                  markup=False, highlight=False)
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
 
 
@@ -132,15 +131,25 @@ def find_job(target: str) -> dict[str, Any]:
     if path.is_dir():
         path = path / JOB_FILE
     elif path.suffix in (".yaml", ".yml"):
-        from dora.spec import load_spec
+        from dora.spec import SpecError, load_spec
 
-        path = Path(load_spec(str(path)).output_dir) / JOB_FILE
+        try:
+            path = Path(load_spec(str(path)).output_dir) / JOB_FILE
+        except SpecError as exc:
+            n = len(exc.diagnostics)
+            raise ClusterError(f"{target}: cannot read the spec for its output_dir ({n} problem{'s' if n != 1 else ''}"
+                               f"; `dora validate {target}` lists them); or pass the run's output directory") from None
     if not path.is_file():
+        local = path.parent / "summary.json"
+        if local.is_file():
+            raise ClusterError(f"{path.parent}/ holds a local run, not a submitted job: its results are in {local}")
         raise ClusterError(f"no submitted job recorded at {path}: `dora apply SPEC --address URL` records one there")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return {"address": str(data["address"]), "submission_id": str(data["submission_id"]), "file": str(path)}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except KeyError as exc:
+        raise ClusterError(f"{path} is not a dora job record: it has no {exc} field") from None
+    except (OSError, ValueError, TypeError) as exc:
         raise ClusterError(f"{path} is not a dora job record: {exc}") from None
 
 

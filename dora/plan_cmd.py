@@ -8,6 +8,8 @@ always means "the plan changed".
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -24,6 +26,7 @@ from dora.planning import (
 )
 from dora.report import plan_diff, plan_report_text, render_diff, render_plan
 from dora.spec import ResolvedSpec, SpecError, load_spec
+from dora.terminal import error
 from planner.plan import FORMAT_VERSION, Plan
 from planner.schedule import check_trace
 from planner.schedule.export import graph_to_dot, graph_to_json, timeline_html
@@ -39,8 +42,14 @@ class PlanFileError(Exception):
 
 
 def read_plan_file(path: str) -> dict[str, Any]:
+    """The plan in ``path`` (a plan.json, or a directory `dora plan --out` wrote), checked field by field."""
+    if Path(path).is_dir():
+        path = str(Path(path) / "plan.json")
     data = read_json_object(path, "plan file", PlanFileError)
     version = data.get("format_version")
+    if "format_version" not in data:
+        raise PlanFileError(f"'{path}' is not a dora plan (it has no format_version); `dora plan SPEC --out DIR` "
+                            "writes DIR/plan.json")
     if version != FORMAT_VERSION:
         raise PlanFileError(f"plan file '{path}' has format_version {version!r}; this dora reads {FORMAT_VERSION} "
                             "— re-run `dora plan` with this version")
@@ -89,15 +98,24 @@ def schedule_artifacts(planned: Planned) -> dict[str, str]:
 
 
 def write_plan_dir(resolved: ResolvedSpec, planned: Planned, out: Path) -> list[Path]:
+    """Write the plan's files into ``out``. Everything is rendered and every target checked before the first file
+    is written, so a lowering error or a directory in a file's place leaves ``out`` as it was."""
     from dora.lower import write_launch_artifacts
+    from dora.lower.render import render_launch
 
     files = {"plan.json": planned.plan.to_json(), "report.txt": plan_report_text(planned.plan)}
     files.update(schedule_artifacts(planned))
+    launch = render_launch(resolved, planned.plan)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(out))
+    for name in files:
+        if (out / name).is_dir():
+            raise IsADirectoryError(errno.EISDIR, "a directory is in the way of a plan file", str(out / name))
     written = []
     for name, text in sorted(files.items()):
         _atomic_write(out / name, text)
         written.append(out / name)
-    written += write_launch_artifacts(resolved, planned.plan, out)
+    written += write_launch_artifacts(resolved, planned.plan, out, launch)
     return written
 
 
@@ -114,12 +132,12 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         print_spec_error(exc)
         return error_code
     except (CalibrationFileError, PlanFileError) as exc:
-        err_console.print(f"[bold red]error[/bold red]: {exc}", markup=True, highlight=False)
+        error(err_console, str(exc))
         return error_code
     try:
         planned = make_plan(resolved, calibration, workers=available_cpus())
     except InfeasibleError as exc:
-        err_console.print(f"[bold red]error[/bold red]: nothing fits — {exc}", markup=True, highlight=False)
+        error(err_console, f"nothing fits — {exc}")
         if exc.closest is not None:
             err_console.print(f"  closest candidate: {exc.closest.what}\n  it lacks: {exc.closest.reason}",
                               markup=False, highlight=False)
@@ -137,11 +155,12 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         try:
             written = write_plan_dir(resolved, planned, Path(args.out))
         except LoweringError as exc:
-            err_console.print(f"[bold red]error[/bold red]: cannot lower the plan: {exc}", markup=True)
+            error(err_console, f"cannot lower the plan: {exc}")
             return error_code
         except OSError as exc:
-            err_console.print(f"error: cannot write the plan to {args.out}/: {exc.strerror or exc}\n  to fix: choose "
-                              "a writable directory for --out", markup=False, highlight=False)
+            where = f" ({exc.filename})" if exc.filename and str(exc.filename) != args.out else ""
+            error(err_console, f"cannot write the plan to {args.out}/: {exc.strerror or exc}{where}\n  to fix: "
+                               "choose a writable directory for --out")
             return error_code
         if not args.json:
             out_console.print(f"\nwrote {len(written)} files to {args.out}/ (plan.json, report.txt, timeline.html, "
@@ -156,22 +175,33 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
 
 
 def _plan_dict(path: str) -> dict[str, Any]:
-    if path.endswith(".json"):
+    """A plan file or plan directory as it is; a spec (YAML, or JSON without a format_version) planned now."""
+    if Path(path).is_dir() or (path.lower().endswith(".json") and not is_json_spec(path)):
         return read_plan_file(path)
     return make_plan(load_spec(path)).plan.to_dict()
+
+
+def is_json_spec(path: str) -> bool:
+    """A JSON file holding a spec rather than a plan (specs may be written in JSON, YAML's subset)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and "format_version" not in data and "model" in data
 
 
 def cmd_diff(args: argparse.Namespace, out_console, err_console) -> int:
     from dora.cli import print_spec_error
 
+    error_code = 1 if args.detailed_exitcode else 2  # as `dora plan`: with --detailed-exitcode 2 means "changed"
     try:
         old, new = _plan_dict(args.old), _plan_dict(args.new)
     except SpecError as exc:
         print_spec_error(exc)
-        return 1
+        return error_code
     except (PlanFileError, InfeasibleError) as exc:
-        err_console.print(f"[bold red]error[/bold red]: {exc}", markup=True, highlight=False)
-        return 1
+        error(err_console, str(exc))
+        return error_code
     changes = plan_diff(old, new)
     out_console.print("\n".join(render_diff(changes, args.old, args.new)), markup=False, highlight=False)
     return 2 if (changes and args.detailed_exitcode) else 0

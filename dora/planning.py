@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from dora import __version__
@@ -150,13 +151,11 @@ def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRA
 
 
 def _portable(file: str) -> str:
-    """The spec path as a relative, '/'-separated string (no absolute paths in plan files)."""
+    """The spec path relative to the working directory, '/'-separated (no absolute paths in plan files; a spec
+    outside the working directory gets a ``../`` path)."""
     p = Path(file)
     if p.is_absolute():
-        try:
-            p = p.relative_to(Path.cwd())
-        except ValueError:
-            p = Path(p.name)
+        p = Path(os.path.relpath(p, Path.cwd()))
     return p.as_posix()
 
 

@@ -10,8 +10,10 @@ byte-identical file on any machine.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 FORMAT_VERSION = 2
 """Bump on any change that an older dora could not read correctly."""
@@ -167,6 +169,49 @@ class Plan:
 
 
 _NESTED = {"rollout": RolloutPlan, "train": TrainPlan, "predictions": Predictions}
+_SIZES = (RolloutPlan, TrainPlan)
+"""Their whole numbers are sizes and counts: at least 1 (``_MAY_BE_ZERO`` apart)."""
+_MAY_BE_ZERO = frozenset({"kv_capacity_tokens"})
+
+
+def _check_value(value: Any, hint: Any, where: str, *, positive: bool = False) -> None:
+    """``value`` (read from JSON) has the type ``hint`` and a sensible range: whole numbers >= 0 (>= 1 with
+    ``positive``), finite numbers; raises ValueError naming ``where``."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        if value is None and type(None) in args:
+            return
+        _check_value(value, next(a for a in args if a is not type(None)), where, positive=positive)
+        return
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        for i, item in enumerate(value):
+            _check_value(item, args[0], f"{where}[{i}]")
+        return
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object, got {value!r}")
+        for k, item in value.items():
+            _check_value(item, args[1], f"{where}.{k}")
+        return
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= (1 if positive else 0)
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    elif hint is str:
+        ok = isinstance(value, str)
+    else:
+        raise TypeError(f"{where}: no check for {hint!r}")
+    if not ok:
+        what = {int: f"a whole number >= {1 if positive else 0}", float: "a finite number"}.get(hint, hint.__name__)
+        raise ValueError(f"{where}: expected {what}, got {value!r}")
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -180,8 +225,14 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if missing:
         raise ValueError(f"{where}: missing field '{missing[0]}'")
     kw: dict[str, Any] = {}
+    hints = get_type_hints(cls)
     for name in names:
         value = data[name]
+        if cls is Plan and name in ("memory", "considered"):
+            if not isinstance(value, list):
+                raise ValueError(f"{where}.{name}: expected a list, got {value!r}")
+        elif not (cls is Plan and name in _NESTED):  # nested objects are checked field by field below
+            _check_value(value, hints[name], f"{where}.{name}", positive=cls in _SIZES and name not in _MAY_BE_ZERO)
         if cls is Plan and name in _NESTED:
             value = _build(_NESTED[name], value, f"{where}.{name}")
         elif cls is Plan and name == "memory":

@@ -60,14 +60,16 @@ def render_launch(resolved: ResolvedSpec, plan: Plan) -> dict[str, str]:
     return render_context(build_context(resolved, plan))
 
 
-def write_launch_artifacts(resolved: ResolvedSpec, plan: Plan, out_dir: Path) -> list[Path]:
-    """Write ``out_dir/launch/`` and return the written paths (sorted).
+def write_launch_artifacts(resolved: ResolvedSpec, plan: Plan, out_dir: Path,
+                           files: dict[str, str] | None = None) -> list[Path]:
+    """Write ``out_dir/launch/`` (``files``: what ``render_launch`` gives, when already rendered) and return the
+    written paths (sorted).
 
     Everything is rendered first; the files are then written into a fresh temporary directory next to the target
     and swapped in with renames, so a failure leaves the previous ``launch/`` (or none) intact, never a mix.
     The directory is replaced wholesale: files of an earlier lowering that no longer apply disappear.
     """
-    files = render_launch(resolved, plan)
+    files = render_launch(resolved, plan) if files is None else files
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / LAUNCH_DIR

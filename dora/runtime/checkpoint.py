@@ -125,19 +125,27 @@ def repair_jsonl_tail(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
+def check_resumable(output_dir: Path, runtime_json: dict[str, Any]) -> Checkpoint | None:
+    """The checkpoint in ``output_dir`` (``None`` if there is none) if this job may resume it; reads only.
+
+    Raises ``CheckpointError`` when it is another job configuration's checkpoint."""
+    ckpt = read_checkpoint(output_dir)
+    if ckpt is not None and ckpt.config_key != config_key(runtime_json):
+        raise CheckpointError(
+            f"{checkpoint_dir(output_dir)} holds a checkpoint of a different job configuration; resume it with "
+            "the same spec and overrides (only --steps may change), or use another --output-dir")
+    return ckpt
+
+
 def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoint | None:
     """The resume point of ``output_dir``, or ``None`` for a fresh run (no checkpoint yet).
 
     Repairs the trace tail and writes the checkpointed step's event if the crash lost it; keeps only
     the metrics rows of checkpointed steps. Raises ``CheckpointError`` for another job's checkpoint.
     """
-    ckpt = read_checkpoint(output_dir)
+    ckpt = check_resumable(output_dir, runtime_json)
     if ckpt is None:
         return None
-    if ckpt.config_key != config_key(runtime_json):
-        raise CheckpointError(
-            f"{checkpoint_dir(output_dir)} holds a checkpoint of a different job configuration; resume it with "
-            "the same spec and overrides (only --steps may change), or use another --output-dir")
     trace = Path(output_dir) / "trace.jsonl"
     repair_jsonl_tail(trace)
     events = read_jsonl(trace) if trace.exists() else []
@@ -168,5 +176,5 @@ def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoin
     )
 
 
-__all__ = ["Checkpoint", "CheckpointError", "ResumePoint", "config_key", "prepare_resume", "read_checkpoint",
+__all__ = ["Checkpoint", "CheckpointError", "ResumePoint", "check_resumable", "config_key", "prepare_resume", "read_checkpoint",
            "write_checkpoint"]

@@ -93,7 +93,7 @@ class LiveDisplay:
         if self._live is not None:
             self._live.update(Panel(Text(what), title=self.title, border_style="cyan"))
         else:
-            self.console.print(what, highlight=False)
+            self.console.print(what, markup=False, highlight=False)
 
     def update(self, stats: RunStats) -> None:
         if self._live is not None:
@@ -104,7 +104,7 @@ class LiveDisplay:
             self.console.print(
                 f"step {r.step:3d}/{stats.total_steps}  reward {r.reward_mean:.3f}  staleness {r.mean_staleness:.2f}  "
                 f"step {r.step_time_s:.2f}s  occupancy {r.rollout_occupancy:.0%}  "
-                f"trained {r.forward_tokens / r.step_time_s:.0f} tok/s", highlight=False,
+                f"trained {r.forward_tokens / r.step_time_s:.0f} tok/s", markup=False, highlight=False,
             )
         self._printed_steps = len(stats.steps)
 

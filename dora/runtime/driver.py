@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
+from dora.terminal import error, say
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -140,15 +143,15 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
         raise JobStopped(str(exc)) from None
     title = f"{rc.spec_name} ({rc.mode})"
     if resume is not None and resume.step >= rc.steps:
-        console.print(f"{out}/ already holds all {rc.steps} steps (checkpoint at step {resume.step}): auditing it; "
-                      "raise --steps to train further, or use a new --output-dir to start over", highlight=False)
+        say(console, f"{out}/ already holds all {rc.steps} steps (checkpoint at step {resume.step}): auditing it; "
+                     "raise --steps to train further, or use a new --output-dir to start over")
         previous = {"mode": rc.mode, "steps": resume.step, "total_steps": rc.steps, "wall_s": 0.0,
                     "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 0, **_previous_summary(out)}
         return finish_job(out, previous, k=rc.max_version_lag, allow_version_mixing=rc.allow_version_mixing,
                           title=title)
     if resume is not None:
-        console.print(f"resuming {out}/ after step {resume.step}: {len(resume.regenerate)} admitted, untrained "
-                      f"prompt group(s) regenerated on v{resume.step}", highlight=False)
+        say(console, f"resuming {out}/ after step {resume.step}: {len(resume.regenerate)} admitted, untrained "
+                     f"prompt group(s) regenerated on v{resume.step}")
     started = False
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):  # inside a Ray job: join the cluster, never size it
@@ -230,18 +233,16 @@ def report(result: JobResult, console: Any) -> int:
     console.print(render_summary(result.summary, result.audit))
     if not result.ok:
         for v in result.audit["violations"][:10]:
-            console.print(f"  [red]{v['constraint']}[/red]: {v['message']}", highlight=False)
-        console.print(f"[bold red]audit failed[/bold red]: {result.audit['num_violations']} violation(s); "
-                      f"see {result.output_dir / 'trace.jsonl'} and {result.output_dir / 'summary.json'}")
+            console.print(Text.assemble("  ", (str(v["constraint"]), "red"), f": {v['message']}"))
+        error(console, f"{result.audit['num_violations']} violation(s); see {result.output_dir / 'trace.jsonl'} and "
+                       f"{result.output_dir / 'summary.json'}", label="audit failed")
         return EXIT_FAILED
-    console.print(f"outputs in {result.output_dir}/ (trace.jsonl, metrics.jsonl, timeline.html, summary.json)",
-                  highlight=False)
+    say(console, f"outputs in {result.output_dir}/ (trace.jsonl, metrics.jsonl, timeline.html, summary.json)")
     return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
-    from rich.markup import escape
 
     ap = argparse.ArgumentParser(prog="python -m dora.runtime.driver", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, type=Path, help="runtime.json written by lowering")
@@ -252,18 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = RuntimeConfig.from_json(args.config.read_text(encoding="utf-8"))
     except (OSError, RuntimeConfigError) as exc:
-        console.print(f"[bold red]error[/bold red]: {args.config}: {exc}")
+        error(console, f"{args.config}: {exc}")
         return EXIT_BAD_CONFIG
     try:
         result = run_job(rc, console=console, live=not args.no_live, watchdog_s=args.watchdog_s)
     except RuntimeConfigError as exc:
-        console.print(f"[bold red]error[/bold red]: {args.config}: {exc}")
+        error(console, f"{args.config}: {exc}")
         return EXIT_BAD_CONFIG
     except JobStopped as exc:
-        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        error(console, str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        console.print(f"interrupted: actors stopped, trace flushed to {rc.output_dir}/trace.jsonl")
+        say(console, f"interrupted: actors stopped, trace flushed to {rc.output_dir}/trace.jsonl")
         return EXIT_INTERRUPTED
     code = report(result, console)
     # One machine-readable line on stdout: `dora apply --address` reads the audit back from the job's logs.

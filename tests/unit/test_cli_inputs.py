@@ -1,0 +1,158 @@
+"""Awkward input to the commands around `dora plan`: odd file names, saved plans moved or edited by hand, overrides a
+spec forbids, output places that cannot be written. Each gets a clean error (or just works), never an internal error,
+and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from dora.cli import main
+
+TINY = REPO / "specs" / "local-tiny.yaml"
+GOLDEN_PLAN = REPO / "tests" / "golden" / "plans" / "local-tiny.plan.json"
+
+
+def test_file_names_with_square_brackets_are_printed_as_written(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a[").mkdir()
+    shutil.copy(TINY, tmp_path / "a[" / "x].yaml")  # rich would read "[/x]" as a closing tag
+    shutil.copy(TINY, tmp_path / "v[red].yaml")  # ... and "[red]" as a style
+    bad = tmp_path / "b[bold].yaml"
+    bad.write_text(TINY.read_text().replace("prompts_per_step: 16", "prompts_per_step: -16"))
+    assert main(["validate", "a[/x].yaml", "v[red].yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "ok a[/x].yaml" in out and "ok v[red].yaml" in out
+    assert main(["validate", "b[bold].yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "error: b[bold].yaml: 1 problem" in err and "workload.prompts_per_step" in err and "internal" not in err
+
+
+def test_a_mode_override_the_spec_forbids_is_refused_like_the_spec_would_be(capsys) -> None:
+    assert main(["apply", str(TINY), "--mode", "partial-rollout", "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert "--mode partial-rollout" in err and "allow_version_mixing" in err and "internal" not in err
+
+
+def test_a_mode_override_drops_the_streaming_only_pins() -> None:
+    from dora.apply import plan_for_apply
+
+    assert yaml.safe_load(TINY.read_text())["placement"]["rollout"]["versions_per_engine"] > 1
+    _, plan = plan_for_apply(str(TINY), "sync", None)
+    assert plan.mode == "sync" and plan.rollout.versions_per_engine == 1
+
+
+def test_status_of_a_spec_that_does_not_load_is_a_clean_error(tmp_path: Path, capsys) -> None:
+    assert main(["status", str(tmp_path / "nope.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot read the spec" in err and "dora validate" in err and "internal" not in err
+
+
+def test_status_of_a_local_run_points_at_its_summary(tmp_path: Path, capsys) -> None:
+    (tmp_path / "summary.json").write_text("{}")
+    assert main(["stop", str(tmp_path)]) == 1
+    assert "holds a local run, not a submitted job" in capsys.readouterr().err
+
+
+def test_a_refused_resume_leaves_the_run_directory_as_it_was(tmp_path: Path, capsys) -> None:
+    from dora.runtime.checkpoint import FORMAT, checkpoint_dir
+
+    run = tmp_path / "run"
+    checkpoint_dir(run).mkdir(parents=True)
+    (checkpoint_dir(run) / "checkpoint.json").write_text(json.dumps(
+        {"format": FORMAT, "step": 3, "consumed_groups": [0], "trainer_state": "trainer-3.pt", "step_event": None,
+         "config_key": "another-job"}))
+    (checkpoint_dir(run) / "trainer-3.pt").write_bytes(b"")
+    (run / "runtime.json").write_text("the earlier run's config")
+    assert main(["apply", str(TINY), "--output-dir", str(run), "--steps", "5", "--no-live"]) == 2
+    assert "different job configuration" in capsys.readouterr().err
+    assert (run / "runtime.json").read_text() == "the earlier run's config"
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "runtime.json"]
+    assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == ["checkpoint.json", "trainer-3.pt"]
+
+
+def test_a_saved_plan_finds_its_spec_from_another_directory(tmp_path: Path, monkeypatch) -> None:
+    from dora.apply import ApplyInputError, plan_for_apply
+    from dora.planning import _portable
+
+    project = tmp_path / "project"  # planned there as `dora plan specs/local-tiny.yaml --out plans/tiny`
+    (project / "specs").mkdir(parents=True)
+    shutil.copy(TINY, project / "specs" / "local-tiny.yaml")
+    (project / "plans" / "tiny").mkdir(parents=True)
+    shutil.copy(GOLDEN_PLAN, project / "plans" / "tiny" / "plan.json")
+    assert json.loads(GOLDEN_PLAN.read_text())["spec_file"] == "specs/local-tiny.yaml"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    resolved, plan = plan_for_apply(str(project / "plans" / "tiny"), None, None)
+    assert Path(resolved.file).resolve() == project / "specs" / "local-tiny.yaml"
+    assert plan.spec_hash == resolved.spec_hash
+
+    (project / "specs" / "local-tiny.yaml").unlink()
+    with pytest.raises(ApplyInputError, match="its spec_file, relative to the directory `dora plan` ran in"):
+        plan_for_apply(str(project / "plans" / "tiny" / "plan.json"), None, None)
+    # a spec outside the working directory is recorded with a relative path, never as its bare name
+    assert _portable(str(tmp_path / "other" / "s.yaml")) == "../other/s.yaml"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    (("rollout", "tp"), 0, "plan.rollout.tp: expected a whole number >= 1, got 0"),
+    (("mode",), "warp", "plan.mode: 'warp' is not one of"),
+    (("predictions", "step_time_s"), "fast", "plan.predictions.step_time_s: expected a finite number"),
+    (("predictions", "step_time_s"), float("nan"), "plan.predictions.step_time_s: expected a finite number"),
+    (("spec_file",), None, "plan.spec_file: expected str, got None"),
+    (("warnings",), "hi", "plan.warnings: expected a list"),
+])
+def test_a_hand_edited_plan_is_refused_at_the_field(tmp_path: Path, field, value, message) -> None:
+    from dora.plan_cmd import PlanFileError, read_plan_file
+
+    data = json.loads(GOLDEN_PLAN.read_text())
+    read_plan_file(str(GOLDEN_PLAN))  # as written, it reads
+    where = data
+    for key in field[:-1]:
+        where = where[key]
+    where[field[-1]] = value
+    edited = tmp_path / "plan.json"
+    edited.write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_plan_file(str(edited))
+
+
+def test_diff_takes_plan_directories_and_json_specs(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    plan_dir = tmp_path / "saved"
+    plan_dir.mkdir()
+    shutil.copy(GOLDEN_PLAN, plan_dir / "plan.json")
+    assert main(["diff", str(plan_dir), str(plan_dir / "plan.json"), "--detailed-exitcode"]) == 0
+    assert "No changes" in capsys.readouterr().out
+    json_spec = tmp_path / "tiny.json"
+    json_spec.write_text(json.dumps(yaml.safe_load(TINY.read_text())))
+    assert main(["diff", str(TINY), str(json_spec), "--detailed-exitcode"]) == 0
+    assert main(["diff", str(plan_dir), str(tmp_path / "missing.json")]) == 2  # an input error, as in `dora plan`
+    (tmp_path / "empty.json").write_text("{}")
+    assert main(["diff", str(plan_dir), str(tmp_path / "empty.json"), "--detailed-exitcode"]) == 1
+    assert "is not a dora plan (it has no format_version)" in capsys.readouterr().err
+
+
+def test_plan_out_writes_nothing_when_one_of_its_files_is_blocked(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "plan"
+    (out / "timeline.html").mkdir(parents=True)
+    assert main(["plan", str(TINY), "--out", str(out)]) == 2
+    assert f"a directory is in the way of a plan file ({out / 'timeline.html'})" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["timeline.html"]
+
+
+def test_calibrate_checks_its_output_path_before_measuring(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "a-directory"
+    target.mkdir()
+    assert main(["calibrate", str(TINY), "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {target}: it is a directory" in err and "decode" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory"]
