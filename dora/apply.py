@@ -104,6 +104,9 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
     if plan_file is not None:
         if mode is not None:
             raise ApplyInputError("--mode cannot change a saved plan: re-run `dora plan` with the spec's mode")
+        if calibration_file is not None:
+            raise ApplyInputError("--calibration cannot change a saved plan (it was planned with its own calibration): "
+                                  "re-run `dora plan SPEC --calibration FILE --out DIR`, or apply the spec")
         try:
             data = read_plan_file(str(plan_file))
         except PlanFileError as exc:
@@ -208,6 +211,8 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     except RuntimeConfigError as exc:
         error(console, f"{spec_path}: {exc}")
         return EXIT_INVALID
+    if address is None and resolved.spec.runtime.backend == "ray-cluster":
+        address = resolved.spec.runtime.address  # the spec's cluster (validation requires it for ray-cluster)
     if address is not None:
         from dora.cluster import submit_and_follow
 

@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="write trace, metrics and checkpoints here instead of the spec's output_dir")
     p.add_argument("--calibration", metavar="FILE", help="calibration JSON from `dora calibrate`, used to plan")
     p.add_argument("--no-live", action="store_true", help="plain per-step lines instead of the live display")
-    p.add_argument("--address", metavar="URL", help="submit to this Ray cluster's Jobs API (http://HEAD:8265)")
+    p.add_argument("--address", metavar="URL", help="submit to this Ray cluster's Jobs API (http://HEAD:8265); a spec "
+                   "with runtime.backend ray-cluster is submitted to its runtime.address without it")
     p.add_argument("--watchdog-s", type=float, help="stop with a report after this many seconds without progress")
     p.set_defaults(func=cmd_apply)
 

@@ -23,5 +23,8 @@ def list_examples() -> list[tuple[str, str]]:
 
 
 def example_text(name: str) -> str | None:
-    path = examples_dir() / f"{name}.yaml"
-    return path.read_text(encoding="utf-8") if path.is_file() else None
+    """The example spec called ``name`` (with or without ``.yaml``), or ``None``: only the shipped examples."""
+    name = name.removesuffix(".yaml")
+    if name not in {n for n, _ in list_examples()}:
+        return None
+    return (examples_dir() / f"{name}.yaml").read_text(encoding="utf-8")

@@ -124,6 +124,9 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
     from dora.lower import LoweringError
 
     error_code = 1 if args.detailed_exitcode else 2
+    if args.detailed_exitcode and not args.against:
+        error(err_console, "--detailed-exitcode compares against a saved plan: add --against PLAN.json")
+        return error_code
     try:
         resolved = load_spec(args.spec)
         calibration = load_calibration(args.calibration)
@@ -178,7 +181,7 @@ def _plan_dict(path: str) -> dict[str, Any]:
     """A plan file or plan directory as it is; a spec (YAML, or JSON without a format_version) planned now."""
     if Path(path).is_dir() or (path.lower().endswith(".json") and not is_json_spec(path)):
         return read_plan_file(path)
-    return make_plan(load_spec(path)).plan.to_dict()
+    return make_plan(load_spec(path), workers=available_cpus()).plan.to_dict()
 
 
 def is_json_spec(path: str) -> bool:

@@ -156,3 +156,28 @@ def test_calibrate_checks_its_output_path_before_measuring(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert f"cannot write {target}: it is a directory" in err and "decode" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory"]
+
+
+def test_examples_are_named_not_read_from_any_path(capsys) -> None:
+    assert main(["examples", "local-tiny.yaml"]) == 0
+    assert capsys.readouterr().out == TINY.read_text()
+    for name in ("/etc/hostname", "../specs/local-tiny", str(TINY.with_suffix(""))):
+        assert main(["examples", name]) == 2
+        assert capsys.readouterr().out == ""
+
+
+def test_flags_that_would_be_ignored_are_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    assert main(["plan", str(TINY), "--detailed-exitcode"]) == 1
+    assert "add --against" in capsys.readouterr().err
+    shutil.copy(GOLDEN_PLAN, tmp_path / "plan.json")
+    assert main(["apply", str(tmp_path / "plan.json"), "--calibration", "cal.json", "--no-live"]) == 2
+    assert "--calibration cannot change a saved plan" in capsys.readouterr().err
+
+
+def test_a_ray_cluster_spec_is_submitted_to_its_own_address(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(TINY.read_text().replace("backend: local", "backend: ray-cluster\n  address: http://127.0.0.1:9"))
+    assert main(["apply", str(spec), "--output-dir", str(tmp_path / "out"), "--no-live"]) == 1
+    assert "cannot reach the Ray Jobs API at http://127.0.0.1:9" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
