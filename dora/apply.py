@@ -217,10 +217,6 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
         from dora.cluster import submit_and_follow
 
         return submit_and_follow(address, resolved, plan, rc, console=console, watchdog_s=overrides.watchdog_s)
-    if resolved.spec.runtime.backend != "local":
-        error(console, f"{spec_path}: runtime.backend is {resolved.spec.runtime.backend!r}; submit it to the cluster "
-                       f"with `dora apply {spec_path} --address http://HEAD:8265`")
-        return EXIT_INVALID
     try:  # before anything is written: a refused resume leaves the run's files as they were
         check_resumable(Path(rc.output_dir), json.loads(rc.to_json()))
     except CheckpointError as exc:
