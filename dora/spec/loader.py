@@ -250,6 +250,11 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
         return [Diagnostic(path=d.path, message=d.message, hint=d.hint, file=d.file or file,
                            line=d.line if d.line is not None else doc.line_of(d.path)) for d in diags]
 
+    data = doc.data
+    if isinstance(data, dict) and "format_version" in data and "spec_hash" in data:  # `dora plan --out`'s plan.json
+        raise SpecError(file, [Diagnostic(path=(), message="this is a dora plan file, not a spec",
+                                          hint=f"pass the spec it was planned from ({data.get('spec_file', '?')})",
+                                          file=file)])
     try:
         spec = Spec.model_validate(doc.data)
     except ValidationError as exc:

@@ -181,3 +181,10 @@ def test_a_ray_cluster_spec_is_submitted_to_its_own_address(tmp_path: Path, caps
     assert main(["apply", str(spec), "--output-dir", str(tmp_path / "out"), "--no-live"]) == 1
     assert "cannot reach the Ray Jobs API at http://127.0.0.1:9" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plan_file_given_as_a_spec_says_so(capsys) -> None:
+    assert main(["validate", str(GOLDEN_PLAN)]) == 2
+    err = capsys.readouterr().err
+    assert "this is a dora plan file, not a spec" in err and "specs/local-tiny.yaml" in err
+    assert err.count("\n") == 3  # one problem, not one per plan field
