@@ -50,8 +50,11 @@ def read_plan_file(path: str) -> dict[str, Any]:
     if "format_version" not in data:
         raise PlanFileError(f"'{path}' is not a dora plan (it has no format_version); `dora plan SPEC --out DIR` "
                             "writes DIR/plan.json")
+    if type(version) is not int:
+        raise PlanFileError(f"plan file '{path}': format_version must be a whole number (this dora writes "
+                            f"{FORMAT_VERSION}), got {version!r}")
     if version != FORMAT_VERSION:
-        raise PlanFileError(f"plan file '{path}' has format_version {version!r}; this dora reads {FORMAT_VERSION} "
+        raise PlanFileError(f"plan file '{path}' has format_version {version}; this dora reads {FORMAT_VERSION} "
                             "— re-run `dora plan` with this version")
     try:
         Plan.from_dict(data)
