@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dora.runtime.checkpoint import CheckpointError, check_resumable
+from dora.runtime.checkpoint import CheckpointError, check_resumable, resume_hint
 from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
 from dora.terminal import error, say
 
@@ -76,6 +76,10 @@ def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = Non
         changes["versions_per_engine"] = 1  # only streaming hosts several versions per engine
     rc = dataclasses.replace(rc, **changes)
     w = resolved.spec.workload
+    if rc.max_num_seqs < w.samples_per_prompt:
+        where = f"--max-num-seqs {rc.max_num_seqs}" if overrides.max_num_seqs else f"max_num_seqs {rc.max_num_seqs}"
+        raise ValueError(f"{where} is below workload.samples_per_prompt ({w.samples_per_prompt}): a prompt group's "
+                         f"samples start together on one engine; use --max-num-seqs {w.samples_per_prompt} or more")
     try:  # the policy's own validation, with its arithmetic, before anything starts
         PolicyConfig(mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
                      slots_per_group=rc.max_num_seqs, prompts_per_step=w.prompts_per_step,
@@ -229,6 +233,11 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
                  f"{plan.train.accelerators} training accelerator(s), predicted step "
                  f"{plan.predictions.step_time_s:.2f} s, {plan.predictions.trained_tokens_per_s:,.0f} trained tokens/s "
                  f"({plan.calibration_source})")
+    total = resolved.spec.total_accelerators
+    if not rc.colocated and rc.rollout_accelerators + plan.train.accelerators > total:
+        say(console, f"  note: {rc.rollout_accelerators} rollout + {plan.train.accelerators} training accelerator(s) "
+                     f"oversubscribe the cluster's {total}: they share them, and the prediction above is the plan's, "
+                     "not this run's")
     try:
         Path(rc.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(rc.output_dir) / "runtime.json").write_text(rc.to_json(), encoding="utf-8")
@@ -245,7 +254,8 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
         error(console, str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        say(console, f"interrupted: actors stopped, Ray shut down, trace flushed to {rc.output_dir}/trace.jsonl")
+        say(console, f"interrupted: actors stopped, Ray shut down, trace flushed to {rc.output_dir}/trace.jsonl"
+                     f"{resume_hint(Path(rc.output_dir))}")
         return EXIT_INTERRUPTED
     return report(result, console)
 

@@ -132,9 +132,41 @@ def check_resumable(output_dir: Path, runtime_json: dict[str, Any]) -> Checkpoin
     ckpt = read_checkpoint(output_dir)
     if ckpt is not None and ckpt.config_key != config_key(runtime_json):
         raise CheckpointError(
-            f"{checkpoint_dir(output_dir)} holds a checkpoint of a different job configuration; resume it with "
+            f"{checkpoint_dir(output_dir)} holds a checkpoint of a different job configuration"
+            f"{_changed_settings(Path(output_dir) / 'runtime.json', ckpt.config_key, runtime_json)}; resume it with "
             "the same spec and overrides (only --steps may change), or use another --output-dir")
     return ckpt
+
+
+def resume_hint(output_dir: Path) -> str:
+    """After an interrupted run, what is committed and how to go on (``"; ..."``, to end a message)."""
+    try:
+        ckpt = read_checkpoint(output_dir)
+    except CheckpointError:
+        return ""
+    if ckpt is None:
+        return "; no step was committed yet"
+    return f"; step {ckpt.step} is committed: run the same command again to resume after it"
+
+
+def _changed_settings(previous_file: Path, key: str, runtime_json: dict[str, Any]) -> str:
+    """' (mode: streaming -> sync, ...)': what differs from the run's recorded runtime.json, when it is readable."""
+    try:
+        previous = json.loads(previous_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(previous, dict) or config_key(previous) != key:
+        return ""  # not the configuration the checkpoint was written with
+    changed = [f"{k}: {_short(previous.get(k))} -> {_short(runtime_json.get(k))}"
+               for k in sorted(set(previous) | set(runtime_json), key=lambda k: (k != "mode", k))
+               if k not in ("steps", "output_dir") and previous.get(k) != runtime_json.get(k)]
+    more = f", and {len(changed) - 4} more" if len(changed) > 4 else ""
+    return f" ({', '.join(changed[:4])}{more})" if changed else ""
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoint | None:
@@ -176,5 +208,5 @@ def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoin
     )
 
 
-__all__ = ["Checkpoint", "CheckpointError", "ResumePoint", "check_resumable", "config_key", "prepare_resume", "read_checkpoint",
-           "write_checkpoint"]
+__all__ = ["Checkpoint", "CheckpointError", "ResumePoint", "check_resumable", "config_key", "prepare_resume",
+           "read_checkpoint", "resume_hint", "write_checkpoint"]

@@ -115,12 +115,14 @@ def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
                     f"in {summary['wall_s']:.1f}s", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
+    # a resumed run's speed and counters are this attempt's; what it trained on covers every step
+    attempt = " since resume" if summary.get("resumed_from_step") is not None else ""
     if "steady_trained_tokens_per_s" in summary:
-        t.add_row("trained tokens/s (steady)", f"{summary['steady_trained_tokens_per_s']:.0f}")
-        t.add_row("generated tokens/s (steady)", f"{summary['steady_generated_tokens_per_s']:.0f}")
-        t.add_row("step time (steady)", f"{summary['steady_step_time_s']:.2f}s, rollout share "
-                                        f"{summary['steady_rollout_share']:.0%}")
-        t.add_row("rollout slot occupancy", f"{summary['steady_rollout_occupancy']:.0%}")
+        t.add_row(f"trained tokens/s (steady{attempt})", f"{summary['steady_trained_tokens_per_s']:.0f}")
+        t.add_row(f"generated tokens/s (steady{attempt})", f"{summary['steady_generated_tokens_per_s']:.0f}")
+        t.add_row(f"step time (steady{attempt})", f"{summary['steady_step_time_s']:.2f}s, rollout share "
+                                                  f"{summary['steady_rollout_share']:.0%}")
+        t.add_row(f"rollout slot occupancy{attempt}", f"{summary['steady_rollout_occupancy']:.0%}")
         t.add_row("staleness", f"mean {summary['mean_staleness']:.2f}, max {summary['max_staleness']}, "
                                f"live versions up to {summary['max_live_versions']}")
         t.add_row("trained response length", f"{summary['mean_trained_response_tokens']:.1f} tokens (mean)")
@@ -128,8 +130,10 @@ def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
                             f"{sparkline(summary['reward_curve'])}")
         t.add_row("IS weights", f"mean {summary['is_weight_mean']:.3f}, max {summary['is_weight_max']:.2f}, "
                                 f"truncated {summary['is_weight_clip_frac']:.2%}")
-    t.add_row("migrations / weight loads", f"{summary['migrated_trajectories']} trajectories / "
-                                           f"{summary['weight_loads']} loads")
+    t.add_row(f"migrations / weight loads{attempt}", f"{summary['migrated_trajectories']} trajectories / "
+                                                     f"{summary['weight_loads']} loads")
+    if summary.get("mixed_trajectories"):
+        t.add_row(f"version-mixed trajectories{attempt}", f"{summary['mixed_trajectories']} (resumed on newer weights)")
     t.add_row("unfinished at end", f"{summary['unfinished_at_end']} trajectories (admitted, never consumed)")
     if summary.get("resumed_from_step") is not None or summary.get("worker_restarts"):
         recovery = summary.get("recovery_s") or []

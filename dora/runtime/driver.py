@@ -143,7 +143,7 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
         raise JobStopped(str(exc)) from None
     title = f"{rc.spec_name} ({rc.mode})"
     if resume is not None and resume.step >= rc.steps:
-        say(console, f"{out}/ already holds all {rc.steps} steps (checkpoint at step {resume.step}): auditing it; "
+        say(console, f"{out}/ already holds {resume.step} trained steps (--steps {rc.steps}): auditing it; "
                      "raise --steps to train further, or use a new --output-dir to start over")
         previous = {"mode": rc.mode, "steps": resume.step, "total_steps": rc.steps, "wall_s": 0.0,
                     "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 0, **_previous_summary(out)}
@@ -177,7 +177,12 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
     finally:
         if started:
             ray.shutdown()
-    return finish_job(config.output_dir, stats.summary(), k=rc.max_version_lag,
+    summary = stats.summary()
+    if resume is not None and stats.steps:  # this attempt's steps only: the trained batches' figures of every step
+        from dora.runtime.trace import read_jsonl, training_figures
+
+        summary.update(training_figures(read_jsonl(config.output_dir / "metrics.jsonl")))
+    return finish_job(config.output_dir, summary, k=rc.max_version_lag,
                       allow_version_mixing=rc.allow_version_mixing, title=title)
 
 
@@ -264,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         error(console, str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
-        say(console, f"interrupted: actors stopped, trace flushed to {rc.output_dir}/trace.jsonl")
+        from dora.runtime.checkpoint import resume_hint
+
+        say(console, f"interrupted: actors stopped, trace flushed to {rc.output_dir}/trace.jsonl"
+                     f"{resume_hint(Path(rc.output_dir))}")
         return EXIT_INTERRUPTED
     code = report(result, console)
     # One machine-readable line on stdout: `dora apply --address` reads the audit back from the job's logs.

@@ -292,9 +292,6 @@ class RunStats:
         t0 = s[0].end_s if len(s) > 1 else 0.0
         base = s[0] if len(s) > 1 else None
         span = max(s[-1].end_s - t0, 1e-9)
-        tokens = [r.response_tokens for r in s]
-        seqs = [r.num_sequences for r in s]
-        k = max(1, len(s) // 5)
         out.update({
             "steady_step_time_s": span / len(steady),
             # prompt + response tokens, as the planner counts them
@@ -304,14 +301,25 @@ class RunStats:
                 s[-1].cum_busy_slot_s - (base.cum_busy_slot_s if base else 0.0),
                 s[-1].cum_worker_wall_s - (base.cum_worker_wall_s if base else 0.0), self.slots_per_worker),
             "steady_rollout_share": (s[-1].cum_rollout_s - (base.cum_rollout_s if base else 0.0)) / span,
-            "mean_staleness": sum(r.mean_staleness * r.num_sequences for r in s) / sum(seqs),
-            "max_staleness": max(r.max_staleness for r in s),
-            "mean_trained_response_tokens": sum(tokens) / sum(seqs),
-            "reward_curve": [round(r.reward_mean, 4) for r in s],
-            "reward_first": sum(r.reward_mean for r in s[:k]) / k,
-            "reward_last": sum(r.reward_mean for r in s[-k:]) / k,
-            "is_weight_mean": sum(r.is_weight_mean * r.response_tokens for r in s) / sum(tokens),
-            "is_weight_max": max(r.is_weight_max for r in s),
-            "is_weight_clip_frac": sum(r.is_weight_clip_frac * r.response_tokens for r in s) / sum(tokens),
         })
+        out.update(training_figures([asdict(r) for r in s]))
         return out
+
+
+def training_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the trained batches were, from ``metrics.jsonl`` rows (one per step, in order): staleness, response
+    length, reward, importance weights. A resumed run passes every step's row, so these cover the whole run."""
+    tokens = [r["response_tokens"] for r in rows]
+    seqs = [r["num_sequences"] for r in rows]
+    k = max(1, len(rows) // 5)
+    return {
+        "mean_staleness": sum(r["mean_staleness"] * r["num_sequences"] for r in rows) / sum(seqs),
+        "max_staleness": max(r["max_staleness"] for r in rows),
+        "mean_trained_response_tokens": sum(tokens) / sum(seqs),
+        "reward_curve": [round(r["reward_mean"], 4) for r in rows],
+        "reward_first": sum(r["reward_mean"] for r in rows[:k]) / k,
+        "reward_last": sum(r["reward_mean"] for r in rows[-k:]) / k,
+        "is_weight_mean": sum(r["is_weight_mean"] * r["response_tokens"] for r in rows) / sum(tokens),
+        "is_weight_max": max(r["is_weight_max"] for r in rows),
+        "is_weight_clip_frac": sum(r["is_weight_clip_frac"] * r["response_tokens"] for r in rows) / sum(tokens),
+    }

@@ -74,6 +74,11 @@ def check_spec(spec: Spec) -> list[Diagnostic]:
                       "lower prompts_per_step or samples_per_prompt (specs/moe-scale-x10240.yaml, the largest "
                       "example, has 4,096 x 16)"))
 
+    if spec.algorithm.name == "grpo" and w.samples_per_prompt < 2:
+        out.append(_d(("workload", "samples_per_prompt"),
+                      "grpo measures each reward against the others of its prompt group: with one sample per prompt "
+                      "every advantage is 0 and nothing is learnt",
+                      "set samples_per_prompt to 2 or more (8-16 is usual), or algorithm.name: ppo"))
     out += check_spec_staleness(spec.staleness)
     out += _runtime_checks(spec)
     return out

@@ -180,3 +180,6 @@ def test_kill_9_at_five_points_then_resume_loses_and_duplicates_nothing(tmp_path
     steps = [e["step"] for e in events if e["type"] == "train_step"]
     assert sorted(steps) == list(range(1, 9)) and len(set(steps)) == 8  # every step trained exactly once
     assert report.num_consumed == 8 * 4 * 4
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert summary["resumed_from_step"] is not None
+    assert len(summary["reward_curve"]) == 8  # what was trained, over every attempt's steps

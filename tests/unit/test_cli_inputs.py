@@ -188,3 +188,28 @@ def test_a_plan_file_given_as_a_spec_says_so(capsys) -> None:
     err = capsys.readouterr().err
     assert "this is a dora plan file, not a spec" in err and "specs/local-tiny.yaml" in err
     assert err.count("\n") == 3  # one problem, not one per plan field
+
+
+def test_too_few_slots_for_a_prompt_group_names_the_flag(capsys) -> None:
+    assert main(["apply", str(TINY), "--max-num-seqs", "4", "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-num-seqs 4 is below workload.samples_per_prompt (8)" in err and "slots_per_group" not in err
+
+
+def test_a_refused_resume_names_the_settings_that_changed(tmp_path: Path, capsys) -> None:
+    from dora.apply import ApplyOverrides, plan_for_apply, runtime_config_for
+    from dora.runtime.checkpoint import FORMAT, checkpoint_dir, config_key
+
+    run = tmp_path / "run"
+    resolved, plan = plan_for_apply(str(TINY), None, None)
+    earlier = json.loads(runtime_config_for(resolved, ApplyOverrides(max_num_seqs=32, output_dir=str(run)),
+                                            plan).to_json())
+    checkpoint_dir(run).mkdir(parents=True)
+    (checkpoint_dir(run) / "trainer-1.pt").write_bytes(b"")
+    (checkpoint_dir(run) / "checkpoint.json").write_text(json.dumps(
+        {"format": FORMAT, "step": 1, "consumed_groups": [0], "trainer_state": "trainer-1.pt", "step_event": None,
+         "config_key": config_key(earlier)}))
+    (run / "runtime.json").write_text(json.dumps(earlier))
+    assert main(["apply", str(TINY), "--output-dir", str(run), "--steps", "5", "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert "different job configuration (max_num_seqs: 32 -> " in err

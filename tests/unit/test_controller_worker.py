@@ -8,6 +8,7 @@ request records a second version span.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from types import SimpleNamespace
@@ -299,3 +300,26 @@ def test_ctrl_c_is_held_while_an_event_is_handled_and_a_second_one_goes_through(
     finally:
         ctrl_c.restore()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_resumed_runs_training_figures_cover_every_step_not_just_the_last_attempt():
+    """The summary's staleness, reward and importance-weight figures come from metrics rows; after a resume the
+    driver passes every step's row (the checkpointed ones and this attempt's), so they describe the whole run."""
+    from dora.runtime.trace import training_figures
+
+    earlier = RunStats(num_workers=1, slots_per_worker=4, total_steps=4, mode="streaming")
+    later = RunStats(num_workers=1, slots_per_worker=4, total_steps=4, mode="streaming", resumed_from_step=2)
+    for stats, steps in ((earlier, (1, 2)), (later, (3, 4))):
+        for step in steps:
+            stats.step_finished(step=step, start_s=step - 0.5, end_s=float(step), metrics=_metrics(8 * step, 4),
+                                rewards=[0.0] * 4, versions=[max(0, step - 2)] * 4,
+                                counters=[_counters(1.0 * step, 1.0 * step, 10 * step, 1.0 * step)],
+                                live=(0,), engines=(0,))
+    rows = [dataclasses.asdict(r) for r in earlier.steps + later.steps]
+    whole = training_figures(rows)
+    assert len(whole["reward_curve"]) == 4
+    assert whole["mean_staleness"] == pytest.approx((0 + 1 + 1 + 1) / 4)  # staleness = step - version - 1
+    assert whole["mean_trained_response_tokens"] == pytest.approx((8 + 16 + 24 + 32) / 16)
+    attempt = later.summary()
+    assert len(attempt["reward_curve"]) == 2 and attempt["mean_staleness"] == pytest.approx(1.0)
+    assert {k: attempt[k] for k in whole} != whole  # what the driver replaces after a resume
