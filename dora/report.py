@@ -5,6 +5,7 @@ Everything printed is read from the Plan (computed by the planner); nothing here
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -158,9 +159,19 @@ DIFF_SECTIONS = ("mode", "max_version_lag", "colocated", "allow_version_mixing",
 
 
 def plan_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
-    """(symbol, path, old, new) for every changed leaf: '~' changed, '+' added, '-' removed."""
-    a = _flatten({k: old.get(k) for k in DIFF_SECTIONS if k in old})
-    b = _flatten({k: new.get(k) for k in DIFF_SECTIONS if k in new})
+    """(symbol, path, old, new) for every changed leaf of the plan's decision: '~' changed, '+' added, '-' removed."""
+    out = tree_diff({k: old.get(k) for k in DIFF_SECTIONS if k in old and k != "warnings"},
+                    {k: new.get(k) for k in DIFF_SECTIONS if k in new and k != "warnings"})
+    # warnings one by one: the ones gone, then the new ones (a warning whose figure moved is both)
+    was, now = list(old.get("warnings") or ()), list(new.get("warnings") or ())
+    out += [("-", "warning", w, None) for w in was if w not in now]
+    out += [("+", "warning", None, w) for w in now if w not in was]
+    return out
+
+
+def tree_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
+    """(symbol, path, old, new) for every changed leaf of two nested objects (specs, plans)."""
+    a, b = _flatten(old), _flatten(new)
     out = []
     for key in sorted(set(a) | set(b)):
         if key not in a:
@@ -178,10 +189,23 @@ def _fmt(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 
 
-def render_diff(changes: list[tuple[str, str, Any, Any]], old_name: str, new_name: str) -> list[str]:
+def render_diff(changes: list[tuple[str, str, Any, Any]], old_name: str, new_name: str,
+                inputs: Sequence[tuple[str, str, Any, Any]] = ()) -> list[str]:
+    """Terraform-style lines; ``inputs``: the changes between the two specs, when both sides are specs."""
+    lines = []
+    if inputs:
+        lines += [f"dora diff {old_name} -> {new_name}", "", "Inputs (spec):", *_change_lines(inputs), ""]
     if not changes:
-        return [f"No changes. {new_name} plans the same as {old_name}."]
-    lines = [f"dora diff {old_name} -> {new_name}", ""]
+        return [*lines, f"No changes. {new_name} plans the same as {old_name}."]
+    lines += ["Plan:"] if inputs else [f"dora diff {old_name} -> {new_name}", ""]
+    lines += _change_lines(changes)
+    n = {s: sum(1 for c in changes if c[0] == s) for s in "~+-"}
+    lines += ["", f"Plan: {n['+']} to add, {n['~']} to change, {n['-']} to remove."]
+    return lines
+
+
+def _change_lines(changes: Sequence[tuple[str, str, Any, Any]]) -> list[str]:
+    lines = []
     for sym, path, a, b in changes:
         if sym == "~":
             rel = ""
@@ -192,6 +216,4 @@ def render_diff(changes: list[tuple[str, str, Any, Any]], old_name: str, new_nam
             lines.append(f"  + {path}: {_fmt(b)}")
         else:
             lines.append(f"  - {path}: {_fmt(a)}")
-    n = {s: sum(1 for c in changes if c[0] == s) for s in "~+-"}
-    lines += ["", f"Plan: {n['+']} to add, {n['~']} to change, {n['-']} to remove."]
     return lines

@@ -213,3 +213,29 @@ def test_a_refused_resume_names_the_settings_that_changed(tmp_path: Path, capsys
     assert main(["apply", str(TINY), "--output-dir", str(run), "--steps", "5", "--no-live"]) == 2
     err = capsys.readouterr().err
     assert "different job configuration (max_num_seqs: 32 -> " in err
+
+
+def test_diff_of_two_specs_shows_the_inputs_that_changed_and_warnings_one_by_one(tmp_path: Path, capsys,
+                                                                                 monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    bigger = tmp_path / "bigger.yaml"
+    bigger.write_text(TINY.read_text().replace("prompts_per_step: 16 ", "prompts_per_step: 32 "))
+    assert main(["diff", str(TINY), str(bigger)]) == 0
+    out = capsys.readouterr().out
+    assert "Inputs (spec):\n  ~ workload.prompts_per_step: 16 -> 32" in out
+    assert "\nPlan:\n" in out and "~ predictions.step_time_s" in out
+    assert not any(line.lstrip().startswith("~ warnings") for line in out.splitlines())
+    assert "  + warning: " in out  # each warning on its own line
+
+
+def test_plan_json_against_keeps_stdout_the_plan_and_reports_the_diff_on_stderr(tmp_path: Path, capsys,
+                                                                                 monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    edited = json.loads(GOLDEN_PLAN.read_text())
+    edited["predictions"]["step_time_s"] *= 2
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(edited))
+    assert main(["plan", "specs/local-tiny.yaml", "--json", "--against", str(saved), "--detailed-exitcode"]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["spec_name"] == "local-tiny"
+    assert "~ predictions.step_time_s" in captured.err
