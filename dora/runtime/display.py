@@ -111,12 +111,14 @@ class LiveDisplay:
 
 def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
     """The final summary: throughput, occupancy, staleness, reward, IS weights, audit verdict."""
-    t = Table(title=f"dora apply — {summary['mode']}: {summary['steps']}/{summary['total_steps']} steps "
-                    f"in {summary['wall_s']:.1f}s", show_header=False, title_justify="left")
+    resumed = summary.get("resumed_from_step")
+    took = f"in {summary['wall_s']:.1f}s" if resumed is None else f"({summary['wall_s']:.1f}s after resuming at step {resumed})"
+    t = Table(title=f"dora apply — {summary['mode']}: {summary['steps']}/{summary['total_steps']} steps {took}",
+              show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
-    # a resumed run's speed and counters are this attempt's; what it trained on covers every step
-    attempt = " since resume" if summary.get("resumed_from_step") is not None else ""
+    # a resumed run's speed is this attempt's; its counts and what it trained on cover every step
+    attempt = " since resume" if resumed is not None else ""
     if "steady_trained_tokens_per_s" in summary:
         t.add_row(f"trained tokens/s (steady{attempt})", f"{summary['steady_trained_tokens_per_s']:.0f}")
         t.add_row(f"generated tokens/s (steady{attempt})", f"{summary['steady_generated_tokens_per_s']:.0f}")
@@ -130,10 +132,10 @@ def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
                             f"{sparkline(summary['reward_curve'])}")
         t.add_row("IS weights", f"mean {summary['is_weight_mean']:.3f}, max {summary['is_weight_max']:.2f}, "
                                 f"truncated {summary['is_weight_clip_frac']:.2%}")
-    t.add_row(f"migrations / weight loads{attempt}", f"{summary['migrated_trajectories']} trajectories / "
-                                                     f"{summary['weight_loads']} loads")
+    t.add_row("migrations / weight loads", f"{summary['migrated_trajectories']} trajectories / "
+                                           f"{summary['weight_loads']} loads")
     if summary.get("mixed_trajectories"):
-        t.add_row(f"version-mixed trajectories{attempt}", f"{summary['mixed_trajectories']} (resumed on newer weights)")
+        t.add_row("version-mixed trajectories", f"{summary['mixed_trajectories']} (resumed on newer weights)")
     t.add_row("unfinished at end", f"{summary['unfinished_at_end']} trajectories (admitted, never consumed)")
     if summary.get("resumed_from_step") is not None or summary.get("worker_restarts"):
         recovery = summary.get("recovery_s") or []

@@ -178,10 +178,12 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
         if started:
             ray.shutdown()
     summary = stats.summary()
-    if resume is not None and stats.steps:  # this attempt's steps only: the trained batches' figures of every step
-        from dora.runtime.trace import read_jsonl, training_figures
+    if resume is not None:  # the stats hold this attempt; the files hold every attempt
+        summary.update(_whole_run_counts(config.output_dir))
+        if stats.steps:
+            from dora.runtime.trace import read_jsonl, training_figures
 
-        summary.update(training_figures(read_jsonl(config.output_dir / "metrics.jsonl")))
+            summary.update(training_figures(read_jsonl(config.output_dir / "metrics.jsonl")))
     return finish_job(config.output_dir, summary, k=rc.max_version_lag,
                       allow_version_mixing=rc.allow_version_mixing, title=title)
 
@@ -196,6 +198,25 @@ def _quiet_token_auth_notice() -> None:
     notice = "Token authentication is enabled for this Ray cluster"
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         lambda record: not record.getMessage().startswith(notice))
+
+
+def _whole_run_counts(out: Path) -> dict[str, int]:
+    """Weight loads, migrated and version-mixed trajectories over every attempt of a resumed run, from its trace (a
+    trajectory regenerated after a resume counts once, as it last finished)."""
+    from dora.runtime.trace import read_jsonl
+
+    loads = migrated = 0
+    spans: dict[str, int] = {}
+    for e in read_jsonl(out / "trace.jsonl"):
+        kind = e.get("type")
+        if kind == "weights_loaded":
+            loads += 1
+        elif kind == "migrated":
+            migrated += len(e.get("trajs", ()))
+        elif kind == "finished":
+            spans[e["traj"]] = len(e.get("spans") or ())
+    return {"weight_loads": loads, "migrated_trajectories": migrated,
+            "mixed_trajectories": sum(n > 1 for n in spans.values())}
 
 
 def _previous_summary(out: Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import time
 from types import SimpleNamespace
 
@@ -323,3 +324,18 @@ def test_a_resumed_runs_training_figures_cover_every_step_not_just_the_last_atte
     attempt = later.summary()
     assert len(attempt["reward_curve"]) == 2 and attempt["mean_staleness"] == pytest.approx(1.0)
     assert {k: attempt[k] for k in whole} != whole  # what the driver replaces after a resume
+
+
+def test_a_resumed_runs_counts_come_from_every_attempts_trace(tmp_path):
+    from dora.runtime.driver import _whole_run_counts
+
+    events = [
+        {"type": "weights_loaded"}, {"type": "migrated", "trajs": ["g0/0", "g0/1"]},
+        {"type": "finished", "traj": "g0/0", "spans": [[0, 3], [1, 2]]},  # mixed, then regenerated after a resume
+        {"type": "finished", "traj": "g0/1", "spans": [[0, 4], [1, 1]]},
+        {"type": "resumed", "step": 1}, {"type": "weights_loaded"}, {"type": "weights_loaded"},
+        {"type": "finished", "traj": "g0/0", "spans": [[1, 5]]},
+        {"type": "migrated", "trajs": ["g1/0"]},
+    ]
+    (tmp_path / "trace.jsonl").write_text("".join(f"{json.dumps(e)}\n" for e in events))
+    assert _whole_run_counts(tmp_path) == {"weight_loads": 3, "migrated_trajectories": 3, "mixed_trajectories": 1}
