@@ -167,7 +167,9 @@ def plan_spec(resolved: Any, mode: str | None, calibration: Any = None) -> tuple
             update["placement"] = spec.placement.model_copy(update={"rollout": rollout})
         pinned = spec.model_copy(update=update)
         # the spec passed its checks with its own mode: what fails now fails because of --mode
-        for d in check_spec_staleness(pinned.staleness) + check_placement(pinned, resolved.arch):
+        problems = check_spec_staleness(pinned.staleness) + check_placement(pinned, resolved.arch)
+        if problems:
+            d = problems[0]
             raise ApplyInputError(f"--mode {mode}: {d.message} ({format_path(d.path)}); to fix: {d.hint}, or "
                                   "choose another --mode")
         resolved = dataclasses.replace(resolved, spec=pinned)
