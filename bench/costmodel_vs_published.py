@@ -10,6 +10,7 @@ Assumptions not stated in a source are listed in the NOTE column.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from planner.architecture import get_preset
@@ -89,6 +90,7 @@ def rows(calib: Calibration = DEFAULT_CALIBRATION) -> list[Row]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     table = rows()
     header = f"{'figure':<52} {'kind':<5} {'unit':<7} {'published':>11} {'predicted':>11} {'rel.err':>8}  note"
     print(header)

@@ -9,8 +9,8 @@ Usage: python bench/due_packing.py [spec ...]   (default: the GPU example specs)
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
 from dora.planning import search_inputs
@@ -28,8 +28,11 @@ def _knee_only(self: StreamingPolicy, w: int) -> int:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("specs", nargs="*", metavar="SPEC", help=f"example spec names (default: {' '.join(SPECS)})")
+    args = ap.parse_args()
     as_is = StreamingPolicy._pack_cap
-    for name in sys.argv[1:] or SPECS:
+    for name in args.specs or SPECS:
         inputs = dataclasses.replace(search_inputs(load_spec(str(REPO / "specs" / f"{name}.yaml"))),
                                      modes=("streaming",))
         chosen = search(inputs).chosen.screened

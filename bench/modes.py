@@ -36,7 +36,7 @@ def _mean_staleness(sim) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="one example spec stem")
     ap.add_argument("--timeline", default=None, help="directory for sync/streaming timeline HTML")
     args = ap.parse_args()

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     print(f"{'spec':28} {'accelerators':>12} {'median s':>9} {'min s':>7} {'max s':>7}  chosen")

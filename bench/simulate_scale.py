@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--spec", default="moe-scale-x10240")
     ap.add_argument("--mode", default=None, help="time the best simulated candidate of this mode instead")

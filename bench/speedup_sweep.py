@@ -50,7 +50,7 @@ def _row(knob: str, inputs: SearchInputs, is_spec: bool) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default="dense-32b-h800x128")
     ap.add_argument("--nodes", type=int, nargs="+", default=[8, 16, 32, 64], help="cluster nodes")
     ap.add_argument("--p99", type=int, nargs="+", default=[12000, 24000, 48000, 96000],

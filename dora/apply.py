@@ -234,7 +234,9 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     say(console, f"  planned: {plan.mode} on {plan.rollout.replicas} rollout replica(s) + "
                  f"{plan.train.accelerators} training accelerator(s), predicted step "
                  f"{plan.predictions.step_time_s:.2f} s, {plan.predictions.trained_tokens_per_s:,.0f} trained tokens/s "
-                 f"({plan.calibration_source})")
+                 f"({plan.calibration_source})"
+                 + (f"; this run overrides it with {rc.rollout_workers} rollout worker(s)"
+                    if rc.rollout_workers != plan.rollout.replicas else ""))
     total = resolved.spec.total_accelerators
     if not rc.colocated and rc.rollout_accelerators + plan.train.accelerators > total:
         say(console, f"  note: {rc.rollout_accelerators} rollout + {plan.train.accelerators} training accelerator(s) "

@@ -215,13 +215,15 @@ def _require(points: Sequence[Any], what: str, hint: str) -> None:
 def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str) -> tuple[Calibration, list[Fit]]:
     """Fit every in-situ constant (see the module docstring) onto ``base``; the calibration and its fits."""
     decode = data.decode_points()
+    sync_run = ("add a sync run, whose rollout runs while the trainer idles: `dora apply SPEC --mode sync --steps 20 "
+                "--output-dir runs/sync`, then `--from-run runs/sync` beside the others")
+    async_run = ("add an asynchronous run: `dora apply SPEC --mode streaming --steps 20 --output-dir runs/stream`, then "
+                 "`--from-run runs/stream` beside the others")
     _require(decode, f"decode cells of >= {MIN_CELL_STEPS} single-version steps with no training step running and "
-             "no other engine decoding", "add a sync run (--from-run runs/<sync>): its rollout runs while the trainer "
-             "idles")
-    _require(data.decode_contended, "single-version decode steps during a training step",
-             "add an asynchronous run (streaming or one-step-off)")
-    _require(data.train_alone, "training steps with no rollout running", "add a sync run")
-    _require(data.train_contended, "training steps run while rollout ran", "add an asynchronous run")
+             "no other engine decoding", sync_run)
+    _require(data.decode_contended, "single-version decode steps during a training step", async_run)
+    _require(data.train_alone, "training steps with no rollout running", sync_run)
+    _require(data.train_contended, "training steps run while rollout ran", async_run)
     fits = [fit_decode(decode, ctx, base)]
     calib = base.with_overrides(**_rounded(fits[0].constants))
     alone = _rollout_model(ctx, calib)
