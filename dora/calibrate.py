@@ -466,7 +466,12 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
     calib, fits = fit_all(decode, prefill, train, publish, ctx, DEFAULT_CALIBRATION, source)
     text = calibration_document(calib, fits, [*decode, *prefill, *train, *publish], machine, spec.name,
                                 resolved.spec_hash)
-    return _write(console, spec_path, out_path, text, calib, fits)
+    code = _write(console, spec_path, out_path, text, calib, fits)
+    if code == EXIT_OK:
+        say(console, "note: these micro-benchmarks time each engine alone on an idle machine; a real run shares the "
+                     "cores (rollout and trainer slow each other, publishes and loads cost more): `dora calibrate "
+                     "SPEC --from-run RUN_DIR ...` fits those from runs and predicts them better")
+    return code
 
 
 def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: Any, ctx: ModelContext,
@@ -537,6 +542,35 @@ def _print_fits(console: Any, fits: Sequence[Fit]) -> None:
         consts = ", ".join(f"{k}={v:.4g}" for k, v in sorted(f.constants.items()))
         console.print(f"  {f.kind:8s} {consts}   residuals: median |e| {100 * f.median_abs_error:.1f}%, "
                       f"max |e| {100 * f.max_abs_error:.1f}% over {len(f.residuals)} points", highlight=False)
+    for w in fit_warnings(fits):
+        error(console, w, label="warning")
+
+
+POOR_FIT = 0.2
+"""A median relative residual above this: the formula does not describe these measurements well."""
+MIN_FIT_POINTS = 3
+
+
+def fit_warnings(fits: Sequence[Fit]) -> list[str]:
+    """What makes a fit's constants doubtful: too few points, a poor fit, or a constant held at the edge of what the
+    fit allows (an efficiency at 1 or at the grid's floor, an overhead clamped to 0) -- the value then says more about
+    the measurements' noise or a missing term than about the machine."""
+    out = []
+    for f in fits:
+        if len(f.residuals) < MIN_FIT_POINTS:
+            out.append(f"{f.kind}: fitted from {len(f.residuals)} point(s); its constants are rough (run more steps or "
+                       "the full grid)")
+        if f.median_abs_error > POOR_FIT:
+            out.append(f"{f.kind}: median residual {100 * f.median_abs_error:.0f}%: the cost formula describes these "
+                       "measurements poorly; predictions from this file carry that error")
+        for name, value in sorted(f.constants.items()):
+            if "efficiency" in name and (value >= 0.999 or value <= 1.001e-3):
+                out.append(f"{f.kind}: {name}={value:.4g} sits at the edge of its fitted range (1e-3..1): the "
+                           "measurements do not pin it down")
+            elif name.endswith("_s") and value == 0.0:
+                out.append(f"{f.kind}: {name} was clamped to 0 (the fit wanted it negative): the formula's other terms "
+                           "already over-predict these measurements")
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

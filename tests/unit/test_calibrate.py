@@ -139,3 +139,19 @@ def test_optional_cpu_fields_load_from_older_files_and_resolve() -> None:
     assert DEFAULT_CALIBRATION.resolved_for("cpu").train_mfu_dense == DEFAULT_CALIBRATION.cpu_train_compute_efficiency
     with pytest.raises(ValueError, match="cpu_train_compute_efficiency"):
         DEFAULT_CALIBRATION.with_overrides(cpu_train_compute_efficiency=1.5)
+
+
+def test_doubtful_fits_are_named_with_the_reason() -> None:
+    from dora.calibrate import Fit, fit_warnings
+
+    good = Fit(kind="decode", constants={"cpu_memory_efficiency": 0.13, "cpu_step_overhead_s": 0.002},
+               residuals=(0.05, -0.04, 0.02, 0.01))
+    assert fit_warnings([good]) == []
+    warnings = fit_warnings([
+        Fit(kind="decode", constants={"cpu_compute_efficiency": 1.0}, residuals=(0.1, 0.1, 0.1)),
+        Fit(kind="publish", constants={"cpu_weight_reload_fixed_s": 0.0}, residuals=(0.6,)),
+    ])
+    assert any("decode: cpu_compute_efficiency=1 sits at the edge" in w for w in warnings)
+    assert any("publish: fitted from 1 point(s)" in w for w in warnings)
+    assert any("publish: median residual 60%" in w for w in warnings)
+    assert any("cpu_weight_reload_fixed_s was clamped to 0" in w for w in warnings)
