@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +33,7 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--keep", action="store_true", help="keep the runs' directory (its path is printed)")
     args = ap.parse_args()
     import ray
     from test_apply_local import _short_spec
@@ -63,9 +65,11 @@ def main() -> int:
     counts = ledger(trace)
     ok = check_trace(read_jsonl(trace), k=rc.max_version_lag, allow_version_mixing=False).ok
     for kill, seconds in zip(killer.kills, stats.recovery_s, strict=False):
-        rows.append((f"worker {kill['worker']} {kill['method']}", f"{kill['in_flight']} in flight", seconds))
-    print(f"rollout worker kills: {len(killer.kills)}, audit {'ok' if ok else 'FAILED'}, lost {counts['lost']}, "
-          f"duplicated {counts['duplicated']}, regenerated {counts['regenerated']}")
+        rows.append((f"worker {kill['worker']} {kill['method']}", f"{kill['in_flight']} held at kill", seconds))
+    made = "" if len(killer.kills) == args.kills else f" of {args.kills} asked (the run ended first)"
+    print(f"rollout worker kills: {len(killer.kills)}{made}, audit {'ok' if ok else 'FAILED'}, lost {counts['lost']}, "
+          f"duplicated {counts['duplicated']}, regenerated {counts['regenerated']} (a request the worker finished "
+          "before the kill took effect is delivered, not regenerated: 'held at kill' is the controller's count then)")
     # 2. kill -9 of the whole run, resumed by re-running the same command
     runtime = tmp / "runtime.json"
     runtime.write_text(dataclasses.replace(rc, output_dir=str(tmp / "killed")).to_json())
@@ -84,9 +88,15 @@ def main() -> int:
     for name, when, seconds in rows:
         lost = counts["lost"] if name.startswith("worker") else counts2["lost"]
         print(f"{name:<34} {when:<18} {seconds if seconds is not None else '-':>10}  {lost}")
+    if any(seconds is None for _, _, seconds in rows):
+        print("(-: the next kill came before the re-run trained a step, so no recovery time was measured)")
     print(json.dumps({"worker": counts, "process": counts2}, sort_keys=True))
     if code != 0:
         print(err[-2000:], file=sys.stderr)
+    if args.keep:
+        print(f"runs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok and ok2 and counts["lost"] == counts2["lost"] == 0 and not counts["duplicated"] \
         and not counts2["duplicated"] else 1
 
