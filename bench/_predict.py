@@ -8,12 +8,27 @@ from pathlib import Path
 from typing import Any
 
 
-def fresh_run_dir(path: str, console: Any) -> None:
+def fresh_run_dir(path: str, console: Any, warmup_pool: Path | None = None) -> None:
     """Remove an earlier run's output directory: a bench measures whole runs, and `dora apply` would resume the
-    checkpoint it finds there (measuring only the steps left) or stop on one of another configuration."""
+    checkpoint it finds there (measuring only the steps left) or stop on one of another configuration. With
+    ``warmup_pool``, seed the run's warm-up cache from it (the files are named by a hash of what they hold, so a run
+    uses only its own; the warm-up is not what a bench measures, and takes ~20 s a run)."""
     if Path(path).exists():
         console.print(f"  removing the earlier run in {path}/")
         shutil.rmtree(path)
+    if warmup_pool is not None and warmup_pool.is_dir():
+        cache = Path(path) / "cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        for f in warmup_pool.glob("warmup-*.pt"):
+            shutil.copy2(f, cache / f.name)
+
+
+def keep_warmup(path: str, warmup_pool: Path) -> None:
+    """Add the warm-ups a run computed to ``warmup_pool`` (see ``fresh_run_dir``)."""
+    warmup_pool.mkdir(parents=True, exist_ok=True)
+    for f in (Path(path) / "cache").glob("warmup-*.pt"):
+        if not (warmup_pool / f.name).exists():
+            shutil.copy2(f, warmup_pool / f.name)
 
 
 def predict_run(resolved: Any, rc: Any, calibration: Any, *, steps: int) -> Any:

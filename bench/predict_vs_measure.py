@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _predict import fresh_run_dir, predict_run
+from _predict import fresh_run_dir, keep_warmup, predict_run
 from rich.console import Console
 
 STEP_TARGET = 0.15
@@ -106,10 +106,11 @@ def main() -> int:
     except SpecError as exc:
         console.print(f"error: {exc}")
         return 2
+    pool = Path(args.out_dir) / "warmup-pool"  # one warm-up per distinct model and task, not one per run
     cal_path = args.calibration
     if cal_path is None:
         cal_path = f"{args.out_dir}/calibration.json"
-        if _calibrate_in_situ(args.spec, resolved, cal_path, args.calib_steps, args.out_dir, console) != 0:
+        if _calibrate_in_situ(args.spec, resolved, cal_path, args.calib_steps, args.out_dir, console, pool) != 0:
             return 1
     try:
         calibration = load_calibration(None if cal_path == "catalog" else cal_path)
@@ -129,8 +130,9 @@ def main() -> int:
                                   output_dir=out)
             console.print(f"[bold]{mode}[/bold] run {rep + 1}/{args.repeats}: k={rc.max_version_lag}, {rc.rollout_workers} engine(s) x "
                           f"{rc.max_num_seqs} slots ({rc.versions_per_engine} version(s)) + 1 trainer, {args.steps} steps -> {out}")
-            fresh_run_dir(out, console)
+            fresh_run_dir(out, console, pool)
             rc_code = run_apply(args.spec, overrides=over, console=console, live=False)
+            keep_warmup(out, pool)
             if rc_code != 0:
                 console.print(f"  dora apply exited {rc_code}; skipping")
                 continue
@@ -141,7 +143,7 @@ def main() -> int:
 
 
 def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int, out_dir: str,
-                       console: Console) -> int:
+                       console: Console, pool: Path) -> int:
     """`dora apply` two sync runs and a streaming run of the spec with its seed + 1 (so the measured runs are not
     the data the constants were fitted to), then `dora calibrate --from-run` all three. One sync run has a single
     engine: its steps fit the decode constants at every batch size (two engines started together decode side by
@@ -162,9 +164,11 @@ def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int,
     for mode, workers in (("sync", 1), ("sync", cores), ("streaming", None)):
         out = f"{out_dir}/calibrate-{mode}" + (f"-{workers}" if workers else "")
         console.print(f"in-situ calibration run: {mode}, {steps} steps, seed {data['runtime']['seed']} -> {out}")
-        fresh_run_dir(out, console)
+        fresh_run_dir(out, console, pool)
         overrides = ApplyOverrides(mode=mode, steps=steps, output_dir=out, rollout_workers=workers)
-        if run_apply(str(spec), overrides=overrides, console=console, live=False) != 0:
+        code = run_apply(str(spec), overrides=overrides, console=console, live=False)
+        keep_warmup(out, pool)
+        if code != 0:
             return 1
         runs.append(out)
     return run_calibrate(spec_path, cal_path, console, from_runs=runs)
