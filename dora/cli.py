@@ -50,6 +50,13 @@ def _out_console():
     return Console(highlight=False, soft_wrap=True)
 
 
+def _error(message: str, *, label: str = "error") -> None:
+    """``label: message`` on stderr, the message exactly as written (``dora.terminal.error``)."""
+    from dora.terminal import error
+
+    error(_err_console(), message, label=label)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from dora.spec import SpecError, load_spec
 
@@ -123,12 +130,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from dora.cluster import ClusterError, job_status
-    from dora.terminal import error
 
     try:
         info = job_status(args.target)
     except ClusterError as exc:
-        error(_err_console(), str(exc))
+        _error(str(exc))
         return EXIT_ERROR
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
@@ -140,12 +146,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from dora.cluster import ClusterError, stop_job
-    from dora.terminal import error
 
     try:
         info = stop_job(args.target)
     except ClusterError as exc:
-        error(_err_console(), str(exc))
+        _error(str(exc))
         return EXIT_ERROR
     what = "stop requested" if info["stop_requested"] else "already finished"
     _out_console().print(f"{info['submission_id']} on {info['address']}: {what} ({info['status']})", markup=False)
@@ -170,10 +175,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
         return EXIT_OK
     text = example_text(args.name)
     if text is None:
-        from dora.terminal import error
-
-        error(_err_console(), f"no example named '{args.name}'{did_you_mean(args.name, names)}; "
-              f"examples: {', '.join(names)}")
+        _error(f"no example named '{args.name}'{did_you_mean(args.name, names)}; examples: {', '.join(names)}")
         return EXIT_INVALID
     print(text, end="")
     return EXIT_OK
@@ -265,10 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug in dora, not bad input: short message, traceback only on request
         if os.environ.get("DORA_DEBUG"):
             raise
-        from dora.terminal import error
-
-        error(_err_console(), f"{type(exc).__name__}: {exc}\n"
-              "  this is a bug in dora; rerun with DORA_DEBUG=1 for the traceback and report it", label="internal error")
+        _error(f"{type(exc).__name__}: {exc}\n  this is a bug in dora; rerun with DORA_DEBUG=1 for the traceback and "
+               "report it", label="internal error")
         return EXIT_ERROR
 
 

@@ -178,12 +178,10 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
         if started:
             ray.shutdown()
     summary = stats.summary()
-    if resume is not None:  # the stats hold this attempt; the files hold every attempt
-        summary.update(_whole_run_counts(config.output_dir))
-        if stats.steps:
-            from dora.runtime.trace import read_jsonl, training_figures
+    if resume is not None and stats.steps:  # the stats hold this attempt; metrics.jsonl every attempt's steps
+        from dora.runtime.trace import read_jsonl, training_figures
 
-            summary.update(training_figures(read_jsonl(config.output_dir / "metrics.jsonl")))
+        summary.update(training_figures(read_jsonl(config.output_dir / "metrics.jsonl")))
     return finish_job(config.output_dir, summary, k=rc.max_version_lag,
                       allow_version_mixing=rc.allow_version_mixing, title=title)
 
@@ -200,23 +198,12 @@ def _quiet_token_auth_notice() -> None:
         lambda record: not record.getMessage().startswith(notice))
 
 
-def _whole_run_counts(out: Path) -> dict[str, int]:
-    """Weight loads, migrated and version-mixed trajectories over every attempt of a resumed run, from its trace (a
-    trajectory regenerated after a resume counts once, as it last finished)."""
-    from dora.runtime.trace import read_jsonl
-
-    loads = migrated = 0
-    spans: dict[str, int] = {}
-    for e in read_jsonl(out / "trace.jsonl"):
-        kind = e.get("type")
-        if kind == "weights_loaded":
-            loads += 1
-        elif kind == "migrated":
-            migrated += len(e.get("trajs", ()))
-        elif kind == "finished":
-            spans[e["traj"]] = len(e.get("spans") or ())
-    return {"weight_loads": loads, "migrated_trajectories": migrated,
-            "mixed_trajectories": sum(n > 1 for n in spans.values())}
+def _whole_run_counts(events: list[dict[str, Any]], report: Any) -> dict[str, int]:
+    """Weight loads, migrated and version-mixed trajectories over every attempt of a resumed run: from its trace and
+    the checker's report of it (a trajectory regenerated after a resume counts once, as it last finished)."""
+    return {"weight_loads": sum(e.get("type") == "weights_loaded" for e in events),
+            "migrated_trajectories": sum(len(e.get("trajs", ())) for e in events if e.get("type") == "migrated"),
+            "mixed_trajectories": len(report.mixed)}
 
 
 def _previous_summary(out: Path) -> dict[str, Any]:
@@ -235,6 +222,8 @@ def finish_job(output_dir: Path, summary: dict[str, Any], *, k: int, allow_versi
     events = read_jsonl(output_dir / "trace.jsonl")
     try:
         report = check_trace(events, k=k, allow_version_mixing=allow_version_mixing)
+        if summary.get("resumed_from_step") is not None:  # the counters held this attempt; the trace every attempt
+            summary = {**summary, **_whole_run_counts(events, report)}
         audit = {
             "ok": report.ok, "num_trajectories": report.num_trajectories, "num_consumed": report.num_consumed,
             "mixed": len(report.mixed), "unfinished_at_end": len(report.unfinished_at_end),

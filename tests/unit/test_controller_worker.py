@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import time
 from types import SimpleNamespace
 
@@ -326,16 +325,32 @@ def test_a_resumed_runs_training_figures_cover_every_step_not_just_the_last_atte
     assert {k: attempt[k] for k in whole} != whole  # what the driver replaces after a resume
 
 
-def test_a_resumed_runs_counts_come_from_every_attempts_trace(tmp_path):
+def test_a_resumed_runs_counts_come_from_every_attempts_trace():
     from dora.runtime.driver import _whole_run_counts
+    from planner.schedule import check_trace
+
+    def admitted(traj, v=0):
+        return {"t": 0, "type": "admitted", "traj": traj, "version": v, "rollout_group": 0}
+
+    def loaded(t):
+        return {"t": t, "type": "weights_loaded", "rollout_group": 0, "version": 1}
+
+    def finished(t, traj, spans):
+        return {"t": t, "type": "finished", "traj": traj, "rollout_group": 0, "num_tokens": 5, "spans": spans}
+
+    def migrated(t, trajs):
+        return {"t": t, "type": "migrated", "src": 0, "dst": 1, "trajs": trajs}
 
     events = [
-        {"type": "weights_loaded"}, {"type": "migrated", "trajs": ["g0/0", "g0/1"]},
-        {"type": "finished", "traj": "g0/0", "spans": [[0, 3], [1, 2]]},  # mixed, then regenerated after a resume
-        {"type": "finished", "traj": "g0/1", "spans": [[0, 4], [1, 1]]},
-        {"type": "resumed", "step": 1}, {"type": "weights_loaded"}, {"type": "weights_loaded"},
-        {"type": "finished", "traj": "g0/0", "spans": [[1, 5]]},
-        {"type": "migrated", "trajs": ["g1/0"]},
+        {"t": 0, "type": "run_config", "mode": "partial-rollout", "k": 1, "allow_version_mixing": True,
+         "num_rollout_groups": 2, "slots_per_group": 4},
+        admitted("g0/0"), admitted("g0/1"), loaded(1), migrated(1, ["g0/0", "g0/1"]),
+        finished(2, "g0/0", [[0, 3], [1, 2]]),  # mixed, then regenerated after a resume
+        finished(2, "g0/1", [[0, 4], [1, 1]]),
+        {"t": 3, "type": "resumed", "step": 1}, loaded(3), loaded(3),
+        {"t": 3, "type": "regenerated", "traj": "g0/0", "version": 1}, admitted("g0/0", 1),
+        finished(4, "g0/0", [[1, 5]]), migrated(4, ["g1/0"]),
     ]
-    (tmp_path / "trace.jsonl").write_text("".join(f"{json.dumps(e)}\n" for e in events))
-    assert _whole_run_counts(tmp_path) == {"weight_loads": 3, "migrated_trajectories": 3, "mixed_trajectories": 1}
+    report = check_trace(events, k=1, allow_version_mixing=True)
+    assert _whole_run_counts(events, report) == {"weight_loads": 3, "migrated_trajectories": 3,
+                                                 "mixed_trajectories": 1}
