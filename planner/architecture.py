@@ -37,6 +37,7 @@ __all__ = [
     "arch_from_hf_config",
     "catalog_fingerprint",
     "get_preset",
+    "rope_scaling_items",
 ]
 
 
@@ -87,6 +88,14 @@ class ModelArch:
     """The longest sequence (prompt + response) the checkpoint is configured for: ``max_position_embeddings``, or
     with a RoPE scaling ``factor`` the (original) length times it, as vLLM derives its limit on ``max_model_len``;
     None when unknown (no check)."""
+    rope_theta: float | None = None
+    """RoPE base frequency (config.json ``rope_theta``); None when unknown. Costs nothing: the trainer's config
+    needs it to rebuild the checkpoint's positions (Megatron's ``rotary_base``)."""
+    norm_eps: float | None = None
+    """RMSNorm epsilon (``rms_norm_eps``); None when unknown. Costs nothing, like ``rope_theta``."""
+    rope_scaling: tuple[tuple[str, float | int | str], ...] = ()
+    """The checkpoint's RoPE scaling (config.json ``rope_scaling``: ``rope_type``, ``factor``, ...) as sorted
+    ``(key, value)`` pairs; empty when it has none."""
 
     def __post_init__(self) -> None:
         positive = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -107,6 +116,10 @@ class ModelArch:
                 raise ValueError(f"{self.name}: first_dense_layers must lie in [0, num_layers]")
         elif self.ffn_hidden_size < 1:
             raise ValueError(f"{self.name}: a dense model needs ffn_hidden_size >= 1")
+        for field in ("rope_theta", "norm_eps"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise ValueError(f"{self.name}: {field} must be > 0, got {value}")
 
     # ----- shape helpers ------------------------------------------------------------------------------------
     @property
@@ -294,59 +307,87 @@ class ModelArch:
                 + (1 if self.tie_embeddings else 2) + 1)
 
 
+def rope_scaling_items(scaling: Mapping[str, Any]) -> tuple[tuple[str, float | int | str], ...]:
+    """A config.json ``rope_scaling`` (or transformers 5 ``rope_parameters``) as sorted ``(key, value)`` pairs, the
+    form ``ModelArch.rope_scaling`` keeps: an older config's ``type`` reads as ``rope_type``; ``rope_theta`` and
+    entries that are not numbers or strings are left out; empty for the ``default`` (unscaled) type."""
+    out: dict[str, float | int | str] = {}
+    for key, value in scaling.items():
+        if key == "rope_theta" or isinstance(value, bool) or not isinstance(value, int | float | str):
+            continue
+        if key == "type":
+            if "rope_type" in scaling:
+                continue
+            key = "rope_type"
+        out[key] = value
+    if out.get("rope_type") == "default" or not out:
+        return ()
+    return tuple(sorted(out.items()))
+
+
 def _mla_deepseek() -> MLA:
     return MLA(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
 
 
+def _yarn(*, factor: float, beta_fast: float, beta_slow: float) -> tuple[tuple[str, float | int | str], ...]:
+    """DeepSeek-V3-style YaRN ``rope_scaling`` (4096-token original context, mscale 1 on both sides)."""
+    return rope_scaling_items({"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 4096,
+                               "beta_fast": beta_fast, "beta_slow": beta_slow, "mscale": 1.0, "mscale_all_dim": 1.0})
+
+
 # Shapes from each model's published config.json (Hugging Face model cards) or, for LongCat-Flash, the
-# transformers LongcatFlashConfig defaults that reproduce meituan-longcat/LongCat-Flash-Chat.
+# transformers LongcatFlashConfig defaults that reproduce meituan-longcat/LongCat-Flash-Chat. RoPE base, norm
+# epsilon and RoPE scaling from the same configs (the Megatron flags of slime's scripts/models/*.sh agree);
+# tiny-local's are those of dora's CPU model (dora/runtime/engines/tiny_model.py).
 _PRESETS: dict[str, ModelArch] = {
     "qwen2.5-7b": ModelArch(  # huggingface.co/Qwen/Qwen2.5-7B config.json
         name="qwen2.5-7b", num_layers=28, hidden_size=3584, num_attention_heads=28, num_kv_heads=4,
         head_dim=128, ffn_hidden_size=18944, vocab_size=152064, qkv_bias=True,
-        max_context_tokens=131072),
+        max_context_tokens=131072, rope_theta=1e6, norm_eps=1e-6),
     "qwen2.5-32b": ModelArch(  # huggingface.co/Qwen/Qwen2.5-32B config.json
         name="qwen2.5-32b", num_layers=64, hidden_size=5120, num_attention_heads=40, num_kv_heads=8,
         head_dim=128, ffn_hidden_size=27648, vocab_size=152064, qkv_bias=True,
-        max_context_tokens=131072),
+        max_context_tokens=131072, rope_theta=1e6, norm_eps=1e-5),
     "qwen3-8b": ModelArch(  # huggingface.co/Qwen/Qwen3-8B config.json
         name="qwen3-8b", num_layers=36, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
         head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True,
-        max_context_tokens=40960),
+        max_context_tokens=40960, rope_theta=1e6, norm_eps=1e-6),
     "qwen3-32b": ModelArch(  # huggingface.co/Qwen/Qwen3-32B config.json
         name="qwen3-32b", num_layers=64, hidden_size=5120, num_attention_heads=64, num_kv_heads=8,
         head_dim=128, ffn_hidden_size=25600, vocab_size=151936, qk_norm=True,
-        max_context_tokens=40960),
+        max_context_tokens=40960, rope_theta=1e6, norm_eps=1e-6),
     "qwen3-30b-a3b": ModelArch(  # huggingface.co/Qwen/Qwen3-30B-A3B config.json
         name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_attention_heads=32, num_kv_heads=4,
         head_dim=128, ffn_hidden_size=6144, vocab_size=151936, qk_norm=True,
         num_experts=128, experts_top_k=8, moe_ffn_hidden_size=768,
-        max_context_tokens=40960),
+        max_context_tokens=40960, rope_theta=1e6, norm_eps=1e-6),
     "qwen3-235b-a22b": ModelArch(  # huggingface.co/Qwen/Qwen3-235B-A22B config.json
         name="qwen3-235b-a22b", num_layers=94, hidden_size=4096, num_attention_heads=64, num_kv_heads=4,
         head_dim=128, ffn_hidden_size=12288, vocab_size=151936, qk_norm=True,
         num_experts=128, experts_top_k=8, moe_ffn_hidden_size=1536,
-        max_context_tokens=40960),
+        max_context_tokens=40960, rope_theta=1e6, norm_eps=1e-6),
     "deepseek-v3": ModelArch(  # huggingface.co/deepseek-ai/DeepSeek-V3 config.json (MTP module not counted)
         name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
         head_dim=192, ffn_hidden_size=18432, vocab_size=129280,
         num_experts=256, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
         first_dense_layers=3, mla=_mla_deepseek(),
-        max_context_tokens=163840),
+        max_context_tokens=163840, rope_theta=1e4, norm_eps=1e-6,
+        rope_scaling=_yarn(factor=40, beta_fast=32, beta_slow=1)),
     "kimi-k2": ModelArch(  # huggingface.co/moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture)
         name="kimi-k2", num_layers=61, hidden_size=7168, num_attention_heads=64, num_kv_heads=64,
         head_dim=192, ffn_hidden_size=18432, vocab_size=163840,
         num_experts=384, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
         first_dense_layers=1, mla=_mla_deepseek(),
-        max_context_tokens=131072),
+        max_context_tokens=131072, rope_theta=5e4, norm_eps=1e-6,
+        rope_scaling=_yarn(factor=32.0, beta_fast=1.0, beta_slow=1.0)),
     "longcat-flash": ModelArch(  # transformers LongcatFlashConfig defaults; arXiv 2509.01322
         name="longcat-flash", num_layers=28, hidden_size=6144, num_attention_heads=64, num_kv_heads=64,
         head_dim=192, ffn_hidden_size=12288, vocab_size=131072,
         num_experts=512, num_zero_experts=256, experts_top_k=12, moe_ffn_hidden_size=2048,
-        attention_per_layer=2, dense_ffns_per_moe_layer=2, mla=_mla_deepseek()),
+        attention_per_layer=2, dense_ffns_per_moe_layer=2, mla=_mla_deepseek(), rope_theta=1e7, norm_eps=1e-5),
     "tiny-local": ModelArch(  # the CPU model the local runtime trains (dora/runtime)
         name="tiny-local", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4, head_dim=16,
-        ffn_hidden_size=256, vocab_size=192, tie_embeddings=True),
+        ffn_hidden_size=256, vocab_size=192, tie_embeddings=True, rope_theta=1e4, norm_eps=1e-6),
 }
 
 MODEL_PRESETS: Mapping[str, ModelArch] = MappingProxyType(_PRESETS)
@@ -398,6 +439,22 @@ def _bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+def _rope_scaling(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The config's RoPE scaling: ``rope_scaling``, or transformers 5's ``rope_parameters``; None without one."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(config.get(key), Mapping):
+            return config[key]  # type: ignore[no-any-return]
+    return None
+
+
+def _positive_number(config: Mapping[str, Any], key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise HFConfigError(key, f"must be a number > 0, got {value!r}")
+    return float(value)
+
+
 def _context_limit(config: Mapping[str, Any]) -> int | None:
     """``max_position_embeddings``, times the ``factor`` of a linear, dynamic or YaRN RoPE scaling (YaRN's of
     ``original_max_position_embeddings`` when given), as vLLM derives the longest ``max_model_len`` it accepts;
@@ -405,8 +462,8 @@ def _context_limit(config: Mapping[str, Any]) -> int | None:
     if config.get("max_position_embeddings") is None:
         return None
     limit = _int(config, "max_position_embeddings")
-    scaling = config.get("rope_scaling")
-    if not isinstance(scaling, Mapping) or not isinstance(scaling.get("factor"), int | float):
+    scaling = _rope_scaling(config)
+    if scaling is None or not isinstance(scaling.get("factor"), int | float):
         return limit
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in ("linear", "dynamic", "yarn") and scaling["factor"] > 1:  # llama3/longrope: already the scaled length
@@ -478,6 +535,11 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
             if config.get("mlp_only_layers"):
                 raise HFConfigError("mlp_only_layers", "interleaved dense layers are not supported")
     kw["max_context_tokens"] = _context_limit(config)
+    scaling = _rope_scaling(config)
+    theta = config.get("rope_theta", scaling.get("rope_theta") if scaling is not None else None)
+    kw["rope_theta"] = _positive_number(config, "rope_theta", theta)
+    kw["norm_eps"] = _positive_number(config, "rms_norm_eps", config.get("rms_norm_eps"))
+    kw["rope_scaling"] = rope_scaling_items(scaling) if scaling is not None else ()
     try:
         return ModelArch(**kw)
     except ValueError as exc:

@@ -97,7 +97,7 @@ class LaunchContext:
 
 
 def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: bool,
-           blocked: list[str], limits: list[str]) -> tuple[str, ...]:
+           blocked: list[str], limits: list[str], megatron_notes: list[str]) -> tuple[str, ...]:
     spec = resolved.spec
     lines = [f"Launch artifacts for spec \"{_one_line(spec.name)}\" (hash {resolved.spec_hash}), "
              f"mode {plan.mode}, max_version_lag {plan.max_version_lag}.",
@@ -114,6 +114,7 @@ def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: boo
                      + GPU_ENGINES_MISSING)
     lines += [f"BLOCKED: {_one_line(b)}" for b in blocked]
     lines += [f"megatron limitation: {_one_line(m)}" for m in limits]
+    lines += [f"megatron note: {_one_line(m)}" for m in megatron_notes]
     lines += [f"plan warning: {_one_line(w)}" for w in plan.warnings]
     return tuple(lines)
 
@@ -127,13 +128,14 @@ def build_context(resolved: ResolvedSpec, plan: Plan) -> LaunchContext:
     blocked: list[str] = []
     vllm_out = megatron_out = None
     limits: list[str] = []
+    megatron_notes: list[str] = []
     if on_gpu and spec.runtime.rollout_engine == "vllm":
         args = vllm.engine_args(resolved, plan)
         serve = shlex.join(vllm.serve_argv(args)) if args["model"] is not None else None
         vllm_out = VllmArtifacts(engine_args_json=dump_json(args), serve_command=serve)
     if on_gpu and spec.runtime.trainer == "megatron":
         config = megatron.megatron_config(resolved, plan)
-        limits = config["limitations"]
+        limits, megatron_notes = config["limitations"], config["notes"]
         megatron_out = MegatronArtifacts(config_json=dump_json(config),
                                          args_lines=tuple(shlex.join(o) for o in megatron.megatron_lm_args(config)))
         if limits:
@@ -155,5 +157,6 @@ def build_context(resolved: ResolvedSpec, plan: Plan) -> LaunchContext:
         job_json=dump_json(job), placement_groups_json=dump_json_rows(placement),
         runtime_json=runtime_config(resolved, plan).to_json(), shell=shell, vllm=vllm_out,
         megatron=megatron_out,
-        notes=_notes(resolved, plan, vllm_out is not None, megatron_out is not None, blocked, limits),
+        notes=_notes(resolved, plan, vllm_out is not None, megatron_out is not None, blocked, limits,
+                     megatron_notes),
     )

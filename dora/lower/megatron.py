@@ -68,12 +68,95 @@ def limitations(resolved: ResolvedSpec) -> list[str]:
     return out
 
 
+MLA_YARN_FIELDS_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 4096}
+"""``MLATransformerConfig`` YaRN fields that Megatron-LM has no flag for, with megatron-core's defaults (a test
+checks them): ``args.txt`` leaves them there, and the notes say so when the checkpoint's differ."""
+
+_MLA_YARN_FIELDS = {"factor": "rotary_scaling_factor", "original_max_position_embeddings":
+                    "original_max_position_embeddings", "beta_fast": "beta_fast", "beta_slow": "beta_slow",
+                    "mscale": "mscale", "mscale_all_dim": "mscale_all_dim"}
+"""config.json ``rope_scaling`` key -> ``MLATransformerConfig`` field."""
+
+_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+"""megatron-core's llama3 RoPE scaling takes only the factor; these are its fixed values (Llama 3.1's)."""
+
+
+def _rotary_base(theta: float) -> int | float:
+    """Megatron takes the RoPE base as a whole number (GPTModel ``rotary_base: int``, ``--rotary-base`` type=int)."""
+    return int(theta) if theta.is_integer() else theta
+
+
+def _positions(resolved: ResolvedSpec, max_len: int) -> tuple[dict[str, Any], dict[str, Any], list[str], list[str]]:
+    """RoPE and norm settings: ``(transformer fields, GPTModel keyword arguments, limitations, notes)``.
+
+    A non-MLA model takes its RoPE from GPTModel's arguments (base, llama3 or linear scaling); an MLA model from
+    ``MLATransformerConfig`` (rope or yarn). What megatron-core cannot take is a limitation (it blocks the launch:
+    the trainer would place tokens differently from the checkpoint and from vLLM); what the spec does not say
+    is a note (megatron-core's default applies)."""
+    arch = resolved.arch
+    explicit = resolved.spec.model.architecture is not None
+    where = "model.architecture" if explicit else "the model's config.json"
+    transformer: dict[str, Any] = {}
+    gpt: dict[str, Any] = {"position_embedding_type": "rope", "vocab_size": arch.vocab_size,
+                           "max_sequence_length": max_len, "share_embeddings_and_output_weights": arch.tie_embeddings}
+    limits: list[str] = []
+    notes: list[str] = []
+    if arch.norm_eps is not None:
+        transformer["layernorm_epsilon"] = arch.norm_eps
+    else:
+        notes.append(f"norm epsilon unknown ({where} gives no rms_norm_eps): megatron-core's layernorm_epsilon "
+                     "default 1e-5 applies" + ("; set model.architecture.norm_eps" if explicit else ""))
+    base = None if arch.rope_theta is None else _rotary_base(arch.rope_theta)
+    if base is None:
+        notes.append(f"RoPE base unknown ({where} gives no rope_theta): megatron-core's rotary_base default 10000 "
+                     "applies" + ("; set model.architecture.rope_theta" if explicit else ""))
+    elif isinstance(base, float):
+        notes.append(f"rope_theta {base} is not a whole number: Megatron-LM's --rotary-base takes an integer")
+    scaling = dict(arch.rope_scaling)
+    kind = scaling.get("rope_type")
+    described = f"RoPE scaling {kind!r} (factor {scaling.get('factor')})"
+    if arch.mla is not None:
+        if base is not None:
+            transformer["rotary_base"] = base
+        if not scaling:
+            transformer["rope_type"] = "rope"
+        elif kind == "yarn":
+            transformer["rope_type"] = "yarn"
+            for key, field in _MLA_YARN_FIELDS.items():
+                if key in scaling:
+                    transformer[field] = scaling[key]
+                    default = MLA_YARN_FIELDS_DEFAULTS.get(field)
+                    if default is not None and scaling[key] != default:
+                        notes.append(f"Megatron-LM has no flag for MLA's {field}: args.txt leaves it at "
+                                     f"megatron-core's {default}; the checkpoint's {scaling[key]} is in config.json")
+        else:
+            limits.append(f"{described}: megatron-core's MLA takes only rope or yarn")
+        return transformer, gpt, limits, notes
+    if base is not None:
+        gpt["rotary_base"] = base
+    gpt["rotary_percent"] = 1.0
+    if kind == "llama3" and all(scaling.get(k, v) == v for k, v in _LLAMA3_FIXED.items()):
+        gpt.update({"rope_scaling": True, "rope_scaling_factor": scaling["factor"]})
+    elif kind == "linear" and isinstance(scaling.get("factor"), int | float):
+        gpt["seq_len_interpolation_factor"] = scaling["factor"]
+        if not float(scaling["factor"]).is_integer():
+            notes.append(f"linear RoPE factor {scaling['factor']}: Megatron-LM's "
+                         "--rotary-seq-len-interpolation-factor takes an integer (config.json has the factor)")
+    elif scaling:
+        limits.append(f"{described} with {', '.join(f'{k}={v}' for k, v in sorted(scaling.items()))}: "
+                      "megatron-core's GPTModel takes llama3 scaling (low/high frequency factors 1/4, original "
+                      "8192 positions) and linear interpolation only")
+    return transformer, gpt, limits, notes
+
+
 def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
-    """The four megatron-core sections plus ``training`` and ``limitations``; raises LoweringError for a
-    plan megatron-core would reject (sizes that do not multiply out or divide)."""
+    """The four megatron-core sections, ``gpt_model`` (GPTModel keyword arguments), ``training``, ``limitations``
+    (what megatron-core cannot express: it blocks the launch) and ``notes``; raises LoweringError for a plan
+    megatron-core would reject (sizes that do not multiply out or divide)."""
     _check(resolved, plan)
     arch, t, spec = resolved.arch, plan.train, resolved.spec
     dtype = spec.model.dtype
+    rope_fields, gpt_model, rope_limits, notes = _positions(resolved, plan.rollout.max_model_len)
     transformer: dict[str, Any] = {
         "num_layers": arch.num_layers, "hidden_size": arch.hidden_size,
         "num_attention_heads": arch.num_attention_heads, "num_query_groups": arch.num_kv_heads,
@@ -107,6 +190,7 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
             "kv_lora_rank": arch.mla.kv_lora_rank, "qk_head_dim": arch.mla.qk_nope_head_dim,
             "qk_pos_emb_head_dim": arch.mla.qk_rope_head_dim, "v_head_dim": arch.mla.v_head_dim,
         })
+    transformer.update(rope_fields)
     model_parallel = {
         "tensor_model_parallel_size": t.tp, "pipeline_model_parallel_size": t.pp,
         "context_parallel_size": t.cp, "expert_model_parallel_size": t.ep,
@@ -138,7 +222,8 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
                 "seed": spec.runtime.seed, "tokenizer_model": spec.model.checkpoint,
                 "untie_embeddings_and_output_weights": not arch.tie_embeddings}
     return {"transformer_class": transformer_class, "transformer": transformer, "model_parallel": model_parallel,
-            "optimizer": optimizer, "ddp": ddp, "training": training, "limitations": limitations(resolved)}
+            "optimizer": optimizer, "ddp": ddp, "gpt_model": gpt_model, "training": training,
+            "limitations": limitations(resolved) + rope_limits, "notes": notes}
 
 
 def _flag(name: str) -> str:
@@ -152,14 +237,16 @@ def megatron_lm_args(config: dict[str, Any]) -> list[list[str]]:
     is a bare flag); the exceptions below are the flags it names differently.
     """
     tr, mp, opt, ddp, trn = (config[k] for k in ("transformer", "model_parallel", "optimizer", "ddp", "training"))
+    gpt = config["gpt_model"]
     out: list[list[str]] = [["--use-mcore-models"]]
     renamed = {"num_moe_experts": "--num-experts",
                "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
-               "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers"}
+               "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+               "layernorm_epsilon": "--norm-epsilon"}
     derived = {"normalization", "gated_linear_unit", "activation_func", "add_bias_linear", "num_query_groups"}
     for name in sorted(tr):
         value = tr[name]
-        if name in derived or value is None or value is False:
+        if name in derived or name in MLA_YARN_FIELDS_DEFAULTS or value is None or value is False:
             continue
         flag = renamed.get(name, _flag(name))
         if value is True:
@@ -174,7 +261,15 @@ def megatron_lm_args(config: dict[str, Any]) -> list[list[str]]:
     out.append(["--disable-bias-linear"])
     if tr["num_query_groups"] != tr["num_attention_heads"]:
         out += [["--group-query-attention"], ["--num-query-groups", str(tr["num_query_groups"])]]
-    out.append(["--position-embedding-type", "rope"])
+    out.append(["--position-embedding-type", gpt["position_embedding_type"]])
+    for name, flag in (("rotary_base", "--rotary-base"), ("rotary_percent", "--rotary-percent"),
+                       ("rope_scaling_factor", "--rope-scaling-factor"),
+                       ("seq_len_interpolation_factor", "--rotary-seq-len-interpolation-factor")):
+        if name in gpt:
+            value = gpt[name]
+            out.append([flag, str(int(value) if float(value).is_integer() else value)])
+    if gpt.get("rope_scaling"):
+        out.append(["--use-rope-scaling"])
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                  "expert_model_parallel_size"):
         out.append([_flag(name), str(mp[name])])

@@ -37,6 +37,7 @@ def _lengths(spec: LengthSpec, dist: LengthDistribution) -> LengthConfig:
 def _model(resolved: ResolvedSpec) -> ModelConfig:
     fields = asdict(resolved.arch)
     mla = fields.pop("mla")
+    fields.pop("rope_scaling")
     return ModelConfig(**fields, mla=MLAConfig(**mla) if mla is not None else None,
                        dtype=resolved.spec.model.dtype, checkpoint=resolved.spec.model.checkpoint)
 

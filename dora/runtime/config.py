@@ -17,7 +17,7 @@ import types
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Bump on a change an older driver could not read correctly."""
 
 
@@ -97,7 +97,8 @@ class MLAConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """The policy model: the architecture fields of planner.architecture.ModelArch, dtype and checkpoint."""
+    """The policy model: the architecture fields of planner.architecture.ModelArch (but its RoPE scaling, which only
+    the Megatron config carries), dtype and checkpoint."""
 
     name: str
     num_layers: int
@@ -120,6 +121,8 @@ class ModelConfig:
     attention_per_layer: int
     dense_ffns_per_moe_layer: int
     max_context_tokens: int | None
+    rope_theta: float | None
+    norm_eps: float | None
     dtype: Literal["bf16", "fp16", "fp32", "fp8"]
     checkpoint: str | None
     """Hugging Face id or cluster path of the weights; null = built in code (the tiny CPU model)."""

@@ -86,7 +86,9 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     m = rc.model
     model = TinyModelConfig(num_layers=m.num_layers, hidden_size=m.hidden_size, num_heads=m.num_attention_heads,
                             num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, ffn_size=m.ffn_hidden_size,
-                            vocab_size=task.vocab_size, tie_embeddings=m.tie_embeddings)
+                            vocab_size=task.vocab_size, tie_embeddings=m.tie_embeddings,
+                            rope_theta=m.rope_theta or TinyModelConfig.rope_theta,
+                            norm_eps=m.norm_eps or TinyModelConfig.norm_eps)
     a = rc.algorithm
     policy = PolicyConfig(
         mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,

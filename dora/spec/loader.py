@@ -63,7 +63,8 @@ def arch_from_fields(a: ArchitectureSpec, name: str) -> ModelArch:
         name=name, num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=heads,
         num_kv_heads=a.num_kv_heads or heads, head_dim=a.head_dim or a.hidden_size // heads,
         ffn_hidden_size=a.ffn_hidden_size, vocab_size=a.vocab_size, tie_embeddings=a.tie_embeddings,
-        qkv_bias=a.qkv_bias, num_experts=a.num_experts, experts_top_k=a.experts_top_k,
+        qkv_bias=a.qkv_bias, qk_norm=a.qk_norm, rope_theta=a.rope_theta, norm_eps=a.norm_eps,
+        num_experts=a.num_experts, experts_top_k=a.experts_top_k,
         num_shared_experts=a.num_shared_experts, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
         first_dense_layers=a.first_dense_layers, mla=mla,
     )

@@ -68,6 +68,15 @@ class ArchitectureSpec(StrictModel):
     """Whether the output head shares the input embedding matrix."""
     qkv_bias: bool = False
     """Whether the QKV projections have biases (Qwen2.5)."""
+    qk_norm: bool = False
+    """Whether q and k get a per-head RMSNorm before attention (Qwen3)."""
+    rope_theta: PosFloat | None = None
+    """RoPE base frequency (config.json `rope_theta`, e.g. 1000000 for Qwen2.5/Qwen3). The planner does not need
+    it; the Megatron config does (`rotary_base`): unset, megatron-core's default 10000 applies and the launch notes
+    say so."""
+    norm_eps: PosFloat | None = None
+    """RMSNorm epsilon (config.json `rms_norm_eps`). Like rope_theta, only the Megatron config uses it
+    (`layernorm_epsilon`; unset: megatron-core's 1e-5)."""
     num_experts: NonNegInt = 0
     """Routed experts per MoE layer; 0 for a dense model."""
     experts_top_k: NonNegInt = 0

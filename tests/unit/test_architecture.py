@@ -134,6 +134,26 @@ def test_hf_config_context_limit_follows_vllms_rope_scaling_rule():
     assert arch_from_hf_config(bare, name="q").max_context_tokens is None
 
 
+def test_hf_config_rope_and_norm_fields():
+    """Older configs' rope_scaling ``type``, transformers 5's ``rope_parameters``, and what counts as unknown."""
+    ds = arch_from_hf_config(_config("deepseek-v3"), name="d")
+    assert dict(ds.rope_scaling)["rope_type"] == "yarn" and (ds.rope_theta, ds.norm_eps) == (1e4, 1e-6)
+    v5 = {k: v for k, v in _config("qwen3-8b").items() if k not in ("rope_theta", "rope_scaling")}
+    v5["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                             "original_max_position_embeddings": 32768}
+    arch = arch_from_hf_config(v5, name="q")
+    assert arch.rope_theta == 1e6 and arch.max_context_tokens == 131072
+    assert arch.rope_scaling == (("factor", 4.0), ("original_max_position_embeddings", 32768), ("rope_type", "yarn"))
+    v5["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e5}
+    assert arch_from_hf_config(v5, name="q").rope_scaling == ()
+    bare = {k: v for k, v in _config("qwen3-8b").items() if k not in ("rope_theta", "rms_norm_eps")}
+    assert (arch_from_hf_config(bare, name="q").rope_theta, arch_from_hf_config(bare, name="q").norm_eps) == (None,
+                                                                                                           None)
+    for key, bad in (("rope_theta", "1e6"), ("rope_theta", 0), ("rms_norm_eps", True)):
+        with pytest.raises(HFConfigError, match=key):
+            arch_from_hf_config({**_config("qwen3-8b"), key: bad}, name="q")
+
+
 def test_hf_config_errors_name_the_key():
     cfg = _config("qwen3-8b")
     del cfg["num_hidden_layers"]

@@ -7,15 +7,24 @@ Needs megatron-core: pip install -c constraints-cpu.txt megatron-core==0.16.1 (p
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import shlex
 import warnings
+from pathlib import Path
 
 import pytest
 from test_lower_plans import EXAMPLE_SPECS, example_plan, load_example
 
 from dora.lower import render_launch
-from dora.lower.megatron import megatron_config, megatron_lm_args, to_megatron_kwargs
+from dora.lower.megatron import (
+    MLA_YARN_FIELDS_DEFAULTS,
+    megatron_config,
+    megatron_lm_args,
+    to_megatron_kwargs,
+)
+from dora.spec import load_spec
+from planner.architecture import arch_from_hf_config, get_preset
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
 
@@ -23,10 +32,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed": expected on CPU
     from megatron.core import ModelParallelConfig
     from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 GPU_SPECS = [s for s in EXAMPLE_SPECS if s != "local-tiny"]
+REPO = Path(__file__).resolve().parents[2]
 CLASSES = {"TransformerConfig": TransformerConfig, "MLATransformerConfig": MLATransformerConfig}
 
 
@@ -88,8 +99,11 @@ LM_ONLY_FLAGS = {
     "--position-embedding-type", "--lr-decay-style", "--accumulate-allreduce-grads-in-fp32", "--seq-length",
     "--max-position-embeddings", "--micro-batch-size", "--global-batch-size", "--train-iters", "--seed",
     "--untie-embeddings-and-output-weights", "--tokenizer-type", "--tokenizer-model",
-    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--norm-epsilon",
+    "--use-rope-scaling", "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor",
 }
+"""Checked against Megatron-LM's megatron/training/arguments.py (2026-08): ``--norm-epsilon`` is
+``layernorm_epsilon``'s flag (its ``argparse_meta``); the RoPE flags are GPTModel arguments."""
 
 
 @pytest.mark.parametrize("stem", GPU_SPECS)
@@ -133,3 +147,118 @@ def test_distributed_optimizer_shards_over_data_and_context_ranks() -> None:
         config = megatron_config(resolved, dataclasses.replace(plan, train=train))
         assert config["optimizer"]["use_distributed_optimizer"] is sharded
         assert config["ddp"]["use_distributed_optimizer"] is config["ddp"]["overlap_grad_reduce"] is sharded
+
+
+def _one_device(stem: str, **arch_changes):
+    """The example's resolved spec and plan on one training device, with ``arch_changes`` applied (a preset or
+    config.json architecture in place of the example's)."""
+    resolved = load_example(stem)
+    plan = example_plan(resolved, stem)
+    plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, tp=1, pp=1, dp=1, cp=1, ep=1,
+                                                               accelerators=1))
+    if arch_changes:
+        resolved = dataclasses.replace(resolved, arch=arch_changes["arch"])
+    return resolved, plan
+
+
+def _flag(args: list[list[str]], flag: str) -> str | None:
+    return next((a[1] if len(a) > 1 else "" for a in args if a[0] == flag), None)
+
+
+@pytest.mark.parametrize("stem", GPU_SPECS)
+def test_rope_and_norm_settings_reach_megatron(stem: str) -> None:
+    """The checkpoint's RoPE base and norm epsilon, not megatron-core's defaults (10000, 1e-5): Qwen2.5-32B trains
+    with base 1e6 and epsilon 1e-5, Qwen3 with 1e6 and 1e-6."""
+    config = _config(stem)
+    arch = load_example(stem).arch
+    gpt = config["gpt_model"]
+    assert set(gpt) <= set(inspect.signature(GPTModel.__init__).parameters)
+    assert gpt["vocab_size"] == arch.vocab_size
+    transformer = _build(config)[0]
+    assert transformer.layernorm_epsilon == arch.norm_eps
+    args = megatron_lm_args(config)
+    assert float(_flag(args, "--norm-epsilon")) == arch.norm_eps
+    assert int(_flag(args, "--rotary-base")) == arch.rope_theta
+    if arch.mla is None:
+        assert gpt["rotary_base"] == arch.rope_theta
+    else:
+        assert transformer.rotary_base == arch.rope_theta and transformer.rope_type == "rope"
+
+
+def test_the_dense_examples_carry_their_published_rope_base_and_epsilon() -> None:
+    assert (_config("dense-32b-h800x128")["gpt_model"]["rotary_base"],
+            _config("dense-32b-h800x128")["transformer"]["layernorm_epsilon"]) == (1_000_000, 1e-5)
+    assert _config("dense-8b-h800x64")["transformer"]["layernorm_epsilon"] == 1e-6
+
+
+@pytest.mark.parametrize(("preset", "beta_fast", "factor", "base"), [
+    ("deepseek-v3", 32, 40, 10_000), ("kimi-k2", 1.0, 32.0, 50_000)])
+def test_mla_yarn_scaling_builds_megatron_cores_mla_config(preset: str, beta_fast: float, factor: float,
+                                                           base: int) -> None:
+    resolved, plan = _one_device("dense-8b-h800x64", arch=get_preset(preset))
+    config = megatron_config(resolved, plan)
+    transformer = _build(config)[0]
+    assert isinstance(transformer, MLATransformerConfig)
+    assert (transformer.rope_type, transformer.rotary_scaling_factor, transformer.rotary_base) == ("yarn", factor, base)
+    assert (transformer.beta_fast, transformer.mscale, transformer.mscale_all_dim) == (beta_fast, 1.0, 1.0)
+    args = megatron_lm_args(config)
+    assert _flag(args, "--rope-type") == "yarn" and float(_flag(args, "--mscale-all-dim")) == 1.0
+    assert _flag(args, "--beta-fast") is None  # Megatron-LM has no such flag ...
+    noted = [n for n in config["notes"] if "beta_fast" in n]
+    assert noted == ([] if beta_fast == 32 else [noted[0]]) and config["limitations"] == []  # ... so it is noted
+
+
+def test_the_mla_yarn_defaults_dora_assumes_are_megatron_cores() -> None:
+    defaults = {f.name: f.default for f in dataclasses.fields(MLATransformerConfig)}
+    assert {k: defaults[k] for k in MLA_YARN_FIELDS_DEFAULTS} == MLA_YARN_FIELDS_DEFAULTS
+
+
+def test_llama3_scaling_becomes_gpt_model_rope_scaling(tmp_path) -> None:
+    llama = json.loads((REPO / "tests" / "data" / "hf_configs" / "llama-3.1-8b.json").read_text())
+    resolved, plan = _one_device("dense-8b-h800x64", arch=arch_from_hf_config(llama, name="llama-3.1-8b"))
+    config = megatron_config(resolved, plan)
+    assert config["gpt_model"] | {"rope_scaling": True, "rope_scaling_factor": 8.0, "rotary_base": 500_000} \
+        == config["gpt_model"]
+    assert config["limitations"] == [] and config["transformer"]["layernorm_epsilon"] == 1e-5
+    args = megatron_lm_args(config)
+    assert ["--use-rope-scaling"] in args and _flag(args, "--rope-scaling-factor") == "8"
+    # Llama 3.1's frequency factors are megatron-core's fixed ones; other values cannot be expressed
+    llama["rope_scaling"]["high_freq_factor"] = 2.0
+    resolved, plan = _one_device("dense-8b-h800x64", arch=arch_from_hf_config(llama, name="llama-x"))
+    (limit,) = megatron_config(resolved, plan)["limitations"]
+    assert "RoPE scaling 'llama3' (factor 8.0)" in limit and "high_freq_factor=2.0" in limit
+
+
+def test_yarn_on_a_dense_model_blocks_the_launch() -> None:
+    """Qwen3's documented YaRN setting: vLLM would generate with it, megatron-core's GPTModel cannot train with it
+    from its arguments, so the launch is blocked rather than train on other positions than it generates."""
+    qwen = json.loads((REPO / "tests" / "data" / "hf_configs" / "qwen3-8b.json").read_text())
+    qwen["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    resolved, plan = _one_device("dense-8b-h800x64", arch=arch_from_hf_config(qwen, name="qwen3-8b-yarn"))
+    (limit,) = megatron_config(resolved, plan)["limitations"]
+    assert limit.startswith("RoPE scaling 'yarn' (factor 4.0)")
+    notes = render_launch(resolved, plan)["launch/NOTES.txt"]
+    assert "BLOCKED: megatron-core cannot express this architecture" in notes and "RoPE scaling 'yarn'" in notes
+
+
+def test_an_explicit_architecture_without_rope_base_is_noted(tmp_path) -> None:
+    spec = (REPO / "specs" / "dense-8b-h800x64.yaml").read_text().replace(
+        "  preset: qwen3-8b\n",
+        "  architecture: {num_layers: 36, hidden_size: 4096, num_attention_heads: 32, num_kv_heads: 8, head_dim: 128,"
+        " ffn_hidden_size: 12288, vocab_size: 151936, qk_norm: true}\n")
+    (tmp_path / "s.yaml").write_text(spec)
+    resolved = load_spec(str(tmp_path / "s.yaml"))
+    _, plan = _one_device("dense-8b-h800x64")
+    config = megatron_config(resolved, plan)
+    assert "rotary_base" not in config["gpt_model"] and "layernorm_epsilon" not in config["transformer"]
+    assert [n.split(" (")[0] for n in config["notes"]] == ["norm epsilon unknown", "RoPE base unknown"]
+    assert all("set model.architecture." in n for n in config["notes"])
+    notes = render_launch(resolved, plan)["launch/NOTES.txt"]
+    assert "megatron note: RoPE base unknown" in notes
+    (tmp_path / "s.yaml").write_text(spec.replace("qk_norm: true}", "qk_norm: true, rope_theta: 1000000, "
+                                                                     "norm_eps: 0.000001}"))
+    resolved = load_spec(str(tmp_path / "s.yaml"))
+    config = megatron_config(resolved, plan)
+    assert (config["gpt_model"]["rotary_base"], config["notes"]) == (1_000_000, [])
+    assert resolved.arch == dataclasses.replace(get_preset("qwen3-8b"), name=resolved.arch.name,
+                                                max_context_tokens=None)

@@ -1,5 +1,7 @@
 """The tiny transformer: cached decode and packed rows compute the same logits as a plain forward."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -19,7 +21,25 @@ CONFIGS = {
     "mha": TinyModelConfig(vocab_size=32, num_layers=2),
     "gqa": TinyModelConfig(vocab_size=32, num_layers=2, num_heads=4, num_kv_heads=2),
     "untied": TinyModelConfig(vocab_size=32, num_layers=1, tie_embeddings=False),
+    "eps-theta": TinyModelConfig(vocab_size=32, num_layers=1, norm_eps=0.5, rope_theta=500.0),
 }
+
+
+def test_the_tiny_local_preset_describes_this_model() -> None:
+    from planner.architecture import get_preset
+
+    tiny, config = get_preset("tiny-local"), TinyModelConfig()
+    assert (tiny.rope_theta, tiny.norm_eps) == (config.rope_theta, config.norm_eps)
+    assert (tiny.num_layers, tiny.hidden_size, tiny.num_attention_heads, tiny.head_dim) == (
+        config.num_layers, config.hidden_size, config.num_heads, config.head_dim)
+
+
+def test_norm_epsilon_and_rope_base_change_the_logits() -> None:
+    tokens = [1, 5, 7, 3, 2]
+    base = _full_logits(TinyTransformer(CONFIGS["mha"], seed=3), tokens)
+    for change in ({"norm_eps": 0.5}, {"rope_theta": 500.0}):
+        other = dataclasses.replace(CONFIGS["mha"], **change)
+        assert not torch.allclose(_full_logits(TinyTransformer(other, seed=3), tokens), base, atol=1e-4)
 
 
 def _full_logits(model: TinyTransformer, tokens: list[int]) -> torch.Tensor:

@@ -49,6 +49,8 @@ class TinyModelConfig:
     vocab_size: int = 64
     tie_embeddings: bool = True
     rope_theta: float = 10_000.0
+    norm_eps: float = 1e-6
+    """RMSNorm epsilon (the ``tiny-local`` preset's ``norm_eps``)."""
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -97,7 +99,7 @@ class _RMSNorm(nn.Module):
     """``x / sqrt(mean(x^2) + eps) * weight``, spelled out: ``nn.RMSNorm`` costs ~80 us a call on CPU
     at this size (dtype round trips), several times the whole layer's matmuls."""
 
-    def __init__(self, size: int, eps: float = 1e-6) -> None:
+    def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
@@ -139,11 +141,11 @@ class _Block(nn.Module):
     def __init__(self, c: TinyModelConfig) -> None:
         super().__init__()
         self.c = c
-        self.attn_norm = _RMSNorm(c.hidden_size)
+        self.attn_norm = _RMSNorm(c.hidden_size, c.norm_eps)
         # q, k and v in one matmul: at this size a decode step is dominated by per-op overhead.
         self.qkv = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)
         self.o = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
-        self.mlp_norm = _RMSNorm(c.hidden_size)
+        self.mlp_norm = _RMSNorm(c.hidden_size, c.norm_eps)
         self.up = nn.Linear(c.hidden_size, c.ffn_size)
         self.down = nn.Linear(c.ffn_size, c.hidden_size)
 
@@ -263,7 +265,7 @@ class _Padded:
         return y.reshape(self.versions * self.width, y.shape[-1]).index_select(0, self.dest)
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
 
 
@@ -276,7 +278,7 @@ class TinyTransformer(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(_Block(config) for _ in range(config.num_layers))
-        self.norm = _RMSNorm(config.hidden_size)
+        self.norm = _RMSNorm(config.hidden_size, config.norm_eps)
         self.lm_head = (
             None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
@@ -374,12 +376,12 @@ def decode_versions(
     b = token_ids.shape[0]
     x = F.embedding(version_index * c.vocab_size + token_ids, stacked.embed)
     for i, w in enumerate(stacked.layers):
-        h = _rms(x, w["attn_norm"][version_index])
+        h = _rms(x, w["attn_norm"][version_index], c.norm_eps)
         qkv = rows.unpad(torch.bmm(rows.pad(h), w["qkv"])).view(b, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
         x = x + rows.unpad(torch.bmm(rows.pad(_attend(c, qkv, cache, i, ctx)), w["o"]))
-        up = F.gelu(torch.baddbmm(w["up_bias"], rows.pad(_rms(x, w["mlp_norm"][version_index])), w["up"]))
+        up = F.gelu(torch.baddbmm(w["up_bias"], rows.pad(_rms(x, w["mlp_norm"][version_index], c.norm_eps)), w["up"]))
         x = x + rows.unpad(torch.baddbmm(w["down_bias"], up, w["down"]))
-    return rows.unpad(torch.bmm(rows.pad(_rms(x, stacked.norm[version_index])), stacked.head))
+    return rows.unpad(torch.bmm(rows.pad(_rms(x, stacked.norm[version_index], c.norm_eps)), stacked.head))
 
 
 def export_weights(model: TinyTransformer) -> dict[str, torch.Tensor]:
