@@ -88,6 +88,19 @@ class ModelArch:
     """The longest sequence (prompt + response) the checkpoint is configured for: ``max_position_embeddings``, or
     with a RoPE scaling ``factor`` the (original) length times it, as vLLM derives its limit on ``max_model_len``;
     None when unknown (no check)."""
+    router_score: str = "softmax"
+    """MoE only: how router logits become expert scores, ``softmax`` or ``sigmoid`` (DeepSeek-V3 ``scoring_func``).
+    Like the RoPE fields below, costs nothing: the trainer must route as the checkpoint does."""
+    router_normalizes_topk: bool = True
+    """MoE only: the chosen experts' weights are renormalised to sum to 1 (``norm_topk_prob``)."""
+    router_scaling: float = 1.0
+    """MoE only: factor on the routed experts' output (``routed_scaling_factor``)."""
+    router_groups: int = 1
+    """MoE only: expert groups for group-limited routing (``n_group``; 1 = none)..."""
+    router_group_topk: int = 1
+    """... and the groups each token may pick its experts from (``topk_group``)."""
+    router_expert_bias: bool = False
+    """MoE only: a per-expert bias steers the top-k choice (aux-loss-free balancing, ``topk_method: noaux_tc``)."""
     rope_theta: float | None = None
     """RoPE base frequency (config.json ``rope_theta``); None when unknown. Costs nothing: the trainer's config
     needs it to rebuild the checkpoint's positions (Megatron's ``rotary_base``)."""
@@ -116,6 +129,10 @@ class ModelArch:
                 raise ValueError(f"{self.name}: first_dense_layers must lie in [0, num_layers]")
         elif self.ffn_hidden_size < 1:
             raise ValueError(f"{self.name}: a dense model needs ffn_hidden_size >= 1")
+        if self.router_score not in ("softmax", "sigmoid"):
+            raise ValueError(f"{self.name}: router_score must be softmax or sigmoid, got {self.router_score!r}")
+        if not (self.router_scaling > 0 and 1 <= self.router_group_topk <= self.router_groups):
+            raise ValueError(f"{self.name}: need router_scaling > 0 and 1 <= router_group_topk <= router_groups")
         for field in ("rope_theta", "norm_eps"):
             value = getattr(self, field)
             if value is not None and not value > 0:
@@ -370,21 +387,22 @@ _PRESETS: dict[str, ModelArch] = {
         name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128,
         head_dim=192, ffn_hidden_size=18432, vocab_size=129280,
         num_experts=256, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
-        first_dense_layers=3, mla=_mla_deepseek(),
-        max_context_tokens=163840, rope_theta=1e4, norm_eps=1e-6,
+        first_dense_layers=3, mla=_mla_deepseek(), router_score="sigmoid", router_scaling=2.5, router_groups=8,
+        router_group_topk=4, router_expert_bias=True, max_context_tokens=163840, rope_theta=1e4, norm_eps=1e-6,
         rope_scaling=_yarn(factor=40, beta_fast=32, beta_slow=1)),
     "kimi-k2": ModelArch(  # huggingface.co/moonshotai/Kimi-K2-Instruct config.json (DeepSeek-V3 architecture)
         name="kimi-k2", num_layers=61, hidden_size=7168, num_attention_heads=64, num_kv_heads=64,
         head_dim=192, ffn_hidden_size=18432, vocab_size=163840,
         num_experts=384, experts_top_k=8, num_shared_experts=1, moe_ffn_hidden_size=2048,
-        first_dense_layers=1, mla=_mla_deepseek(),
-        max_context_tokens=131072, rope_theta=5e4, norm_eps=1e-6,
+        first_dense_layers=1, mla=_mla_deepseek(), router_score="sigmoid", router_scaling=2.827,
+        router_expert_bias=True, max_context_tokens=131072, rope_theta=5e4, norm_eps=1e-6,
         rope_scaling=_yarn(factor=32.0, beta_fast=1.0, beta_slow=1.0)),
     "longcat-flash": ModelArch(  # transformers LongcatFlashConfig defaults; arXiv 2509.01322
         name="longcat-flash", num_layers=28, hidden_size=6144, num_attention_heads=64, num_kv_heads=64,
         head_dim=192, ffn_hidden_size=12288, vocab_size=131072,
         num_experts=512, num_zero_experts=256, experts_top_k=12, moe_ffn_hidden_size=2048,
-        attention_per_layer=2, dense_ffns_per_moe_layer=2, mla=_mla_deepseek(), rope_theta=1e7, norm_eps=1e-5),
+        attention_per_layer=2, dense_ffns_per_moe_layer=2, mla=_mla_deepseek(), router_scaling=6.0,
+        rope_theta=1e7, norm_eps=1e-5),
     "tiny-local": ModelArch(  # the CPU model the local runtime trains (dora/runtime)
         name="tiny-local", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4, head_dim=16,
         ffn_hidden_size=256, vocab_size=192, tie_embeddings=True, rope_theta=1e4, norm_eps=1e-6),
@@ -455,6 +473,28 @@ def _positive_number(config: Mapping[str, Any], key: str, value: Any) -> float |
     return float(value)
 
 
+def _router(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The ``router_*`` fields of an MoE config. ``norm_topk_prob`` defaults as transformers does per type (Mixtral
+    always renormalises and has no key)."""
+    score = config.get("scoring_func", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise HFConfigError("scoring_func", f"must be softmax or sigmoid, got {score!r}")
+    out: dict[str, Any] = {
+        "router_score": score,
+        "router_normalizes_topk": True if model_type == "mixtral" else _bool(
+            config, "norm_topk_prob", model_type in ("deepseek_v3", "kimi_k2")),
+        "router_scaling": _positive_number(config, "routed_scaling_factor", config.get("routed_scaling_factor", 1.0)),
+        "router_expert_bias": config.get("topk_method") == "noaux_tc",
+    }
+    if config.get("topk_method") in ("group_limited_greedy", "noaux_tc"):
+        out["router_groups"] = _int(config, "n_group", default=1)
+        out["router_group_topk"] = _int(config, "topk_group", default=1)
+        if out["router_group_topk"] > out["router_groups"]:
+            raise HFConfigError("topk_group", f"must be at most n_group ({out['router_groups']}), got "
+                                f"{out['router_group_topk']}")
+    return out
+
+
 def _context_limit(config: Mapping[str, Any]) -> int | None:
     """``max_position_embeddings``, times the ``factor`` of a linear, dynamic or YaRN RoPE scaling (YaRN's of
     ``original_max_position_embeddings`` when given), as vLLM derives the longest ``max_model_len`` it accepts;
@@ -521,6 +561,7 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
         kw["experts_top_k"] = _int(config, "num_experts_per_tok")
         kw["moe_ffn_hidden_size"] = (kw["ffn_hidden_size"] if model_type == "mixtral"
                                      else _int(config, "moe_intermediate_size"))
+        kw.update(_router(config, model_type))
         if model_type in _MLA_TYPES:
             kw["num_shared_experts"] = _int(config, "n_shared_experts", default=0, minimum=0)
             kw["first_dense_layers"] = _int(config, "first_k_dense_replace", default=0, minimum=0)

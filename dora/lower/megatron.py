@@ -21,6 +21,7 @@ from typing import Any
 
 from dora.lower.errors import LoweringError
 from dora.spec.loader import ResolvedSpec
+from planner.architecture import ModelArch
 from planner.plan import Plan
 from planner.train_cost import pipeline_stage_layers
 
@@ -55,6 +56,21 @@ def _check(resolved: ResolvedSpec, plan: Plan) -> None:
                                 "(experts are sharded across the data/context-parallel ranks)")
 
 
+def _router(arch: ModelArch) -> dict[str, Any]:
+    """megatron-core's router fields for the checkpoint's routing. Softmax without renormalisation is softmax over
+    all experts before the top-k (``moe_router_pre_softmax``); an expert bias is frozen (update rate 0), as the
+    rollout engine routes with the checkpoint's bias and RL must not let the two drift apart."""
+    out: dict[str, Any] = {"moe_router_score_function": arch.router_score,
+                           "moe_router_pre_softmax": arch.router_score == "softmax" and not arch.router_normalizes_topk}
+    if arch.router_scaling != 1.0:
+        out["moe_router_topk_scaling_factor"] = arch.router_scaling
+    if arch.router_groups > 1:
+        out.update({"moe_router_num_groups": arch.router_groups, "moe_router_group_topk": arch.router_group_topk})
+    if arch.router_expert_bias:
+        out.update({"moe_router_enable_expert_bias": True, "moe_router_bias_update_rate": 0.0})
+    return out
+
+
 def limitations(resolved: ResolvedSpec) -> list[str]:
     """Architecture features megatron-core's TransformerConfig cannot express (the config omits them)."""
     arch, out = resolved.arch, []
@@ -63,6 +79,9 @@ def limitations(resolved: ResolvedSpec) -> list[str]:
                    f"here chooses top-{arch.experts_top_k} among the {arch.num_experts} real experts only")
     if arch.attention_per_layer != 1:
         out.append(f"{arch.attention_per_layer} attention sub-layers per block are not representable")
+    if arch.is_moe and arch.router_score == "sigmoid" and not arch.router_normalizes_topk:
+        out.append("sigmoid routing without renormalised top-k weights is not representable (megatron-core "
+                   "renormalises sigmoid scores over the chosen experts)")
     if arch.dense_ffns_per_moe_layer:
         out.append(f"{arch.dense_ffns_per_moe_layer} dense FFNs beside each MoE layer are not representable")
     return out
@@ -181,6 +200,7 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
             # Dense prefix then MoE in every layer (DeepSeek first_k_dense_replace): a per-layer 0/1 pattern.
             "moe_layer_freq": [0] * arch.first_dense_layers + [1] * (arch.num_layers - arch.first_dense_layers),
             "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall",
+            **_router(arch),
         })
     transformer_class = "TransformerConfig"
     if arch.mla is not None:

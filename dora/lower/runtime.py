@@ -37,7 +37,9 @@ def _lengths(spec: LengthSpec, dist: LengthDistribution) -> LengthConfig:
 def _model(resolved: ResolvedSpec) -> ModelConfig:
     fields = asdict(resolved.arch)
     mla = fields.pop("mla")
-    fields.pop("rope_scaling")
+    for only_megatron in ("rope_scaling", "router_score", "router_normalizes_topk", "router_scaling", "router_groups",
+                          "router_group_topk", "router_expert_bias"):
+        fields.pop(only_megatron)
     return ModelConfig(**fields, mla=MLAConfig(**mla) if mla is not None else None,
                        dtype=resolved.spec.model.dtype, checkpoint=resolved.spec.model.checkpoint)
 

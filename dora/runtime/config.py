@@ -97,8 +97,8 @@ class MLAConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """The policy model: the architecture fields of planner.architecture.ModelArch (but its RoPE scaling, which only
-    the Megatron config carries), dtype and checkpoint."""
+    """The policy model: the architecture fields of planner.architecture.ModelArch (but its RoPE scaling and MoE
+    routing, which only the Megatron config carries), dtype and checkpoint."""
 
     name: str
     num_layers: int

@@ -200,3 +200,18 @@ def test_mla_without_q_lora():
 def test_catalog_fingerprint_stable():
     assert catalog_fingerprint() == catalog_fingerprint()
     assert len(catalog_fingerprint()) == 16
+
+
+def test_hf_config_router_fields():
+    ds = _config("deepseek-v3")
+    arch = arch_from_hf_config(ds, name="d")
+    assert (arch.router_score, arch.router_scaling, arch.router_groups, arch.router_group_topk,
+            arch.router_expert_bias, arch.router_normalizes_topk) == ("sigmoid", 2.5, 8, 4, True, True)
+    v2 = {**ds, "model_type": "deepseek_v2", "topk_method": "group_limited_greedy", "scoring_func": "softmax"}
+    del v2["norm_topk_prob"]
+    arch = arch_from_hf_config(v2, name="v2")
+    assert (arch.router_normalizes_topk, arch.router_expert_bias, arch.router_groups) == (False, False, 8)
+    assert arch_from_hf_config(_config("qwen3-235b-a22b"), name="q").router_normalizes_topk is True
+    for key, bad in (("scoring_func", "relu"), ("topk_group", 9), ("routed_scaling_factor", -1)):
+        with pytest.raises(HFConfigError, match=key):
+            arch_from_hf_config({**ds, key: bad}, name="d")

@@ -262,3 +262,36 @@ def test_an_explicit_architecture_without_rope_base_is_noted(tmp_path) -> None:
     assert (config["gpt_model"]["rotary_base"], config["notes"]) == (1_000_000, [])
     assert resolved.arch == dataclasses.replace(get_preset("qwen3-8b"), name=resolved.arch.name,
                                                 max_context_tokens=None)
+
+
+@pytest.mark.parametrize(("preset", "router"), [
+    ("deepseek-v3", {"moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5,
+                     "moe_router_num_groups": 8, "moe_router_group_topk": 4, "moe_router_enable_expert_bias": True,
+                     "moe_router_bias_update_rate": 0.0, "moe_router_pre_softmax": False}),
+    ("kimi-k2", {"moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.827,
+                 "moe_router_num_groups": None, "moe_router_enable_expert_bias": True}),
+    ("qwen3-235b-a22b", {"moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
+                         "moe_router_topk_scaling_factor": None, "moe_router_enable_expert_bias": False}),
+])
+def test_moe_routing_follows_the_checkpoint(preset: str, router: dict) -> None:
+    """megatron-core's router defaults (softmax, no scaling, no groups, no bias) are Qwen3's, not DeepSeek-V3's or
+    Kimi-K2's; an expert bias stays frozen so training routes as the rollout engine does."""
+    resolved, plan = _one_device("dense-8b-h800x64", arch=get_preset(preset))
+    config = megatron_config(resolved, plan)
+    transformer = _build(config)[0]
+    assert {k: getattr(transformer, k) for k in router} == router
+    args = megatron_lm_args(config)
+    if router["moe_router_score_function"] == "sigmoid":
+        assert _flag(args, "--moe-router-score-function") == "sigmoid"
+        assert ["--moe-router-enable-expert-bias"] in args and _flag(args, "--moe-router-bias-update-rate") == "0.0"
+
+
+def test_softmax_routing_without_renormalisation_is_softmax_before_the_top_k() -> None:
+    """DeepSeek-V2 style (norm_topk_prob false): megatron-core's pre-softmax; sigmoid without it is not expressible."""
+    v2 = dataclasses.replace(get_preset("qwen3-235b-a22b"), router_normalizes_topk=False)
+    resolved, plan = _one_device("dense-8b-h800x64", arch=v2)
+    assert _build(megatron_config(resolved, plan))[0].moe_router_pre_softmax is True
+    odd = dataclasses.replace(get_preset("deepseek-v3"), router_normalizes_topk=False)
+    resolved, plan = _one_device("dense-8b-h800x64", arch=odd)
+    (limit,) = megatron_config(resolved, plan)["limitations"]
+    assert limit.startswith("sigmoid routing without renormalised top-k weights")
