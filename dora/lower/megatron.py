@@ -10,7 +10,9 @@ Megatron-LM training-loop values that are not megatron-core config fields (batch
 
 Fixed choices (not in the spec), with why: no dropout (RL fine-tuning of a pretrained policy), AdamW with
 betas (0.9, 0.99), no weight decay and gradient clipping at 1.0 (the same as dora's CPU trainer), constant
-learning rate (``min_lr = lr``), the distributed optimizer and overlapped gradient reduction when dp * cp > 1.
+learning rate (``min_lr = lr``), the distributed optimizer and overlapped gradient reduction when dp * cp > 1,
+and for MoE models router logits in fp32 (``moe_router_dtype``; slime's Megatron scripts set it for every MoE
+model: near-tied top-k choices should not depend on the activation dtype) with a frozen expert bias (``_router``).
 When pp does not divide the layers, the busiest stages hold ceil(layers/pp) and the first and last share the rest
 (``num_layers_in_first/last_pipeline_stage``; Megatron-LM ``--decoder-first/last-pipeline-num-layers``).
 """
@@ -60,7 +62,7 @@ def _router(arch: ModelArch) -> dict[str, Any]:
     """megatron-core's router fields for the checkpoint's routing. Softmax without renormalisation is softmax over
     all experts before the top-k (``moe_router_pre_softmax``); an expert bias is frozen (update rate 0), as the
     rollout engine routes with the checkpoint's bias and RL must not let the two drift apart."""
-    out: dict[str, Any] = {"moe_router_score_function": arch.router_score,
+    out: dict[str, Any] = {"moe_router_dtype": "fp32", "moe_router_score_function": arch.router_score,
                            "moe_router_pre_softmax": arch.router_score == "softmax" and not arch.router_normalizes_topk}
     if arch.router_scaling != 1.0:
         out["moe_router_topk_scaling_factor"] = arch.router_scaling

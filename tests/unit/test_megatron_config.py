@@ -271,7 +271,8 @@ def test_an_explicit_architecture_without_rope_base_is_noted(tmp_path) -> None:
     ("kimi-k2", {"moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.827,
                  "moe_router_num_groups": None, "moe_router_enable_expert_bias": True}),
     ("qwen3-235b-a22b", {"moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
-                         "moe_router_topk_scaling_factor": None, "moe_router_enable_expert_bias": False}),
+                         "moe_router_topk_scaling_factor": None, "moe_router_enable_expert_bias": False,
+                         "moe_router_dtype": "fp32"}),
 ])
 def test_moe_routing_follows_the_checkpoint(preset: str, router: dict) -> None:
     """megatron-core's router defaults (softmax, no scaling, no groups, no bias) are Qwen3's, not DeepSeek-V3's or
