@@ -465,7 +465,7 @@ def _rope_scaling(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def _positive_number(config: Mapping[str, Any], key: str, value: Any) -> float | None:
+def _positive_number(key: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -483,7 +483,7 @@ def _router(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         "router_score": score,
         "router_normalizes_topk": True if model_type == "mixtral" else _bool(
             config, "norm_topk_prob", model_type in ("deepseek_v3", "kimi_k2")),
-        "router_scaling": _positive_number(config, "routed_scaling_factor", config.get("routed_scaling_factor", 1.0)),
+        "router_scaling": _positive_number("routed_scaling_factor", config.get("routed_scaling_factor", 1.0)),
         "router_expert_bias": config.get("topk_method") == "noaux_tc",
     }
     if config.get("topk_method") in ("group_limited_greedy", "noaux_tc"):
@@ -578,8 +578,8 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
     kw["max_context_tokens"] = _context_limit(config)
     scaling = _rope_scaling(config)
     theta = config.get("rope_theta", scaling.get("rope_theta") if scaling is not None else None)
-    kw["rope_theta"] = _positive_number(config, "rope_theta", theta)
-    kw["norm_eps"] = _positive_number(config, "rms_norm_eps", config.get("rms_norm_eps"))
+    kw["rope_theta"] = _positive_number("rope_theta", theta)
+    kw["norm_eps"] = _positive_number("rms_norm_eps", config.get("rms_norm_eps"))
     kw["rope_scaling"] = rope_scaling_items(scaling) if scaling is not None else ()
     try:
         return ModelArch(**kw)

@@ -213,7 +213,7 @@ def test_the_mla_yarn_defaults_dora_assumes_are_megatron_cores() -> None:
     assert {k: defaults[k] for k in MLA_YARN_FIELDS_DEFAULTS} == MLA_YARN_FIELDS_DEFAULTS
 
 
-def test_llama3_scaling_becomes_gpt_model_rope_scaling(tmp_path) -> None:
+def test_llama3_scaling_becomes_gpt_model_rope_scaling() -> None:
     llama = json.loads((REPO / "tests" / "data" / "hf_configs" / "llama-3.1-8b.json").read_text())
     resolved, plan = _one_device("dense-8b-h800x64", arch=arch_from_hf_config(llama, name="llama-3.1-8b"))
     config = megatron_config(resolved, plan)
