@@ -3,12 +3,12 @@
 What is saved, after warm-up (step 0) and after every training step ``s``, under ``<output_dir>/checkpoint/``:
 
 - ``trainer-<s>.pt``: the trainer's weights, optimizer state, step and version counter (``TorchTrainer.state_dict``);
-- ``checkpoint.json``: ``s``, the data groups steps ``1..s`` consumed, that step's ``train_step`` trace event,
-  and the run-config key (a checkpoint never resumes a different job).
+- ``checkpoint.json``: ``s``, the data groups steps ``1..s`` consumed, that step's ``train_step`` trace event
+  and ``metrics.jsonl`` row, and the run-config key (a checkpoint never resumes a different job).
 
 Commit order (each file written to a temporary name, fsynced, then renamed): the trainer file, then
-``checkpoint.json`` (the commit point), then the step's trace event. A crash between the last two
-leaves a checkpoint whose step the trace lacks; resume writes that event from the checkpoint.
+``checkpoint.json`` (the commit point), then the step's trace event and metrics row. A crash after the commit
+leaves a checkpoint whose step the trace or the metrics lack; resume writes them from the checkpoint.
 
 Resume semantics (the audit of the combined, append-only trace proves them):
 
@@ -55,11 +55,14 @@ class Checkpoint:
     """File name of the trainer state, in the checkpoint directory."""
     step_event: dict[str, Any] | None
     """The ``train_step`` trace event of ``step`` (``None`` at step 0)."""
+    metrics_row: dict[str, Any] | None = None
+    """The ``metrics.jsonl`` row of ``step`` (``None`` at step 0, and in checkpoints written before 2026-11-22)."""
     config_key: str
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "step": self.step, "consumed_groups": sorted(self.consumed_groups),
-                "trainer_state": self.trainer_state, "step_event": self.step_event, "config_key": self.config_key}
+                "trainer_state": self.trainer_state, "step_event": self.step_event, "metrics_row": self.metrics_row,
+                "config_key": self.config_key}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +109,7 @@ def read_checkpoint(output_dir: Path) -> Checkpoint | None:
             raise CheckpointError(f"{path}: checkpoint format {data.get('format')!r}, this dora reads {FORMAT}")
         ckpt = Checkpoint(step=int(data["step"]), consumed_groups=tuple(int(g) for g in data["consumed_groups"]),
                           trainer_state=str(data["trainer_state"]), step_event=data["step_event"],
-                          config_key=str(data["config_key"]))
+                          metrics_row=data.get("metrics_row"), config_key=str(data["config_key"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc}); delete {path.parent} to start over") from None
     if not (checkpoint_dir(output_dir) / ckpt.trainer_state).exists():
@@ -173,7 +176,7 @@ def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoin
     """The resume point of ``output_dir``, or ``None`` for a fresh run (no checkpoint yet).
 
     Repairs the trace tail and writes the checkpointed step's event if the crash lost it; keeps only
-    the metrics rows of checkpointed steps. Raises ``CheckpointError`` for another job's checkpoint.
+    the metrics rows of checkpointed steps, and writes the checkpointed step's row if the crash lost it. Raises ``CheckpointError`` for another job's checkpoint.
     """
     ckpt = check_resumable(output_dir, runtime_json)
     if ckpt is None:
@@ -197,6 +200,8 @@ def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoin
     if metrics.exists():
         repair_jsonl_tail(metrics)
         rows = [r for r in read_jsonl(metrics) if r.get("step", 0) <= ckpt.step]
+        if ckpt.metrics_row is not None and all(r.get("step") != ckpt.step for r in rows):
+            rows.append(ckpt.metrics_row)
         from dora.runtime.trace import write_text_atomic
 
         write_text_atomic(metrics, "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n"

@@ -320,14 +320,15 @@ class Controller:
             return None
         return str(checkpoint_dir(self.config.output_dir) / f"trainer-{step:06d}.pt")
 
-    def _checkpoint(self, step: int, step_event: dict[str, Any] | None) -> None:
+    def _checkpoint(self, step: int, step_event: dict[str, Any] | None,
+                    metrics_row: dict[str, Any] | None = None) -> None:
         """Commit ``checkpoint.json`` for ``step``, whose trainer file is written (see ``dora.runtime.checkpoint``)."""
         trainer_file = self._trainer_file(step)
         if trainer_file is None:
             return
         write_checkpoint(self.config.output_dir, Checkpoint(
             step=step, consumed_groups=tuple(self._trained_groups), trainer_state=Path(trainer_file).name,
-            step_event=step_event, config_key=self.config.config_key,
+            step_event=step_event, metrics_row=metrics_row, config_key=self.config.config_key,
         ))
 
     def _wait_once(self) -> None:
@@ -646,13 +647,14 @@ class Controller:
                      "start_t": round(self.trace.offset_s + start, 6),
                      "consumed": [s.trajectory.request_id for s in batch], "produced_version": step}
             self._trained_groups.update(groups)
-            self._checkpoint(step, event)  # the trainer saved; before the trace records the step (see checkpoint)
-            self.trace.write(event)
             record = self.stats.step_finished(
                 step=step, start_s=start, end_s=end, metrics=metrics, rewards=[s.reward for s in batch],
                 versions=versions, counters=self._latest_counters(), live=self._live(), engines=self._engines(),
-            )
-            self.metrics_out.write(record.to_json())
+            ).to_json()
+            # the trainer saved; commit before the trace and the metrics record the step (see checkpoint)
+            self._checkpoint(step, event, record)
+            self.trace.write(event)
+            self.metrics_out.write(record)
             self._progressed()
             if self.on_progress is not None:
                 self.on_progress(self.stats)

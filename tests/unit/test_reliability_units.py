@@ -3,6 +3,7 @@ finishes in the simulator), stale plans refused, resume bookkeeping, and the sch
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -10,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from dora.apply import ApplyInputError, plan_for_apply
-from dora.runtime.checkpoint import Checkpoint, CheckpointError, config_key, prepare_resume, write_checkpoint
+from dora.runtime.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    config_key,
+    prepare_resume,
+    read_checkpoint,
+    write_checkpoint,
+)
 from dora.runtime.faults import ledger
 from dora.runtime.trace import read_jsonl
 from planner.policies import MODES, PolicyConfig
@@ -145,6 +153,21 @@ def test_resume_repairs_the_trace_restores_the_lost_step_and_regenerates_untrain
     plain = [e for e in combined if e["type"] != "regenerated"]
     found = {v.constraint for v in check_trace(plain, k=1, allow_version_mixing=False).violations}
     assert found == {"integrity", "consistency"}
+
+
+def test_resume_restores_the_metrics_row_a_kill_after_the_commit_lost(tmp_path):
+    """Killed between checkpoint.json and the step's metrics row: the row comes back from the checkpoint, so a
+    resumed run's summary covers every trained step (it once showed 7 of 8 reward points)."""
+    out = tmp_path / "run"
+    _attempt_one(out)
+    step1 = read_checkpoint(out)
+    row = {"step": 1, "reward_mean": 0.25}
+    write_checkpoint(out, dataclasses.replace(step1, metrics_row=row))
+    (out / "metrics.jsonl").write_text("")
+    prepare_resume(out, {"mode": "sync", "steps": 9, "output_dir": "elsewhere"})
+    assert read_jsonl(out / "metrics.jsonl") == [row]
+    prepare_resume(out, {"mode": "sync", "steps": 9, "output_dir": "elsewhere"})  # a row already there stays one
+    assert read_jsonl(out / "metrics.jsonl") == [row]
 
 
 def test_resume_refuses_another_jobs_checkpoint(tmp_path):
