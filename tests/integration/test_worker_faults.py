@@ -108,8 +108,8 @@ def test_ctrl_c_while_a_step_commits_waits_for_the_commit(tmp_path, joined):
     controller, config = _controller(tmp_path, "streaming", steps=20)
     checkpoint = controller._checkpoint
 
-    def checkpoint_then_ctrl_c(step, event) -> None:
-        checkpoint(step, event)
+    def checkpoint_then_ctrl_c(step, event, metrics_row=None) -> None:
+        checkpoint(step, event, metrics_row)
         if step == 3:
             os.kill(os.getpid(), signal.SIGINT)
 
