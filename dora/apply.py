@@ -116,18 +116,37 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
         except PlanFileError as exc:
             raise ApplyInputError(str(exc)) from None
         plan = Plan.from_dict(data)
-        resolved = load_spec(_saved_plan_spec(plan_file, plan.spec_file))
+        spec_path = _saved_plan_spec(plan_file, plan.spec_file)
+        resolved = load_spec(spec_path)
         if resolved.spec_hash != plan.spec_hash:
+            changed = _changed_inputs(plan.inputs, resolved.inputs, f"dora diff {plan_file} {spec_path}")
             raise ApplyInputError(
                 f"saved plan is stale: {plan_file} was planned for spec hash {plan.spec_hash[:12]}, but "
-                f"{plan.spec_file} now hashes to {resolved.spec_hash[:12]} — run `dora plan {plan.spec_file} --out "
-                f"{plan_file.parent}` again (or `dora apply {plan.spec_file}` to plan and run)")
+                f"{plan.spec_file} now hashes to {resolved.spec_hash[:12]}{changed} — run `dora plan {plan.spec_file} "
+                f"--out {plan_file.parent}` again (or `dora apply {plan.spec_file}` to plan and run)")
         return resolved, plan
     try:
         calibration = load_calibration(calibration_file)
     except CalibrationFileError as exc:
         raise ApplyInputError(str(exc)) from None
     return plan_spec(load_spec(target), mode, calibration)
+
+
+def _changed_inputs(old: dict[str, Any], new: dict[str, Any], diff_command: str, most: int = 4) -> str:
+    """'; changed since: a -> b, ...' for a stale plan's inputs (``inputs_diff``), the first ``most`` of them."""
+    from dora.report import inputs_diff
+
+    changes = inputs_diff(old, new)
+    if not changes:
+        return ""
+    shown = [f"{path} {_short(a)} -> {_short(b)}" for _, path, a, b in changes[:most]]
+    more = f" and {len(changes) - most} more (`{diff_command}` lists them)" if len(changes) > most else ""
+    return f"; changed since: {', '.join(shown)}{more}"
+
+
+def _short(value: Any) -> str:
+    text = "(none)" if value is None else repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _saved_plan_spec(plan_file: Path, spec_file: str) -> str:

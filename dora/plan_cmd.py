@@ -24,7 +24,7 @@ from dora.planning import (
     make_plan,
     read_json_object,
 )
-from dora.report import plan_diff, plan_report_text, render_diff, render_plan, tree_diff
+from dora.report import inputs_diff, plan_diff, plan_report_text, render_diff, render_plan
 from dora.spec import ResolvedSpec, SpecError, load_spec
 from dora.terminal import error
 from planner.plan import FORMAT_VERSION, Plan
@@ -172,22 +172,22 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
             out_console.print(f"\nwrote {len(written)} files to {args.out}/ (plan.json, report.txt, timeline.html, "
                               "schedule.json/.dot, launch/)", markup=False, highlight=False)
     if old is not None:
-        changes = plan_diff(old, plan.to_dict())
+        new = plan.to_dict()
+        changes = plan_diff(old, new)
         # with --json, stdout holds the plan alone; the diff goes to stderr
         (err_console if args.json else out_console).print(
-            "\n".join(render_diff(changes, args.against, args.spec)), markup=False, highlight=False)
+            "\n".join(render_diff(changes, args.against, args.spec, inputs_diff(old["inputs"], new["inputs"]))),
+            markup=False, highlight=False)
         if args.detailed_exitcode:
             return 2 if changes else 0
     return 0
 
 
-def _plan_dict(path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(plan, spec): a plan file or plan directory as it is (no spec); a spec (YAML, or JSON without a
-    format_version) planned now, with its validated content (defaults filled in)."""
+def _plan_dict(path: str) -> dict[str, Any]:
+    """A plan file or plan directory as it is; a spec (YAML, or JSON without a format_version) planned now."""
     if Path(path).is_dir() or (path.lower().endswith(".json") and not is_json_spec(path)):
-        return read_plan_file(path), None
-    resolved = load_spec(path)
-    return make_plan(resolved, workers=available_cpus()).plan.to_dict(), resolved.spec.model_dump(mode="json")
+        return read_plan_file(path)
+    return make_plan(load_spec(path), workers=available_cpus()).plan.to_dict()
 
 
 def is_json_spec(path: str) -> bool:
@@ -204,7 +204,7 @@ def cmd_diff(args: argparse.Namespace, out_console, err_console) -> int:
 
     error_code = 1 if args.detailed_exitcode else 2  # as `dora plan`: with --detailed-exitcode 2 means "changed"
     try:
-        (old, old_spec), (new, new_spec) = _plan_dict(args.old), _plan_dict(args.new)
+        old, new = _plan_dict(args.old), _plan_dict(args.new)
     except SpecError as exc:
         print_spec_error(exc)
         return error_code
@@ -212,6 +212,6 @@ def cmd_diff(args: argparse.Namespace, out_console, err_console) -> int:
         error(err_console, str(exc))
         return error_code
     changes = plan_diff(old, new)
-    inputs = tree_diff(old_spec, new_spec) if old_spec is not None and new_spec is not None else []
+    inputs = inputs_diff(old["inputs"], new["inputs"])
     out_console.print("\n".join(render_diff(changes, args.old, args.new, inputs)), markup=False, highlight=False)
     return 2 if (changes and args.detailed_exitcode) else 0

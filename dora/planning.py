@@ -145,7 +145,7 @@ def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRA
     inputs = search_inputs(resolved, calibration)
     outcome = search(inputs, map_fn=fork_map(workers))
     plan = build_plan(outcome, inputs, dora_version=__version__, spec_name=resolved.spec.name,
-                      spec_file=_portable(resolved.file), spec_hash=resolved.spec_hash,
+                      spec_file=_portable(resolved.file), spec_hash=resolved.spec_hash, spec_inputs=resolved.inputs,
                       pinned_slowdown=_pinned_slowdown(resolved, calibration, outcome))
     return Planned(plan=plan, outcome=outcome, inputs=inputs)
 

@@ -169,6 +169,18 @@ def plan_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, 
     return out
 
 
+def inputs_diff(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[tuple[str, str, Any, Any]]:
+    """The changed inputs of two plans (``Plan.inputs``): spec fields by their YAML path, then the resolved
+    architecture's fields as ``arch.<field>`` and the files the spec reads as ``files.<name>`` (a content digest)."""
+    if not old or not new:
+        return []
+    out = tree_diff(old.get("spec") or {}, new.get("spec") or {})
+    for part in ("arch", "files"):
+        changes = tree_diff(old.get(part) or {}, new.get(part) or {})
+        out += [(sym, f"{part}.{path}", a, b) for sym, path, a, b in changes]
+    return out
+
+
 def tree_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
     """(symbol, path, old, new) for every changed leaf of two nested objects (specs, plans)."""
     a, b = _flatten(old), _flatten(new)
@@ -191,7 +203,7 @@ def _fmt(v: Any) -> str:
 
 def render_diff(changes: list[tuple[str, str, Any, Any]], old_name: str, new_name: str,
                 inputs: Sequence[tuple[str, str, Any, Any]] = ()) -> list[str]:
-    """Terraform-style lines; ``inputs``: the changes between the two specs, when both sides are specs."""
+    """Terraform-style lines; ``inputs``: the changes between the two plans' inputs (``inputs_diff``)."""
     lines = []
     if inputs:
         lines += [f"dora diff {old_name} -> {new_name}", "", "Inputs (spec):", *_change_lines(inputs), ""]

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Bump on any change that an older dora could not read correctly."""
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
@@ -140,6 +140,10 @@ class Plan:
     spec_file: str
     """The spec path as given (relative), for humans; the hash is what binds the plan to the spec."""
     spec_hash: str
+    inputs: dict[str, Any]
+    """What ``spec_hash`` covers, as plain JSON (``dora.spec.ResolvedSpec.inputs``): the validated spec, the resolved
+    architecture and a digest of each file the spec reads. Diffs against a saved plan show which of them changed.
+    Kept exact (not rounded like the computed figures): its numbers were read from text."""
     catalog_fingerprint: str
     calibration_fingerprint: str
     calibration_source: str
@@ -157,7 +161,9 @@ class Plan:
     warnings: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return _round(asdict(self))
+        out = asdict(self)
+        inputs = out.pop("inputs")
+        return _round(out) | {"inputs": inputs}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2, allow_nan=False) + "\n"
@@ -231,6 +237,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
         if cls is Plan and name in ("memory", "considered"):
             if not isinstance(value, list):
                 raise ValueError(f"{where}.{name}: expected a list, got {value!r}")
+        elif cls is Plan and name == "inputs":
+            for part in ("spec", "arch", "files"):
+                if not isinstance(value, dict) or not isinstance(value.get(part), dict):
+                    raise ValueError(f"{where}.inputs.{part}: expected an object")
         elif not (cls is Plan and name in _NESTED):  # nested objects are checked field by field below
             _check_value(value, hints[name], f"{where}.{name}", positive=cls in _SIZES and name not in _MAY_BE_ZERO)
         if cls is Plan and name in _NESTED:

@@ -39,6 +39,9 @@ class ResolvedSpec:
     """The spec path as given on the command line."""
     spec_hash: str
     """sha256 of the canonical resolved content (spec values, architecture, histograms); comments don't count."""
+    inputs: dict[str, Any]
+    """What the hash covers, as plain JSON: ``spec`` (validated, defaults filled in), ``arch`` (resolved) and
+    ``files`` (a digest of each referenced file's content, None where the spec reads none); plans record it."""
 
     @property
     def output_dir(self) -> str:
@@ -192,12 +195,22 @@ def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, 
                                        hint="fix the config file or use model.architecture")]
 
 
-def _canonical_hash(spec: Spec, arch: ModelArch, extras: dict[str, Any]) -> str:
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _hash_and_inputs(spec: Spec, arch: ModelArch, extras: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(spec hash, plan inputs). The hash covers the validated spec, the resolved architecture and the content of
+    the files the spec reads (HF config, length histograms); the inputs are the first two as plain JSON and a
+    digest of each file's content, which a plan records so that a diff can say which input changed."""
     from dataclasses import asdict
 
-    payload = {"spec": spec.model_dump(mode="json"), "arch": asdict(arch), "extras": extras}
-    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    spec_json, arch_json = spec.model_dump(mode="json"), asdict(arch)
+    digest = hashlib.sha256(_canonical({"spec": spec_json, "arch": arch_json, "extras": extras}).encode()).hexdigest()
+    files = {name: None if value is None else hashlib.sha256(_canonical(value).encode()).hexdigest()[:16]
+             for name, value in sorted(extras.items())}
+    inputs = json.loads(_canonical({"spec": spec_json, "arch": arch_json, "files": files}))  # tuples -> lists
+    return digest, inputs
 
 
 def load_spec_text(text: str, file: str, base_dir: FsPath) -> ResolvedSpec:
@@ -282,5 +295,6 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
     if not all(math.isfinite(x) for x in (prompt.mean_tokens(), response.mean_tokens())):
         raise SpecError(file, located([Diagnostic(path=("workload",), message="length distribution is degenerate",
                                                   hint="check median/p99/max")]))
+    spec_hash, inputs = _hash_and_inputs(spec, arch, extras)
     return ResolvedSpec(spec=spec, arch=arch, prompt_lengths=prompt, response_lengths=response, file=file,
-                        spec_hash=_canonical_hash(spec, arch, extras))
+                        spec_hash=spec_hash, inputs=inputs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from planner import architecture, hardware
 from planner.calibration import DEFAULT_CALIBRATION
 from planner.plan import (
@@ -178,7 +180,7 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
 
 
 def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: str, spec_name: str, spec_file: str,
-               spec_hash: str, pinned_slowdown: float | None = None) -> Plan:
+               spec_hash: str, spec_inputs: dict[str, Any], pinned_slowdown: float | None = None) -> Plan:
     c = outcome.chosen
     s, p = c.sim, c.screened.placement
     n = inputs.total_accelerators
@@ -226,7 +228,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
                         "(screen estimate); remove pins to let the planner choose")
     return Plan(
         format_version=FORMAT_VERSION, dora_version=dora_version, spec_name=spec_name, spec_file=spec_file,
-        spec_hash=spec_hash, catalog_fingerprint=_catalog_fingerprint(),
+        spec_hash=spec_hash, inputs=spec_inputs, catalog_fingerprint=_catalog_fingerprint(),
         calibration_fingerprint=inputs.calibration.fingerprint(), calibration_source=inputs.calibration.source,
         seed=inputs.seed, objective=inputs.objective, mode=c.screened.mode, max_version_lag=c.screened.k,
         allow_version_mixing=inputs.allow_version_mixing, colocated=p.colocated, rollout=rollout, train=train,

@@ -53,6 +53,7 @@ def test_plan_dir_and_detailed_exitcode(tmp_path: Path) -> None:
     changed = _run("plan", str(changed_spec), "--against", str(out / "plan.json"), "--detailed-exitcode")
     assert changed.returncode == 2, changed.stderr
     assert "~ predictions.total_time_s" in changed.stdout and "to change" in changed.stdout
+    assert "Inputs (spec):\n  ~ workload.steps: 150 -> 75" in changed.stdout  # the plan records its inputs
     broken = _run("plan", "specs/local-tiny.yaml", "--against", str(tmp_path / "nope.json"), "--detailed-exitcode")
     assert broken.returncode == 1 and "does not exist" in broken.stderr
 

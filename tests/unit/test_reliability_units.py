@@ -81,7 +81,8 @@ def test_a_saved_plan_is_refused_when_its_spec_changed_or_its_format_is_unknown(
     plan_for_apply(str(plan), None, None)  # fresh: accepted
     spec = json.loads(plan.read_text())["spec_file"]
     Path(spec).write_text(Path(spec).read_text().replace("steps: 150", "steps: 151"))
-    with pytest.raises(ApplyInputError, match=r"saved plan is stale: .* was planned for spec hash \w+, but"):
+    with pytest.raises(ApplyInputError, match=r"saved plan is stale: .* was planned for spec hash \w+, but .*"
+                                              r"changed since: workload.steps 150 -> 151 — run"):
         plan_for_apply(str(plan), None, None)
     data = json.loads(plan.read_text())
     data["format_version"] = 999

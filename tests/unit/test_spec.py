@@ -106,6 +106,31 @@ def test_histogram_file_distribution(tmp_path: Path) -> None:
     assert dist.quantile(0.25) == 100 and dist.quantile(0.99) == 20000
 
 
+def test_the_inputs_a_plan_records_name_what_changed_the_hash(tmp_path: Path) -> None:
+    """``ResolvedSpec.inputs`` is what the hash covers: a spec field by its YAML path, the architecture it resolves
+    to, and the content of a file the spec reads (which changes the hash with no spec field changing)."""
+    from dora.report import inputs_diff
+
+    (tmp_path / "lengths.csv").write_text("length,count\n100,50\n1000,45\n20000,5\n")
+    base = (REPO / "specs" / "dense-8b-h800x64.yaml").read_text().replace(
+        "response_length: {median_tokens: 1500, p99_tokens: 12000, max_tokens: 16384}",
+        "response_length: {histogram_file: lengths.csv, max_tokens: 32768}")
+    before = load_spec_text(base, "x.yaml", tmp_path)
+    assert set(before.inputs) == {"spec", "arch", "files"}
+    assert json.loads(json.dumps(before.inputs)) == before.inputs  # plain JSON, as a plan file reads back
+    assert before.inputs["spec"]["workload"]["prompts_per_step"] == before.spec.workload.prompts_per_step
+
+    (tmp_path / "lengths.csv").write_text("length,count\n100,50\n1000,45\n20000,6\n")
+    edited = load_spec_text(base, "x.yaml", tmp_path)
+    assert edited.spec_hash != before.spec_hash
+    assert [c[:2] for c in inputs_diff(before.inputs, edited.inputs)] == [("~", "files.response_histogram")]
+
+    other_model = load_spec_text(base.replace("preset: qwen3-8b", "preset: qwen2.5-7b"), "x.yaml", tmp_path)
+    changed = {path for _, path, _, _ in inputs_diff(edited.inputs, other_model.inputs)}
+    assert {"model.preset", "arch.name", "arch.num_layers", "arch.qkv_bias"} <= changed
+    assert inputs_diff(edited.inputs, load_spec_text(base + "\n# a comment\n", "x.yaml", tmp_path).inputs) == []
+
+
 def test_validate_cli_accepts_all_examples() -> None:
     proc = subprocess.run([sys.executable, "-m", "dora.cli", "validate", *map(str, EXAMPLES)], capture_output=True,
                           text=True, timeout=60)
