@@ -327,10 +327,11 @@ class ModelArch:
 def rope_scaling_items(scaling: Mapping[str, Any]) -> tuple[tuple[str, float | int | str], ...]:
     """A config.json ``rope_scaling`` (or transformers 5 ``rope_parameters``) as sorted ``(key, value)`` pairs, the
     form ``ModelArch.rope_scaling`` keeps: an older config's ``type`` reads as ``rope_type``; ``rope_theta`` and
-    entries that are not numbers or strings are left out; empty for the ``default`` (unscaled) type."""
+    entries that are not numbers, booleans (YaRN's ``truncate``) or strings are left out; empty for the ``default``
+    (unscaled) type."""
     out: dict[str, float | int | str] = {}
     for key, value in scaling.items():
-        if key == "rope_theta" or isinstance(value, bool) or not isinstance(value, int | float | str):
+        if key == "rope_theta" or not isinstance(value, int | float | str):  # bool is an int
             continue
         if key == "type":
             if "rope_type" in scaling:

@@ -1,12 +1,16 @@
 """Megatron artifacts for the trainer: megatron-core config sections (JSON) and the Megatron-LM flags.
 
-``megatron/config.json`` holds four sections keyed by megatron-core dataclass field names:
+``megatron/config.json`` holds four sections keyed by megatron-core dataclass field names,
 ``transformer`` (``TransformerConfig``, or ``MLATransformerConfig`` per ``transformer_class``), ``model_parallel``
 (``ModelParallelConfig``; ``TransformerConfig`` inherits it, so a trainer builds
 ``TransformerConfig(**transformer, **model_parallel)``), ``optimizer`` (``OptimizerConfig``) and ``ddp``
-(``DistributedDataParallelConfig``). JSON cannot hold a callable or a torch dtype, so those fields carry a name
-(``"silu"``, ``"bfloat16"``) that ``to_megatron_kwargs`` turns into the object. ``training`` holds the
-Megatron-LM training-loop values that are not megatron-core config fields (batch sizes, sequence length).
+(``DistributedDataParallelConfig``). ``transformer_attributes`` holds what megatron-core reads off the built
+``TransformerConfig`` with ``getattr`` but does not declare as a field (YaRN on a non-MLA model: GPTModel and the
+attention read ``yarn_*``): the trainer sets each one with ``setattr`` after building the config, as Megatron-LM
+does from its flags. ``gpt_model`` holds ``GPTModel``'s keyword arguments. JSON cannot hold a callable or a torch
+dtype, so those fields carry a name (``"silu"``, ``"bfloat16"``) that ``to_megatron_kwargs`` turns into the object.
+``training`` holds the Megatron-LM training-loop values that are not megatron-core config fields (batch sizes,
+sequence length).
 
 Fixed choices (not in the spec), with why: no dropout (RL fine-tuning of a pretrained policy), AdamW with
 betas (0.9, 0.99), no weight decay and gradient clipping at 1.0 (the same as dora's CPU trainer), constant
@@ -101,23 +105,60 @@ _MLA_YARN_FIELDS = {"factor": "rotary_scaling_factor", "original_max_position_em
 _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 """megatron-core's llama3 RoPE scaling takes only the factor; these are its fixed values (Llama 3.1's)."""
 
+DENSE_YARN_ATTRIBUTES = ("yarn_rotary_scaling_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast",
+                         "yarn_beta_slow", "yarn_mscale", "yarn_mscale_all_dim", "yarn_correction_range_round_to_int")
+"""The ``TransformerConfig`` attributes megatron-core 0.16.1's GPTModel reads for YaRN on a non-MLA model (a test
+checks them against GPTModel's source)."""
+
+_DENSE_YARN_KEYS = {"rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"}
+"""config.json YaRN keys the non-MLA lowering reproduces. Others (an explicit ``attention_factor``, ``mscale``,
+``mscale_all_dim``) set the attention factor, where HF transformers and vLLM do not agree for non-MLA models: they
+block the launch rather than guess."""
+
+
+def _dense_yarn(scaling: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """``(transformer attributes, "")`` for a non-MLA YaRN ``rope_scaling``, or ``(None, why not)``.
+
+    The frequencies: YaRN's ramp between interpolated and original frequencies over ``beta_fast``..``beta_slow``
+    rotations of the original context (vLLM's and HF's defaults 32 and 1), correction range rounded to whole
+    dimensions unless ``truncate`` is false. The attention factor ``0.1 ln(factor) + 1`` that vLLM multiplies into
+    cos and sin is megatron-core's concentration factor for ``yarn_mscale`` 1 and ``yarn_mscale_all_dim`` 0
+    (Megatron-LM's defaults)."""
+    extra = sorted(set(scaling) - _DENSE_YARN_KEYS)
+    if extra:
+        return None, f"{', '.join(extra)} (the attention factor) cannot be matched on a non-MLA model"
+    if "original_max_position_embeddings" not in scaling:
+        return None, "no original_max_position_embeddings (vLLM requires it; megatron-core would assume 4096)"
+    factor = scaling.get("factor")
+    if not isinstance(factor, int | float) or isinstance(factor, bool) or factor < 1:
+        return None, f"factor {factor!r} is not a number >= 1"
+    return {"yarn_rotary_scaling_factor": float(factor),
+            "yarn_original_max_position_embeddings": int(scaling["original_max_position_embeddings"]),
+            "yarn_beta_fast": float(scaling.get("beta_fast", 32.0)),
+            "yarn_beta_slow": float(scaling.get("beta_slow", 1.0)),
+            "yarn_mscale": 1.0, "yarn_mscale_all_dim": 0.0,
+            "yarn_correction_range_round_to_int": bool(scaling.get("truncate", True))}, ""
+
 
 def _rotary_base(theta: float) -> int | float:
     """Megatron takes the RoPE base as a whole number (GPTModel ``rotary_base: int``, ``--rotary-base`` type=int)."""
     return int(theta) if theta.is_integer() else theta
 
 
-def _positions(resolved: ResolvedSpec, max_len: int) -> tuple[dict[str, Any], dict[str, Any], list[str], list[str]]:
-    """RoPE and norm settings: ``(transformer fields, GPTModel keyword arguments, limitations, notes)``.
+def _positions(resolved: ResolvedSpec, max_len: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any],
+                                                               list[str], list[str]]:
+    """RoPE and norm settings: ``(transformer fields, transformer attributes, GPTModel keyword arguments,
+    limitations, notes)``.
 
-    A non-MLA model takes its RoPE from GPTModel's arguments (base, llama3 or linear scaling); an MLA model from
-    ``MLATransformerConfig`` (rope or yarn). What megatron-core cannot take is a limitation (it blocks the launch:
-    the trainer would place tokens differently from the checkpoint and from vLLM); what the spec does not say
-    is a note (megatron-core's default applies)."""
+    A non-MLA model takes its RoPE from GPTModel's arguments (base, llama3 or linear scaling, yarn with the
+    ``yarn_*`` attributes); an MLA model from ``MLATransformerConfig`` (rope or yarn). What megatron-core cannot
+    take is a limitation (it blocks the launch: the trainer would place tokens differently from the checkpoint and
+    from vLLM); what the spec does not say is a note (megatron-core's default applies)."""
     arch = resolved.arch
     explicit = resolved.spec.model.architecture is not None
     where = "model.architecture" if explicit else "the model's config.json"
     transformer: dict[str, Any] = {}
+    attributes: dict[str, Any] = {}
     gpt: dict[str, Any] = {"position_embedding_type": "rope", "vocab_size": arch.vocab_size,
                            "max_sequence_length": max_len, "share_embeddings_and_output_weights": arch.tie_embeddings}
     limits: list[str] = []
@@ -152,7 +193,7 @@ def _positions(resolved: ResolvedSpec, max_len: int) -> tuple[dict[str, Any], di
                                      f"megatron-core's {default}; the checkpoint's {scaling[key]} is in config.json")
         else:
             limits.append(f"{described}: megatron-core's MLA takes only rope or yarn")
-        return transformer, gpt, limits, notes
+        return transformer, attributes, gpt, limits, notes
     if base is not None:
         gpt["rotary_base"] = base
     gpt["rotary_percent"] = 1.0
@@ -163,11 +204,21 @@ def _positions(resolved: ResolvedSpec, max_len: int) -> tuple[dict[str, Any], di
         if not float(scaling["factor"]).is_integer():
             notes.append(f"linear RoPE factor {scaling['factor']}: Megatron-LM's "
                          "--rotary-seq-len-interpolation-factor takes an integer (config.json has the factor)")
+    elif kind == "yarn":
+        yarn, why_not = _dense_yarn(scaling)
+        if yarn is None:
+            limits.append(f"{described}: {why_not}")
+        else:
+            gpt["position_embedding_type"] = "yarn"
+            attributes.update(yarn)
+            # TE's fused RoPE drops the attention factor for packed sequences (megatron-core 0.16.1 warns only
+            # for unpacked ones); Megatron-LM turns the fusion off for yarn itself
+            transformer["apply_rope_fusion"] = False
     elif scaling:
         limits.append(f"{described} with {', '.join(f'{k}={v}' for k, v in sorted(scaling.items()))}: "
                       "megatron-core's GPTModel takes llama3 scaling (low/high frequency factors 1/4, original "
-                      "8192 positions) and linear interpolation only")
-    return transformer, gpt, limits, notes
+                      "8192 positions), linear interpolation and yarn only")
+    return transformer, attributes, gpt, limits, notes
 
 
 def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
@@ -177,7 +228,7 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
     _check(resolved, plan)
     arch, t, spec = resolved.arch, plan.train, resolved.spec
     dtype = spec.model.dtype
-    rope_fields, gpt_model, rope_limits, notes = _positions(resolved, plan.rollout.max_model_len)
+    rope_fields, attributes, gpt_model, rope_limits, notes = _positions(resolved, plan.rollout.max_model_len)
     transformer: dict[str, Any] = {
         "num_layers": arch.num_layers, "hidden_size": arch.hidden_size,
         "num_attention_heads": arch.num_attention_heads, "num_query_groups": arch.num_kv_heads,
@@ -243,7 +294,8 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
                 "train_iters": spec.workload.steps * minibatches * spec.algorithm.ppo_epochs,
                 "seed": spec.runtime.seed, "tokenizer_model": spec.model.checkpoint,
                 "untie_embeddings_and_output_weights": not arch.tie_embeddings}
-    return {"transformer_class": transformer_class, "transformer": transformer, "model_parallel": model_parallel,
+    return {"transformer_class": transformer_class, "transformer": transformer,
+            "transformer_attributes": attributes, "model_parallel": model_parallel,
             "optimizer": optimizer, "ddp": ddp, "gpt_model": gpt_model, "training": training,
             "limitations": limitations(resolved) + rope_limits, "notes": notes}
 
@@ -292,6 +344,16 @@ def megatron_lm_args(config: dict[str, Any]) -> list[list[str]]:
             out.append([flag, str(int(value) if float(value).is_integer() else value)])
     if gpt.get("rope_scaling"):
         out.append(["--use-rope-scaling"])
+    attrs = config["transformer_attributes"]
+    for name, flag in (("yarn_rotary_scaling_factor", "--rotary-scaling-factor"),
+                       ("yarn_original_max_position_embeddings", "--yarn-original-max-position-embeddings"),
+                       ("yarn_beta_fast", "--yarn-beta-fast"), ("yarn_beta_slow", "--yarn-beta-slow"),
+                       ("yarn_mscale", "--mscale"), ("yarn_mscale_all_dim", "--mscale-all-dim")):
+        if name in attrs:
+            out.append([flag, str(attrs[name])])
+    if attrs.get("yarn_correction_range_round_to_int") is not None:
+        out.append(["--yarn-correction-range-round-to-int" if attrs["yarn_correction_range_round_to_int"]
+                    else "--no-yarn-correction-range-round-to-int"])
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                  "expert_model_parallel_size"):
         out.append([_flag(name), str(mp[name])])

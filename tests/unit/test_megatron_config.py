@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import shlex
 import warnings
 from pathlib import Path
@@ -18,6 +19,7 @@ from test_lower_plans import EXAMPLE_SPECS, example_plan, load_example
 
 from dora.lower import render_launch
 from dora.lower.megatron import (
+    DENSE_YARN_ATTRIBUTES,
     MLA_YARN_FIELDS_DEFAULTS,
     megatron_config,
     megatron_lm_args,
@@ -229,14 +231,87 @@ def test_llama3_scaling_becomes_gpt_model_rope_scaling() -> None:
     assert "RoPE scaling 'llama3' (factor 8.0)" in limit and "high_freq_factor=2.0" in limit
 
 
-def test_yarn_on_a_dense_model_blocks_the_launch() -> None:
-    """Qwen3's documented YaRN setting: vLLM would generate with it, megatron-core's GPTModel cannot train with it
-    from its arguments, so the launch is blocked rather than train on other positions than it generates."""
+def _qwen3_yarn(**rope_scaling) -> tuple:
+    """Qwen3-8B with its model card's YaRN setting (factor 4 over 32768 positions), changed by ``rope_scaling``."""
     qwen = json.loads((REPO / "tests" / "data" / "hf_configs" / "qwen3-8b.json").read_text())
-    qwen["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
-    resolved, plan = _one_device("dense-8b-h800x64", arch=arch_from_hf_config(qwen, name="qwen3-8b-yarn"))
+    qwen["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+                            **rope_scaling}
+    qwen["rope_scaling"] = {k: v for k, v in qwen["rope_scaling"].items() if v is not None}
+    return _one_device("dense-8b-h800x64", arch=arch_from_hf_config(qwen, name="qwen3-8b-yarn"))
+
+
+def _vllm_yarn(dim: int, base: float, factor: float, original: int, beta_fast: float, beta_slow: float,
+               truncate: bool) -> tuple[list[float], float]:
+    """vLLM's YaRN (``YaRNScalingRotaryEmbedding``, HF's ``_compute_yarn_parameters`` alike), written out here:
+    the inverse frequencies and the attention factor multiplied into cos and sin."""
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    out = []
+    for i in range(dim // 2):
+        extrapolate = 1 - min(max((i - low) / (high - low), 0.0), 1.0)  # 1: keep the original frequency
+        pos_freq = base ** (2 * i / dim)
+        out.append((1 / (factor * pos_freq)) * (1 - extrapolate) + (1 / pos_freq) * extrapolate)
+    return out, 0.1 * math.log(factor) + 1.0
+
+
+@pytest.mark.parametrize("truncate", [None, False])
+def test_yarn_on_a_dense_model_reaches_gpt_model_as_vllm_applies_it(truncate: bool | None) -> None:
+    """Qwen3's documented YaRN setting. GPTModel takes ``position_embedding_type='yarn'`` and reads the ``yarn_*``
+    attributes off the config; with them set, megatron-core's frequencies and attention (concentration) factor
+    are vLLM's, so the trainer scores tokens at the positions the rollout engine generated them."""
+    import inspect as _inspect
+    import re
+
+    import torch
+    from megatron.core.models.common.embeddings import yarn_rotary_pos_embedding as yarn_module
+    from megatron.core.models.gpt import gpt_model
+
+    resolved, plan = _qwen3_yarn(truncate=truncate)
+    config = megatron_config(resolved, plan)
+    assert config["limitations"] == [] and config["gpt_model"]["position_embedding_type"] == "yarn"
+    attributes = config["transformer_attributes"]
+    read = set(re.findall(r'getattr\(\s*self\.config,\s*"(yarn_\w+)"', _inspect.getsource(gpt_model)))
+    assert read == set(attributes) == set(DENSE_YARN_ATTRIBUTES)
+    assert "yarn" in str(_inspect.signature(GPTModel.__init__).parameters["position_embedding_type"].annotation)
+    transformer = _build(config)[0]
+    assert transformer.apply_rope_fusion is False
+    for name, value in attributes.items():
+        setattr(transformer, name, value)  # what the trainer does after building the config
+
+    arch = resolved.arch
+    dim, base = transformer.kv_channels, config["gpt_model"]["rotary_base"]
+    rounded = truncate is not False
+    low, high = yarn_module._yarn_find_correction_range(
+        transformer.yarn_beta_fast, transformer.yarn_beta_slow, dim, base,
+        transformer.yarn_original_max_position_embeddings, transformer.yarn_correction_range_round_to_int)
+    mask = 1.0 - yarn_module._yarn_linear_ramp_mask(low, high, dim // 2, device=torch.device("cpu"))
+    extra = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    megatron_inv_freq = (extra / transformer.yarn_rotary_scaling_factor) * (1 - mask) + extra * mask
+    expected, attention_factor = _vllm_yarn(arch.head_dim, arch.rope_theta, 4.0, 32768, 32.0, 1.0, rounded)
+    assert megatron_inv_freq.tolist() == pytest.approx(expected, rel=1e-6)
+    assert yarn_module._yarn_get_concentration_factor_from_config(transformer) == pytest.approx(attention_factor)
+
+    args = megatron_lm_args(config)
+    assert _flag(args, "--position-embedding-type") == "yarn"
+    assert (float(_flag(args, "--rotary-scaling-factor")), int(_flag(args, "--yarn-original-max-position-embeddings")),
+            float(_flag(args, "--mscale")), float(_flag(args, "--mscale-all-dim"))) == (4.0, 32768, 1.0, 0.0)
+    assert (_flag(args, "--no-yarn-correction-range-round-to-int") is None) == rounded
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"attention_factor": 1.2}, "attention_factor (the attention factor) cannot be matched"),
+    ({"original_max_position_embeddings": None}, "no original_max_position_embeddings")])
+def test_a_dense_yarn_megatron_cannot_match_blocks_the_launch(change: dict, why: str) -> None:
+    resolved, plan = _qwen3_yarn(**change)
     (limit,) = megatron_config(resolved, plan)["limitations"]
-    assert limit.startswith("RoPE scaling 'yarn' (factor 4.0)")
+    assert limit.startswith("RoPE scaling 'yarn' (factor 4.0)") and why in limit
     notes = render_launch(resolved, plan)["launch/NOTES.txt"]
     assert "BLOCKED: megatron-core cannot express this architecture" in notes and "RoPE scaling 'yarn'" in notes
 
