@@ -111,9 +111,10 @@ DENSE_YARN_ATTRIBUTES = ("yarn_rotary_scaling_factor", "yarn_original_max_positi
 checks them against GPTModel's source)."""
 
 _DENSE_YARN_KEYS = {"rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate"}
-"""config.json YaRN keys the non-MLA lowering reproduces. Others (an explicit ``attention_factor``, ``mscale``,
-``mscale_all_dim``) set the attention factor, where HF transformers and vLLM do not agree for non-MLA models: they
-block the launch rather than guess."""
+"""config.json YaRN keys the non-MLA lowering reproduces. The others (an explicit ``attention_factor``, ``mscale``,
+``mscale_all_dim``) change the attention factor, which megatron-core derives from ``yarn_mscale``/``_all_dim``
+alone and which rollout engines read in their own ways for non-MLA models: they block the launch rather than
+guess."""
 
 
 def _dense_yarn(scaling: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
