@@ -134,19 +134,18 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
 
 def _changed_inputs(old: dict[str, Any], new: dict[str, Any], diff_command: str, most: int = 4) -> str:
     """'; changed since: a -> b, ...' for a stale plan's inputs (``inputs_diff``), the first ``most`` of them."""
-    from dora.report import inputs_diff
+    from dora.report import format_value, inputs_diff
+
+    def short(value: Any) -> str:
+        text = "(none)" if value is None else format_value(value)
+        return text if len(text) <= 40 else text[:37] + "..."
 
     changes = inputs_diff(old, new)
     if not changes:
         return ""
-    shown = [f"{path} {_short(a)} -> {_short(b)}" for _, path, a, b in changes[:most]]
+    shown = [f"{path} {short(a)} -> {short(b)}" for _, path, a, b in changes[:most]]
     more = f" and {len(changes) - most} more (`{diff_command}` lists them)" if len(changes) > most else ""
     return f"; changed since: {', '.join(shown)}{more}"
-
-
-def _short(value: Any) -> str:
-    text = "(none)" if value is None else repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _saved_plan_spec(plan_file: Path, spec_file: str) -> str:

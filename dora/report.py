@@ -195,7 +195,8 @@ def tree_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, 
     return out
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A diffed value as the diffs print it: floats to 6 significant digits, strings quoted."""
     if isinstance(v, float):
         return f"{v:.6g}"
     return repr(v) if isinstance(v, str) else str(v)
@@ -223,9 +224,9 @@ def _change_lines(changes: Sequence[tuple[str, str, Any, Any]]) -> list[str]:
             rel = ""
             if isinstance(a, int | float) and isinstance(b, int | float) and a and not isinstance(a, bool):
                 rel = f"  ({100 * (b - a) / abs(a):+.1f}%)"
-            lines.append(f"  ~ {path}: {_fmt(a)} -> {_fmt(b)}{rel}")
+            lines.append(f"  ~ {path}: {format_value(a)} -> {format_value(b)}{rel}")
         elif sym == "+":
-            lines.append(f"  + {path}: {_fmt(b)}")
+            lines.append(f"  + {path}: {format_value(b)}")
         else:
-            lines.append(f"  - {path}: {_fmt(a)}")
+            lines.append(f"  - {path}: {format_value(a)}")
     return lines
