@@ -80,9 +80,15 @@ class ResumePoint:
     """This attempt's trace clock starts here (just after the trace's last event)."""
 
 
+RESUMABLE_CHANGES = ("steps", "output_dir", "spec_hash")
+"""Runtime-config fields an attempt may change and still resume: the step count, the output place, and the spec's
+hash (it covers ``workload.steps`` and fields the run never reads, like the price; every field the run reads is in
+the runtime config itself)."""
+
+
 def config_key(runtime_json: dict[str, Any]) -> str:
-    """Hash of the runtime config minus what may change between attempts (step count, output place)."""
-    data = {k: v for k, v in runtime_json.items() if k not in ("steps", "output_dir")}
+    """Hash of the runtime config minus what may change between attempts (``RESUMABLE_CHANGES``)."""
+    data = {k: v for k, v in runtime_json.items() if k not in RESUMABLE_CHANGES}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -137,7 +143,7 @@ def check_resumable(output_dir: Path, runtime_json: dict[str, Any]) -> Checkpoin
         raise CheckpointError(
             f"{checkpoint_dir(output_dir)} holds a checkpoint of a different job configuration"
             f"{_changed_settings(Path(output_dir) / 'runtime.json', ckpt.config_key, runtime_json)}; resume it with "
-            "the same spec and overrides (only --steps may change), or use another --output-dir")
+            "the spec and overrides it ran with (add --steps N for another step count), or use another --output-dir")
     return ckpt
 
 
@@ -153,21 +159,39 @@ def resume_hint(output_dir: Path) -> str:
 
 
 def _changed_settings(previous_file: Path, key: str, runtime_json: dict[str, Any]) -> str:
-    """' (mode: streaming -> sync, ...)': what differs from the run's recorded runtime.json, when it is readable."""
+    """' (mode: "streaming" -> "sync", model.norm_eps: (none) -> 1e-06, ...)': the fields that differ from the run's
+    recorded runtime.json, when it is readable; a checkpoint from another dora release says so first."""
+    from dora.report import tree_diff
+
     try:
         previous = json.loads(previous_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
-    if not isinstance(previous, dict) or config_key(previous) != key:
+    if not isinstance(previous, dict) or key not in (config_key(previous), _earlier_config_key(previous)):
         return ""  # not the configuration the checkpoint was written with
-    changed = [f"{k}: {_short(previous.get(k))} -> {_short(runtime_json.get(k))}"
-               for k in sorted(set(previous) | set(runtime_json), key=lambda k: (k != "mode", k))
-               if k not in ("steps", "output_dir") and previous.get(k) != runtime_json.get(k)]
-    more = f", and {len(changed) - 4} more" if len(changed) > 4 else ""
-    return f" ({', '.join(changed[:4])}{more})" if changed else ""
+    skip = (*RESUMABLE_CHANGES, "format_version")
+    changes = tree_diff({k: v for k, v in previous.items() if k not in skip},
+                        {k: v for k, v in runtime_json.items() if k not in skip})
+    changes.sort(key=lambda c: c[1] != "mode")  # stable: then in path order
+    shown = [f"{path}: {_short(a, sym == '+')} -> {_short(b, sym == '-')}" for sym, path, a, b in changes[:4]]
+    more = [f"and {len(changes) - 4} more"] if len(changes) > 4 else []
+    was, now = previous.get("format_version"), runtime_json.get("format_version")
+    parts = [f"written by another dora release (runtime format {was}, this one writes {now})"] if was != now else []
+    if shown:
+        parts.append(", ".join(shown + more))
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _short(value: Any) -> str:
+def _earlier_config_key(runtime_json: dict[str, Any]) -> str:
+    """``config_key`` as dora computed it until 2026-11 (with the spec hash), so an older checkpoint still gets its
+    list of changes."""
+    data = {k: v for k, v in runtime_json.items() if k not in ("steps", "output_dir")}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _short(value: Any, absent: bool = False) -> str:
+    if absent:
+        return "(none)"
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 40 else text[:37] + "..."
 

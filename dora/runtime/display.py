@@ -23,9 +23,14 @@ _BARS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: list[float], *, low: float = 0.0, high: float = 1.0, width: int = 40) -> str:
-    """One character per value (the last ``width`` values), scaled between ``low`` and ``high``."""
+    """The whole series in at most ``width`` characters, scaled between ``low`` and ``high``: one per value, or, for a
+    longer series, one per run of consecutive values (their mean; the runs' lengths differ by at most one)."""
+    n = len(values)
+    if n > width:
+        bounds = [i * n // width for i in range(width + 1)]
+        values = [sum(values[a:b]) / (b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
     span = max(high - low, 1e-9)
-    return "".join(_BARS[min(len(_BARS) - 1, max(0, int((v - low) / span * len(_BARS))))] for v in values[-width:])
+    return "".join(_BARS[min(len(_BARS) - 1, max(0, int((v - low) / span * len(_BARS))))] for v in values)
 
 
 def _eta_s(stats: RunStats) -> float | None:

@@ -269,6 +269,19 @@ def test_live_panel_and_summary_render_the_figures_a_user_watches():
     assert "1 VIOLATION(S)" in console.export_text()
 
 
+def test_the_reward_sparkline_shows_the_whole_run_however_long():
+    from dora.runtime.display import sparkline
+
+    assert sparkline([0.0, 0.5, 0.99]) == "▁▅█"  # one character per value while they fit
+    rising = [i / 150 for i in range(150)]  # 150 steps from 0 to 1
+    line = sparkline(rising, width=40)
+    assert len(line) == 40
+    assert line[0] == "▁" and line[-1] == "█"  # the start of the run, not only its last 40 steps
+    assert list(line) == sorted(line)
+    # each character is the mean of its run of steps: a spike in one step of 4 shows as a quarter of its height
+    assert sparkline([0.0, 0.0, 0.0, 1.0] * 40, width=40) == "▃" * 40
+
+
 def test_ctrl_c_is_held_while_an_event_is_handled_and_a_second_one_goes_through():
     import os
     import signal

@@ -179,6 +179,29 @@ def test_resume_refuses_another_jobs_checkpoint(tmp_path):
     assert prepare_resume(tmp_path / "fresh", {"mode": "sync"}) is None
 
 
+def test_a_resume_may_change_the_step_count_and_the_spec_hash_and_a_refusal_names_each_changed_field(tmp_path):
+    from dora.runtime.checkpoint import check_resumable
+
+    ran = {"format_version": 3, "mode": "sync", "steps": 4, "spec_hash": "a" * 64,
+           "model": {"hidden_size": 64, "rope_theta": 10000.0}, "seed": 0}
+    out = tmp_path / "run"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "trainer-000001.pt").write_bytes(b"state")
+    write_checkpoint(out, Checkpoint(step=1, consumed_groups=(0,), trainer_state="trainer-000001.pt",
+                                     step_event=None, config_key=config_key(ran)))
+    (out / "runtime.json").write_text(json.dumps(ran))
+    # more steps, edited in the spec (so its hash changes too) or passed as --steps: the same job
+    assert check_resumable(out, {**ran, "steps": 9, "spec_hash": "b" * 64}).step == 1
+    changed = {**ran, "mode": "streaming", "seed": 1, "model": {"hidden_size": 64}}
+    with pytest.raises(CheckpointError) as err:
+        check_resumable(out, changed)
+    assert ("different job configuration (mode: \"sync\" -> \"streaming\", model.rope_theta: 10000.0 -> (none), "
+            "seed: 0 -> 1); resume it with the spec and overrides it ran with (add --steps N") in str(err.value)
+    with pytest.raises(CheckpointError, match=r"\(written by another dora release \(runtime format 3, this one writes "
+                                              r"4\); model.hidden_size: 64 -> 128\)"):
+        check_resumable(out, {**ran, "format_version": 4, "model": {"hidden_size": 128, "rope_theta": 10000.0}})
+
+
 def test_regenerated_supersedes_an_earlier_attempts_unfinished_at_end():
     base = [{"t": 0, "type": "admitted", "traj": "g0/0", "version": 0, "rollout_group": 0},
             {"t": 1, "type": "unfinished_at_end", "traj": "g0/0", "finished": False},
