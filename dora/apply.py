@@ -124,12 +124,36 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
                 f"saved plan is stale: {plan_file} was planned for spec hash {plan.spec_hash[:12]}, but "
                 f"{plan.spec_file} now hashes to {resolved.spec_hash[:12]}{changed} — run `dora plan {plan.spec_file} "
                 f"--out {plan_file.parent}` again (or `dora apply {plan.spec_file}` to plan and run)")
+        outside = _outside_spec(plan, resolved.spec)
+        if outside:
+            raise ApplyInputError(
+                f"saved plan {plan_file} breaks its spec {plan.spec_file}: {'; '.join(outside)} (the plan file was "
+                f"edited?) — run `dora plan {plan.spec_file} --out {plan_file.parent}` again, or change the spec")
         return resolved, plan
     try:
         calibration = load_calibration(calibration_file)
     except CalibrationFileError as exc:
         raise ApplyInputError(str(exc)) from None
     return plan_spec(load_spec(target), mode, calibration)
+
+
+def _outside_spec(plan: Any, spec: Any) -> list[str]:
+    """What a saved plan decides beyond what its spec allows (its hash matched, so only an edit of the plan file
+    gets here): staleness, mode, version mixing, accelerators."""
+    st, out = spec.staleness, []
+    if plan.max_version_lag > st.max_version_lag:
+        out.append(f"max_version_lag {plan.max_version_lag} is over staleness.max_version_lag {st.max_version_lag}")
+    if st.mode != "auto" and plan.mode != st.mode:
+        out.append(f"mode {plan.mode}, but staleness.mode pins {st.mode}")
+    if (plan.allow_version_mixing or plan.mode == "partial-rollout") and not st.allow_version_mixing:
+        out.append(f"{plan.mode} with version mixing, which staleness.allow_version_mixing forbids")
+    used = plan.rollout.accelerators + (0 if plan.colocated else plan.train.accelerators)
+    if plan.rollout.replicas * plan.rollout.accelerators_per_replica != plan.rollout.accelerators:
+        out.append(f"rollout.replicas {plan.rollout.replicas} x accelerators_per_replica "
+                   f"{plan.rollout.accelerators_per_replica} is not rollout.accelerators {plan.rollout.accelerators}")
+    if used > spec.total_accelerators:
+        out.append(f"{used} accelerators, more than the cluster's {spec.total_accelerators}")
+    return out
 
 
 def _changed_inputs(old: dict[str, Any], new: dict[str, Any], diff_command: str, most: int = 4) -> str:
@@ -229,6 +253,10 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
         return EXIT_INVALID
     if overrides.watchdog_s is not None and not overrides.watchdog_s > 0:  # NaN too
         error(console, f"--watchdog-s must be > 0, got {overrides.watchdog_s:g}")
+        return EXIT_INVALID
+    if overrides.output_dir is not None and not overrides.output_dir.strip():
+        error(console, "--output-dir is empty: name a directory, or leave the flag out for the spec's "
+                       f"runtime.output_dir ({rc.output_dir})")
         return EXIT_INVALID
     try:
         check_engines(rc)

@@ -129,13 +129,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from dora.cluster import ClusterError, job_status
+    from dora.cluster import ClusterError, JobRecordError, job_status
 
     try:
         info = job_status(args.target)
     except ClusterError as exc:
         _error(str(exc))
-        return EXIT_ERROR
+        return EXIT_INVALID if isinstance(exc, JobRecordError) else EXIT_ERROR
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
     else:
@@ -145,13 +145,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from dora.cluster import ClusterError, stop_job
+    from dora.cluster import ClusterError, JobRecordError, stop_job
 
     try:
         info = stop_job(args.target)
     except ClusterError as exc:
         _error(str(exc))
-        return EXIT_ERROR
+        return EXIT_INVALID if isinstance(exc, JobRecordError) else EXIT_ERROR
     what = "stop requested" if info["stop_requested"] else "already finished"
     _out_console().print(f"{info['submission_id']} on {info['address']}: {what} ({info['status']})", markup=False)
     return EXIT_OK

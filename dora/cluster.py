@@ -34,6 +34,10 @@ class ClusterError(Exception):
     """The cluster could not be reached or refused a request (a message, never a traceback)."""
 
 
+class JobRecordError(ClusterError):
+    """The target names no readable job record (bad input: the CLI exits 2, not 1)."""
+
+
 def _client(address: str) -> Any:
     from ray.job_submission import JobSubmissionClient
 
@@ -137,20 +141,20 @@ def find_job(target: str) -> dict[str, Any]:
             path = Path(load_spec(str(path)).output_dir) / JOB_FILE
         except SpecError as exc:
             n = len(exc.diagnostics)
-            raise ClusterError(f"{target}: cannot read the spec for its output_dir ({n} problem{'s' if n != 1 else ''}"
+            raise JobRecordError(f"{target}: cannot read the spec for its output_dir ({n} problem{'s' if n != 1 else ''}"
                                f"; `dora validate {target}` lists them); or pass the run's output directory") from None
     if not path.is_file():
         local = path.parent / "summary.json"
         if local.is_file():
-            raise ClusterError(f"{path.parent}/ holds a local run, not a submitted job: its results are in {local}")
-        raise ClusterError(f"no submitted job recorded at {path}: `dora apply SPEC --address URL` records one there")
+            raise JobRecordError(f"{path.parent}/ holds a local run, not a submitted job: its results are in {local}")
+        raise JobRecordError(f"no submitted job recorded at {path}: `dora apply SPEC --address URL` records one there")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return {"address": str(data["address"]), "submission_id": str(data["submission_id"]), "file": str(path)}
     except KeyError as exc:
-        raise ClusterError(f"{path} is not a dora job record: it has no {exc} field") from None
+        raise JobRecordError(f"{path} is not a dora job record: it has no {exc} field") from None
     except (OSError, ValueError, TypeError) as exc:
-        raise ClusterError(f"{path} is not a dora job record: {exc}") from None
+        raise JobRecordError(f"{path} is not a dora job record: {exc}") from None
 
 
 def job_status(target: str) -> dict[str, Any]:
@@ -174,4 +178,4 @@ def stop_job(target: str) -> dict[str, Any]:
     return {**job, "stop_requested": stopped, "status": str(client.get_job_status(job["submission_id"]).value)}
 
 
-__all__ = ["ClusterError", "find_job", "job_status", "stop_job", "submit_and_follow"]
+__all__ = ["ClusterError", "JobRecordError", "find_job", "job_status", "stop_job", "submit_and_follow"]

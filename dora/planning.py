@@ -52,6 +52,8 @@ def load_calibration(path: str | None) -> Calibration:
         return DEFAULT_CALIBRATION
     data = read_json_object(path, "calibration file", CalibrationFileError)
     values = data.get("calibration", data)
+    if isinstance(values, dict) and "source" not in values:
+        values = {**values, "source": f"file {path}"}  # not "catalog defaults": it sets some of them
     try:
         return Calibration.from_dict(values)
     except (TypeError, ValueError) as exc:

@@ -433,11 +433,17 @@ class HFConfigError(ValueError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"config.json key {key!r}: {message}")
         self.key = key
+        self.reason = message
 
 
 _DENSE_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 _MOE_TYPES = {"qwen3_moe", "qwen2_moe", "mixtral"}
 _MLA_TYPES = {"deepseek_v3", "deepseek_v2", "kimi_k2"}
+
+
+HF_INT_MAX = 1 << 40
+"""Largest integer a config.json field may hold (a vocabulary or context length is far below; the cost model's float
+arithmetic is exact there)."""
 
 
 def _int(config: Mapping[str, Any], key: str, *, default: int | None = None, minimum: int = 1) -> int:
@@ -448,6 +454,8 @@ def _int(config: Mapping[str, Any], key: str, *, default: int | None = None, min
         raise HFConfigError(key, f"must be an integer, got {value!r}")
     if value < minimum:
         raise HFConfigError(key, f"must be >= {minimum}, got {value}")
+    if value > HF_INT_MAX:
+        raise HFConfigError(key, f"must be at most {HF_INT_MAX}, got {value}")
     return value
 
 
@@ -509,7 +517,11 @@ def _context_limit(config: Mapping[str, Any]) -> int | None:
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in ("linear", "dynamic", "yarn") and scaling["factor"] > 1:  # llama3/longrope: already the scaled length
         base = scaling.get("original_max_position_embeddings") if kind == "yarn" else None
-        limit = int((base if isinstance(base, int) and base > 0 else limit) * scaling["factor"])
+        scaled = (base if isinstance(base, int) and base > 0 else limit) * scaling["factor"]
+        if not scaled <= HF_INT_MAX:
+            raise HFConfigError("rope_scaling", f"factor {scaling['factor']!r} scales the context past {HF_INT_MAX} "
+                                "tokens")
+        limit = int(scaled)
     return limit
 
 
@@ -521,7 +533,7 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
     layout the cost model cannot represent (e.g. interleaved dense/MoE layers).
     """
     model_type = config.get("model_type")
-    if model_type not in _DENSE_TYPES | _MOE_TYPES | _MLA_TYPES:
+    if not isinstance(model_type, str) or model_type not in _DENSE_TYPES | _MOE_TYPES | _MLA_TYPES:
         known = ", ".join(sorted(_DENSE_TYPES | _MOE_TYPES | _MLA_TYPES))
         raise HFConfigError("model_type", f"unsupported value {model_type!r}; supported: {known}")
     hidden = _int(config, "hidden_size")
@@ -537,7 +549,7 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
     }
     if model_type in _MLA_TYPES:
         kw["mla"] = MLA(
-            q_lora_rank=config.get("q_lora_rank") and _int(config, "q_lora_rank"),
+            q_lora_rank=None if config.get("q_lora_rank") is None else _int(config, "q_lora_rank"),
             kv_lora_rank=_int(config, "kv_lora_rank"),
             qk_nope_head_dim=_int(config, "qk_nope_head_dim"),
             qk_rope_head_dim=_int(config, "qk_rope_head_dim"),

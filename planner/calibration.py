@@ -221,17 +221,24 @@ class Calibration:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"Calibration.{name} must be a number, got {value!r}")
+            # the upper bounds (and the efficiencies' lower one) keep the cost model's arithmetic finite: far past
+            # anything measured, they only catch typos
             if name.endswith("efficiency") or name.startswith("train_mfu"):
                 if not 0.0 < value <= 1.0:
                     raise ValueError(f"Calibration.{name} = {value} must lie in (0, 1]")
+                if value < 1e-6:
+                    raise ValueError(f"Calibration.{name} = {value} must be at least 1e-06")
             elif name.endswith("overlap_fraction"):
                 if not 0.0 <= value <= 1.0:
                     raise ValueError(f"Calibration.{name} = {value} must lie in [0, 1]")
             elif name == "moe_imbalance_factor" or name.endswith("_contention"):
-                if value < 1.0:
-                    raise ValueError(f"Calibration.{name} = {value} must be >= 1")
-            elif value < 0.0:
-                raise ValueError(f"Calibration.{name} = {value} must be >= 0")
+                if not 1.0 <= value <= 1000.0:
+                    raise ValueError(f"Calibration.{name} = {value} must lie in [1, 1000]")
+            elif name.endswith("_s"):
+                if not 0.0 <= value <= 3600.0:
+                    raise ValueError(f"Calibration.{name} = {value} must lie in [0, 3600] seconds")
+            elif not 0.0 <= value <= 1e15:
+                raise ValueError(f"Calibration.{name} = {value} must lie in [0, 1e15]")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of every field (optional fields only when set)."""

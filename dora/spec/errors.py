@@ -82,6 +82,9 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
         elif kind in ("float_type", "float_parsing"):
             msg = f"expected a number, got {_describe(value)}"
             hint = "write a number without quotes, e.g. 0.5"
+        elif kind == "finite_number":
+            msg = f"must be a finite number, got {_describe(value)}"
+            hint = "write a finite number, e.g. 0.5"
         elif kind in ("bool_type", "bool_parsing"):
             msg = f"expected true or false, got {_describe(value)}"
             hint = "write true or false without quotes"

@@ -110,17 +110,31 @@ def _read_side_file(base_dir: FsPath, rel: str, path: Path, what: str) -> tuple[
     try:
         size = target.stat().st_size
         if not target.is_file():
-            raise IsADirectoryError(rel)
+            kind = "a directory" if target.is_dir() else "not a regular file (a device, pipe or socket)"
+            return None, [Diagnostic(path=path, message=f"{what} '{rel}' is {kind}",
+                                     hint="point at a text file, relative to the spec file's directory")]
         if size > MAX_SIDE_FILE_BYTES:
             return None, [Diagnostic(path=path, message=f"{what} '{rel}' is larger than {MAX_SIDE_FILE_BYTES} bytes",
                                      hint="point at the right file")]
-        return target.read_text(encoding="utf-8"), []
+        return target.read_text(encoding="utf-8-sig"), []  # an editor's byte-order mark is not content
     except FileNotFoundError:
         return None, [Diagnostic(path=path, message=f"{what} '{rel}' does not exist (looked in {base_dir or '.'})",
                                  hint="paths are relative to the spec file's directory")]
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError, OSError) as exc:
+    except (PermissionError, UnicodeDecodeError, OSError) as exc:
         return None, [Diagnostic(path=path, message=f"cannot read {what} '{rel}': {type(exc).__name__}",
                                  hint="point at a readable UTF-8 text file")]
+
+
+MAX_HISTOGRAM_COUNT = 10**15
+"""Most observations one histogram row may count (the sampler's arithmetic is exact below 2**53 in all)."""
+
+
+def _number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
@@ -136,11 +150,13 @@ def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
         try:
             length, count = int(cells[0]), int(cells[1])
         except ValueError:
-            if not rows and n == 1 or (not rows and all(not c.isdigit() for c in cells)):
-                continue  # header
-            return None, f"line {n}: not integers: {raw.strip()!r}"
+            if not rows and not any(map(_number, cells)):
+                continue  # a header: the first row, and no cell of it is a number
+            return None, f"line {n}: `length,count` must be two integers, got {raw.strip()!r}"
         if length <= 0 or count < 0:
             return None, f"line {n}: length must be > 0 and count >= 0, got {length},{count}"
+        if count > MAX_HISTOGRAM_COUNT:
+            return None, f"line {n}: count {count} is over {MAX_HISTOGRAM_COUNT:.0e}; scale the counts down"
         rows.append((length, count))
     if not rows or sum(c for _, c in rows) == 0:
         return None, "no observations (no rows with a positive count)"
@@ -165,7 +181,7 @@ def _lengths(ls: LengthSpec, where: Path, base_dir: FsPath) -> tuple[LengthDistr
         return None, None, [Diagnostic(path=(*where, "max_tokens"), message=(
             f"histogram '{ls.histogram_file}' has lengths up to {too_long} > max_tokens ({ls.max_tokens})"),
             hint="raise max_tokens to the generation cap the histogram was observed under")]
-    return LengthDistribution.empirical(histogram=rows, max_tokens=ls.max_tokens), rows, []
+    return LengthDistribution.empirical(histogram=rows, max_tokens=ls.max_tokens, min_tokens=ls.min_tokens), rows, []
 
 
 def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, list[Diagnostic]]:
@@ -181,9 +197,13 @@ def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, 
     if text is None:
         return None, None, diags
     try:
-        config = json.loads(text)
+        config = json.loads(text, parse_constant=_not_a_json_number, parse_float=_finite)
     except json.JSONDecodeError as exc:
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' is not JSON: {exc.msg} at line {exc.lineno}",
+                                       hint="point at a Hugging Face config.json")]
+    except (ValueError, RecursionError) as exc:
+        why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
+        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' is not standard JSON: {why}",
                                        hint="point at a Hugging Face config.json")]
     if not isinstance(config, dict):
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' must hold a JSON object",
@@ -191,8 +211,19 @@ def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, 
     try:
         return arch_from_hf_config(config, name=FsPath(m.hf_config).parent.name or spec.name), config, []
     except HFConfigError as exc:
-        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}': key '{exc.key}': {exc}",
+        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}': key '{exc.key}': {exc.reason}",
                                        hint="fix the config file or use model.architecture")]
+
+
+def _not_a_json_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
 
 
 def _canonical(value: Any) -> str:

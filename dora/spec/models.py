@@ -21,14 +21,19 @@ ModelPresetName = Literal[
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
 ALL_MODES: tuple[Mode, ...] = ("sync", "one-step-off", "bounded-async", "partial-rollout", "streaming")
 
+MAX_VERSION_LAG = 64
+"""Largest staleness budget a spec may set."""
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+Bandwidth = Annotated[float, Field(ge=0.001, le=1e6)]
+"""GB/s: from 1 MB/s (below it no plan is meaningful, and the cost model's arithmetic overflows) to 1 PB/s."""
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True,
+                              allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -116,9 +121,9 @@ class ClusterSpec(StrictModel):
     """Number of nodes."""
     accelerators_per_node: PosInt
     """Accelerators per node (GPUs; CPU cores for `cpu`)."""
-    scale_up_bandwidth_gb_per_s: PosFloat | None = None
+    scale_up_bandwidth_gb_per_s: Bandwidth | None = None
     """Override the catalog's intra-node (NVLink) bandwidth per accelerator, GB/s one direction."""
-    scale_out_bandwidth_gb_per_s: PosFloat | None = None
+    scale_out_bandwidth_gb_per_s: Bandwidth | None = None
     """Override the catalog's inter-node (NIC) bandwidth per accelerator, GB/s one direction."""
     price_per_accelerator_hour_usd: NonNegFloat | None = None
     """Price of one accelerator-hour, to report cost."""
@@ -195,8 +200,9 @@ class AlgorithmSpec(StrictModel):
 class StalenessSpec(StrictModel):
     """How stale a trajectory may be, and which asynchronous modes the planner may choose."""
 
-    max_version_lag: NonNegInt = 1
-    """Staleness budget k: a sample from version v trains the step producing v' only if v' - v - 1 <= k."""
+    max_version_lag: Annotated[int, Field(ge=0, le=MAX_VERSION_LAG)] = 1
+    """Staleness budget k: a sample from version v trains the step producing v' only if v' - v - 1 <= k (at most 64:
+    the planner weighs every k up to the budget, and systems run k of 1 to about 8)."""
     mode: Literal["auto", "sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"] = "auto"
     """`auto` lets the planner pick among the modes that keep the constraints; or pin one."""
     allow_version_mixing: bool = False
@@ -274,8 +280,8 @@ class RuntimeSpec(StrictModel):
     """Trainer: `torch` (CPU, embedded) or `megatron` (megatron-core, GPU)."""
     output_dir: str | None = None
     """Where runs write traces, metrics and checkpoints; defaults to runs/<name>."""
-    seed: NonNegInt = 0
-    """Seed for data order, sampling and the simulator."""
+    seed: Annotated[int, Field(ge=0, le=2**64 - 1)] = 0
+    """Seed for data order, sampling and the simulator (an unsigned 64-bit integer, as torch takes it)."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Fraction of accelerator memory a rollout engine may use (vLLM's gpu_memory_utilization)."""
 

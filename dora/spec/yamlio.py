@@ -8,6 +8,7 @@ produces and stops at ``MAX_NODES``, which bounds time and memory whatever the i
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,9 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
         return float(node)
     if node is None:
         return None
-    return str(node)  # dates, tagged scalars: keep as text so validation reports a type error
+    if isinstance(node, bytes | AbstractSet):
+        return node  # !!binary, !!set: no spec field takes them, so validation names the field (as text they passed)
+    return str(node)  # dates, other tagged scalars: as text, which a string field takes as written
 
 
 def parse_yaml(text: str, file: str) -> YamlDoc:

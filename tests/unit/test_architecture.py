@@ -180,6 +180,18 @@ def test_hf_config_errors_name_the_key():
     with pytest.raises(HFConfigError, match="multiple of num_kv_heads"):
         arch_from_hf_config(uneven, name="x")
 
+    # odd values a hand-edited config may hold: each names its key instead of failing inside the cost model
+    for key, value, message in (("model_type", ["qwen3"], r"unsupported value \['qwen3'\]"),
+                                ("vocab_size", 10**400, "must be at most 1099511627776"),
+                                ("rope_scaling", {"rope_type": "yarn", "factor": 1e300,
+                                                  "original_max_position_embeddings": 4096}, "scales the context past")):
+        with pytest.raises(HFConfigError, match=message) as info:
+            arch_from_hf_config(_config("qwen3-8b") | {key: value}, name="x")
+        assert info.value.key == key
+    with pytest.raises(HFConfigError, match="must be an integer, got \\[\\]") as info:  # was read as "no q LoRA"
+        arch_from_hf_config(_config("deepseek-v3") | {"q_lora_rank": []}, name="x")
+    assert info.value.key == "q_lora_rank"
+
 
 def test_invalid_arch_is_rejected():
     with pytest.raises(ValueError, match="experts_top_k"):

@@ -48,15 +48,18 @@ def test_a_mode_override_drops_the_streaming_only_pins() -> None:
 
 
 def test_status_of_a_spec_that_does_not_load_is_a_clean_error(tmp_path: Path, capsys) -> None:
-    assert main(["status", str(tmp_path / "nope.yaml")]) == 1
+    assert main(["status", str(tmp_path / "nope.yaml")]) == 2  # bad input; 1 is for an unreachable cluster
     err = capsys.readouterr().err
     assert "cannot read the spec" in err and "dora validate" in err and "internal" not in err
 
 
 def test_status_of_a_local_run_points_at_its_summary(tmp_path: Path, capsys) -> None:
     (tmp_path / "summary.json").write_text("{}")
-    assert main(["stop", str(tmp_path)]) == 1
+    assert main(["stop", str(tmp_path)]) == 2
     assert "holds a local run, not a submitted job" in capsys.readouterr().err
+    (tmp_path / "job.json").write_text("not json")
+    assert main(["status", str(tmp_path)]) == 2
+    assert "is not a dora job record" in capsys.readouterr().err
 
 
 def test_a_refused_resume_leaves_the_run_directory_as_it_was(tmp_path: Path, capsys) -> None:
@@ -239,3 +242,14 @@ def test_plan_json_against_keeps_stdout_the_plan_and_reports_the_diff_on_stderr(
     captured = capsys.readouterr()
     assert json.loads(captured.out)["spec_name"] == "local-tiny"
     assert "~ predictions.step_time_s" in captured.err
+
+
+def test_an_empty_output_dir_and_a_hand_written_calibration_say_what_they_are(tmp_path: Path, capsys) -> None:
+    assert main(["apply", str(TINY), "--output-dir", "", "--no-live"]) == 2
+    assert "--output-dir is empty" in capsys.readouterr().err  # it used to run into the spec's directory
+    calibration = tmp_path / "cal.json"
+    calibration.write_text(json.dumps({"cpu_compute_efficiency": 0.5}))
+    assert main(["plan", str(TINY), "--calibration", str(calibration)]) == 0
+    out = capsys.readouterr().out
+    assert f"calibration: file {calibration}" in out and "catalog defaults (" not in out  # it sets one of them
+    assert "partly calibrated" in out

@@ -96,6 +96,13 @@ def test_calibration_rejects_unknown_keys_and_bad_values():
         Calibration(moe_imbalance_factor=0.9)
     with pytest.raises(ValueError, match="collective_latency_s"):
         Calibration(collective_latency_s=-1.0)
+    # far past anything measured: typos that would overflow the cost model (a 1e308 s overhead divided by zero)
+    with pytest.raises(ValueError, match=r"cpu_step_overhead_s = 1e\+308 must lie in \[0, 3600\] seconds"):
+        Calibration(cpu_step_overhead_s=1e308)
+    with pytest.raises(ValueError, match="cpu_compute_efficiency = 1e-300 must be at least 1e-06"):
+        Calibration(cpu_compute_efficiency=1e-300)
+    with pytest.raises(ValueError, match=r"cpu_rollout_contention = 1000000000.0 must lie in \[1, 1000\]"):
+        Calibration(cpu_rollout_contention=1e9)
 
 
 def test_calibration_resolves_cpu_constants():

@@ -91,6 +91,20 @@ def test_a_saved_plan_is_refused_when_its_spec_changed_or_its_format_is_unknown(
         plan_for_apply(str(plan), None, None)
 
 
+def test_a_saved_plan_edited_beyond_its_spec_is_refused(tmp_path, monkeypatch):
+    """The spec hash still matches (only the plan file changed), so the plan's decisions are checked against the
+    spec's bounds: a hand-raised k ran, and was audited against the edited k, not the spec's budget."""
+    plan = _saved_plan(tmp_path, monkeypatch)
+    original = json.loads(plan.read_text())
+    for edit, message in (({"max_version_lag": 99}, "max_version_lag 99 is over staleness.max_version_lag 3"),
+                          ({"mode": "partial-rollout"}, "partial-rollout with version mixing, which"),
+                          ({"rollout": original["rollout"] | {"replicas": 50, "accelerators": 50}},
+                           "51 accelerators, more than the cluster's 2")):
+        plan.write_text(json.dumps(original | edit))
+        with pytest.raises(ApplyInputError, match=f"saved plan .* breaks its spec .*: {message}.*the plan file was edited"):
+            plan_for_apply(str(plan), None, None)
+
+
 def test_dora_apply_cli_refuses_a_stale_plan_cleanly(tmp_path, monkeypatch, capsys):
     from dora.cli import main
 

@@ -104,6 +104,11 @@ def test_histogram_file_distribution(tmp_path: Path) -> None:
         "response_length: {histogram_file: lengths.csv, max_tokens: 32768}")
     dist = load_spec_text(text, "x.yaml", tmp_path).response_lengths
     assert dist.quantile(0.25) == 100 and dist.quantile(0.99) == 20000
+    # min_tokens bounds a histogram's lengths too (it used to be dropped), and an editor's byte-order mark is no row
+    (tmp_path / "lengths.csv").write_text("\ufeff100,50\n1000,45\n20000,5\n", encoding="utf-8")
+    floor = load_spec_text(text.replace("max_tokens: 32768}", "max_tokens: 32768, min_tokens: 500}"), "x.yaml",
+                           tmp_path).response_lengths
+    assert floor.quantile(0.25) == 500 and floor.quantile(0.99) == 20000
 
 
 def test_the_inputs_a_plan_records_name_what_changed_the_hash(tmp_path: Path) -> None:
