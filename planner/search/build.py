@@ -17,10 +17,14 @@ from planner.plan import (
 )
 from planner.search.core import (
     MODE_PREFERENCE,
+    STALL_FRACTION,
     TIE_FRACTION,
     SearchOutcome,
     Simulated,
     consolidation_batch,
+    forced_wait,
+    one_more_version_of,
+    tail_stall,
     versions_per_engine,
 )
 from planner.search.inputs import SearchInputs
@@ -143,6 +147,23 @@ def _secs(x: float) -> str:
     return f"{x:.0f} s" if x >= 10 else f"{x:.2g} s"
 
 
+def _stall_warning(outcome: SearchOutcome, share: float) -> str:
+    """What the chosen plan's tail stall costs, from the simulation of one more version of staleness: beyond the
+    budget (``one_more_version``), or within it (a finalist the chosen one beat or tied)."""
+    c = outcome.chosen
+    k = c.screened.k
+    waits = f"the trainer waits {100 * share:.0f}% of each step for the oldest version's tail at k={k}"
+    alt = outcome.one_more_version or one_more_version_of(c, outcome.finalists)
+    if alt is None:  # the search simulates it whenever the chosen plan stalls
+        return f"{waits}; a larger k or a lower response cap would shorten it"
+    gain = alt.trained_tokens_per_s / c.trained_tokens_per_s - 1.0
+    if gain >= 2 * TIE_FRACTION:  # only beyond the budget: within it, the search would have chosen k + 1
+        return (f"{waits}: raising staleness.max_version_lag to {k + 1} trains {100 * gain:.0f}% more tokens/s "
+                "(simulated); a lower response cap also shortens the tail")
+    return (f"{waits}, but k={k + 1} changes trained tokens/s by only {100 * gain:+.1f}% (simulated): the rollout "
+            "side, not the staleness budget, limits this plan")
+
+
 def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) -> tuple[str, ...]:
     out = []
     c = outcome.chosen
@@ -153,20 +174,17 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
                    "machines")
     elif defaults:
         out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
+    stall, step = tail_stall(c)
     if c.screened.mode in ("streaming", "bounded-async") and c.sim.steps:
         waits = [st.trainer_wait_s for st in c.sim.steps[1:]] or [c.sim.steps[0].trainer_wait_s]
-        wait, step = sum(waits) / len(waits), c.sim.step_time_s
-        # the part of the wait no schedule avoids: rollout, every slot busy, needs longer than the trainer's own work
-        busy = step - wait
-        forced = min(wait, max(0.0, c.screened.rollout_full_s - busy))
-        if forced > 0.1 * step:
+        wait = sum(waits) / len(waits)
+        forced = forced_wait(c, wait)
+        if forced > STALL_FRACTION * step:
             out.append(f"rollout bounds this plan: the trainer idles {100 * forced / step:.0f}% of each step because "
                        f"generating a batch takes at least {_secs(c.screened.rollout_full_s)} with every slot busy, "
-                       f"against {_secs(busy)} of training and publishing")
-        if wait - forced > 0.1 * step:
-            out.append(f"the staleness budget k={c.screened.k} stalls the trainer {100 * (wait - forced) / step:.0f}% "
-                       "of each step waiting for the oldest version's tail; a larger k or a lower response cap "
-                       "would remove it")
+                       f"against {_secs(step - wait)} of training and publishing")
+    if stall > STALL_FRACTION * step:
+        out.append(_stall_warning(outcome, stall / step))
     pinned_versions = inputs.pins.versions_per_engine
     if pinned_versions and pinned_versions > versions_per_engine(c.screened):
         out.append(f"placement.rollout.versions_per_engine pins {pinned_versions}, but the chosen {c.screened.mode} "

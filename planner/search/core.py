@@ -9,7 +9,9 @@ best few sync plans (the speedup baseline), then, on the placements that tie for
 win the tie. The leaders and the best simulated sync plan are then simulated again over more steps
 (``REFINE_STEPS``), until the best few and the best sync plan all have the longer run. The chosen plan is the
 finalist with the highest simulated trained tokens/s; ties (within 1%) go to lower staleness, then the preferred
-mode.
+mode. A chosen streaming or bounded-async plan whose trainer stalls on the oldest version's tail (``tail_stall``) is
+simulated again at k + 1: within the budget as one more candidate (until the chosen one no longer stalls or already
+beat its k + 1), beyond it as a what-if the report quotes (``SearchOutcome.one_more_version``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,36 @@ class SearchOutcome:
     overlap_ceiling: tuple[float, str] | None = None
     """(trained tokens/s, placement label): the best ``Screen.overlap_ceiling`` over the disaggregated placements
     searched, what a perfect asynchronous schedule would reach (None when every placement is colocated)."""
+    one_more_version: Simulated | None = None
+    """When the chosen plan's trainer stalls on the oldest version's tail (``tail_stall``) and the spec's budget
+    stops at its k: the same placement and mode at k + 1, simulated as long, to say what a larger budget buys."""
+
+
+def tail_stall(c: Simulated) -> tuple[float, float]:
+    """(trainer wait per step the schedule could avoid, step time) for a streaming or bounded-async plan; (0, step)
+    otherwise. The wait is the steady steps' mean (the first, which waits for a whole batch, only when it is the sole
+    step), less what no schedule avoids: rollout at full occupancy needing longer than the trainer's own work."""
+    step = c.sim.step_time_s
+    if c.screened.mode not in ("streaming", "bounded-async") or not c.sim.steps:
+        return 0.0, step
+    waits = [st.trainer_wait_s for st in c.sim.steps[1:]] or [c.sim.steps[0].trainer_wait_s]
+    wait = sum(waits) / len(waits)
+    return wait - forced_wait(c, wait), step
+
+
+def forced_wait(c: Simulated, wait: float) -> float:
+    """The part of a trainer wait per step that rollout at full occupancy forces (``tail_stall``)."""
+    return min(wait, max(0.0, c.screened.rollout_full_s - (c.sim.step_time_s - wait)))
+
+
+def one_more_version_of(c: Simulated, sims: Sequence[Simulated]) -> Simulated | None:
+    """The simulation in ``sims`` of ``c``'s placement and mode at k + 1, as long as ``c``'s, if there is one."""
+    return next((s for s in sims if s.screened.placement == c.screened.placement and s.screened.mode == c.screened.mode
+                 and s.screened.k == c.screened.k + 1 and s.sim_steps == c.sim_steps), None)
+
+
+STALL_FRACTION = 0.10
+"""A tail stall above this share of the step is reported, with what one more version of staleness would buy."""
 
 
 def mode_ks(inputs: SearchInputs, colocated: bool) -> list[tuple[Mode, int]]:
@@ -388,6 +420,23 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         excluded.extend((m, "violates staleness: needs k >= 1, the budget is 0")
                         for m in ("one-step-off", "bounded-async", "streaming"))
     ceiling = max(((screen.overlap_ceiling(p), p.label) for p in placements if not p.colocated), default=None)
+    # A chosen plan that stalls on the oldest version's tail: what would one more version of staleness buy? Within the
+    # budget, that candidate competes (the screen may have ranked it too low to be simulated); beyond it, it is a
+    # what-if for the report.
+    one_more = None
+    while True:
+        c = sims[0]
+        stall, step = tail_stall(c)
+        k = c.screened.k + 1
+        if stall <= STALL_FRACTION * step or one_more_version_of(c, sims) is not None:
+            break
+        alt = simulated(screen.evaluate(c.screened.placement, c.screened.mode, k), c.sim_steps)
+        if k > inputs.max_version_lag:
+            one_more = alt
+            break
+        sims.append(alt)
+        best = max(s.trained_tokens_per_s for s in sims)
+        sims.sort(key=lambda s: _rank_key(s, best))
     return SearchOutcome(chosen=sims[0], best_sync=syncs[0] if syncs else None, finalists=tuple(sims),
                          screened=tuple(screened), rejections=rejections, modes_not_allowed=tuple(excluded),
-                         overlap_ceiling=ceiling)
+                         overlap_ceiling=ceiling, one_more_version=one_more)

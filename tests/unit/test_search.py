@@ -281,3 +281,30 @@ def test_cpu_rollout_engines_are_one_core_each_and_a_pinned_tp_is_refused_with_t
     with pytest.raises(InfeasibleError) as info:
         search(dataclasses.replace(inputs, pins=Pins(rollout_tp=2)))
     assert info.value.closest is not None and "one thread per replica" in info.value.closest.reason
+
+
+def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simulates_to() -> None:
+    """The warning's figure is a simulation of the chosen placement and mode at k + 1: beyond the budget a what-if
+    (dense-8b, k=2: the trainer waits on the tail and k=3 trains more), within it a candidate like any other
+    (local-tiny with a budget of 4: k=4 simulated, not chosen, the rollout side limits the plan)."""
+    planned = make_plan(load_spec(str(SPECS / "dense-8b-h800x64.yaml")))
+    outcome = planned.outcome
+    chosen, alt = outcome.chosen, outcome.one_more_version
+    assert chosen.screened.k == 2 and alt is not None
+    assert alt.screened.k == 3 and alt.screened.placement == chosen.screened.placement
+    assert alt.sim_steps == chosen.sim_steps and alt not in outcome.finalists  # a what-if, not a candidate
+    gain = alt.trained_tokens_per_s / chosen.trained_tokens_per_s - 1
+    assert gain > 0.02
+    (warning,) = [w for w in planned.plan.warnings if "oldest version's tail" in w]
+    assert f"at k=2: raising staleness.max_version_lag to 3 trains {100 * gain:.0f}% more tokens/s" in warning
+
+    tiny = _resolved((SPECS / "local-tiny.yaml").read_text(), **{"max_version_lag: 3 ": "max_version_lag: 4 "})
+    planned = make_plan(tiny)
+    outcome = planned.outcome
+    assert outcome.chosen.screened.k == 3 and outcome.one_more_version is None
+    (k4,) = [s for s in outcome.finalists if s.screened.placement == outcome.chosen.screened.placement
+             and s.screened.mode == "streaming" and s.screened.k == 4 and s.sim_steps == outcome.chosen.sim_steps]
+    gain = k4.trained_tokens_per_s / outcome.chosen.trained_tokens_per_s - 1
+    assert gain < 0.01  # a tie at most, which goes to the lower k
+    (warning,) = [w for w in planned.plan.warnings if "oldest version's tail" in w]
+    assert f"but k=4 changes trained tokens/s by only {100 * gain:+.1f}% (simulated): the rollout side" in warning
