@@ -368,7 +368,14 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         return Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled), sim_steps=steps,
                          scale=scaled.factor)
 
-    sims = map_fn(simulated, picked)
+    # The screen's leader, when it is asynchronous at the budget's k, gets its k + 1 simulated alongside, in parallel:
+    # if it is chosen and stalls on the tail, the report quotes what one more version buys (a what-if, see below).
+    top = screened[0]
+    ahead = (screen.evaluate(top.placement, top.mode, top.k + 1) if not exhaustive and top.k == inputs.max_version_lag
+             and top.mode in ("streaming", "bounded-async") else None)
+    sims = map_fn(simulated, picked + ([ahead] if ahead is not None else []))
+    what_if = {s.screened.label: s for s in sims if s.screened.k > inputs.max_version_lag}
+    sims = [s for s in sims if s.screened.k <= inputs.max_version_lag]
     # A tie goes to the lowest k, then the preferred mode. On the placements that tie for the lead, simulate each
     # (mode, k) that would win such a tie but that the screen ranked too low to be a finalist, if it could tie: its
     # screen estimate times the most optimistic simulation/screen ratio of this search (plus a margin) reaches the band.
@@ -430,7 +437,10 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         k = c.screened.k + 1
         if stall <= STALL_FRACTION * step or one_more_version_of(c, sims) is not None:
             break
-        alt = simulated(screen.evaluate(c.screened.placement, c.screened.mode, k), c.sim_steps)
+        candidate = screen.evaluate(c.screened.placement, c.screened.mode, k)
+        alt = what_if.get(candidate.label)
+        if alt is None or alt.sim_steps != c.sim_steps:
+            alt = simulated(candidate, c.sim_steps)
         if k > inputs.max_version_lag:
             one_more = alt
             break
