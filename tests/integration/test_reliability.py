@@ -149,7 +149,7 @@ def test_cluster_job_runs_audits_and_can_be_stopped(tmp_path, ray_head):
         if proc.poll() is None:
             proc.kill()
     bad = _dora("status", str(tmp_path / "nowhere"))
-    assert bad.returncode == 1 and "no submitted job recorded" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "no submitted job recorded" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_kill_9_at_five_points_then_resume_loses_and_duplicates_nothing(tmp_path, ray_head):
