@@ -25,6 +25,7 @@ from planner.search.core import (
     forced_wait,
     one_more_version_of,
     tail_stall,
+    trainer_wait,
     versions_per_engine,
 )
 from planner.search.inputs import SearchInputs
@@ -176,8 +177,7 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
         out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
     stall, step = tail_stall(c)
     if c.screened.mode in ("streaming", "bounded-async") and c.sim.steps:
-        waits = [st.trainer_wait_s for st in c.sim.steps[1:]] or [c.sim.steps[0].trainer_wait_s]
-        wait = sum(waits) / len(waits)
+        wait = trainer_wait(c)
         forced = forced_wait(c, wait)
         if forced > STALL_FRACTION * step:
             out.append(f"rollout bounds this plan: the trainer idles {100 * forced / step:.0f}% of each step because "

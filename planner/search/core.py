@@ -91,9 +91,14 @@ def tail_stall(c: Simulated) -> tuple[float, float]:
     step = c.sim.step_time_s
     if c.screened.mode not in ("streaming", "bounded-async") or not c.sim.steps:
         return 0.0, step
-    waits = [st.trainer_wait_s for st in c.sim.steps[1:]] or [c.sim.steps[0].trainer_wait_s]
-    wait = sum(waits) / len(waits)
+    wait = trainer_wait(c)
     return wait - forced_wait(c, wait), step
+
+
+def trainer_wait(c: Simulated) -> float:
+    """The trainer's mean wait per step for finished groups (``tail_stall``)."""
+    waits = [st.trainer_wait_s for st in c.sim.steps[1:]] or [c.sim.steps[0].trainer_wait_s]
+    return sum(waits) / len(waits)
 
 
 def forced_wait(c: Simulated, wait: float) -> float:
