@@ -156,20 +156,12 @@ def _outside_spec(plan: Any, spec: Any) -> list[str]:
     return out
 
 
-def _changed_inputs(old: dict[str, Any], new: dict[str, Any], diff_command: str, most: int = 4) -> str:
-    """'; changed since: a -> b, ...' for a stale plan's inputs (``inputs_diff``), the first ``most`` of them."""
-    from dora.report import format_value, inputs_diff
-
-    def short(value: Any) -> str:
-        text = "(none)" if value is None else format_value(value)
-        return text if len(text) <= 40 else text[:37] + "..."
+def _changed_inputs(old: dict[str, Any], new: dict[str, Any], diff_command: str) -> str:
+    """'; changed since: a: x -> y, ...' for a stale plan's inputs (``inputs_diff``)."""
+    from dora.report import brief_changes, inputs_diff
 
     changes = inputs_diff(old, new)
-    if not changes:
-        return ""
-    shown = [f"{path} {short(a)} -> {short(b)}" for _, path, a, b in changes[:most]]
-    more = f" and {len(changes) - most} more (`{diff_command}` lists them)" if len(changes) > most else ""
-    return f"; changed since: {', '.join(shown)}{more}"
+    return f"; changed since: {brief_changes(changes)} (`{diff_command}` lists them all)" if changes else ""
 
 
 def _saved_plan_spec(plan_file: Path, spec_file: str) -> str:

@@ -202,6 +202,17 @@ def format_value(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 
 
+def brief_changes(changes: Sequence[tuple[str, str, Any, Any]], most: int = 4) -> str:
+    """'path: old -> new, ...' for a one-line message: the first ``most`` changes (``tree_diff`` rows), values as the
+    diffs print them, cut to 40 characters, '(none)' for an absent one; then 'and N more'."""
+    def short(value: Any) -> str:
+        text = "(none)" if value is None else format_value(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    shown = [f"{path}: {short(a)} -> {short(b)}" for _, path, a, b in changes[:most]]
+    return ", ".join(shown + ([f"and {len(changes) - most} more"] if len(changes) > most else []))
+
+
 def render_diff(changes: list[tuple[str, str, Any, Any]], old_name: str, new_name: str,
                 inputs: Sequence[tuple[str, str, Any, Any]] = ()) -> list[str]:
     """Terraform-style lines; ``inputs``: the changes between the two plans' inputs (``inputs_diff``)."""

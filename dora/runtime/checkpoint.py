@@ -86,9 +86,10 @@ hash (it covers ``workload.steps`` and fields the run never reads, like the pric
 the runtime config itself)."""
 
 
-def config_key(runtime_json: dict[str, Any]) -> str:
-    """Hash of the runtime config minus what may change between attempts (``RESUMABLE_CHANGES``)."""
-    data = {k: v for k, v in runtime_json.items() if k not in RESUMABLE_CHANGES}
+def config_key(runtime_json: dict[str, Any], ignore: tuple[str, ...] = RESUMABLE_CHANGES) -> str:
+    """Hash of the runtime config minus what may change between attempts (``RESUMABLE_CHANGES``; until 2026-11 the
+    spec hash was not among them, and ``_changed_settings`` still reads checkpoints keyed that way)."""
+    data = {k: v for k, v in runtime_json.items() if k not in ignore}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -161,39 +162,23 @@ def resume_hint(output_dir: Path) -> str:
 def _changed_settings(previous_file: Path, key: str, runtime_json: dict[str, Any]) -> str:
     """' (mode: "streaming" -> "sync", model.norm_eps: (none) -> 1e-06, ...)': the fields that differ from the run's
     recorded runtime.json, when it is readable; a checkpoint from another dora release says so first."""
-    from dora.report import tree_diff
+    from dora.report import brief_changes, tree_diff
 
     try:
         previous = json.loads(previous_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
-    if not isinstance(previous, dict) or key not in (config_key(previous), _earlier_config_key(previous)):
+    if not isinstance(previous, dict) or key not in (config_key(previous), config_key(previous, ("steps", "output_dir"))):
         return ""  # not the configuration the checkpoint was written with
     skip = (*RESUMABLE_CHANGES, "format_version")
     changes = tree_diff({k: v for k, v in previous.items() if k not in skip},
                         {k: v for k, v in runtime_json.items() if k not in skip})
     changes.sort(key=lambda c: c[1] != "mode")  # stable: then in path order
-    shown = [f"{path}: {_short(a, sym == '+')} -> {_short(b, sym == '-')}" for sym, path, a, b in changes[:4]]
-    more = [f"and {len(changes) - 4} more"] if len(changes) > 4 else []
     was, now = previous.get("format_version"), runtime_json.get("format_version")
     parts = [f"written by another dora release (runtime format {was}, this one writes {now})"] if was != now else []
-    if shown:
-        parts.append(", ".join(shown + more))
+    if changes:
+        parts.append(brief_changes(changes))
     return f" ({'; '.join(parts)})" if parts else ""
-
-
-def _earlier_config_key(runtime_json: dict[str, Any]) -> str:
-    """``config_key`` as dora computed it until 2026-11 (with the spec hash), so an older checkpoint still gets its
-    list of changes."""
-    data = {k: v for k, v in runtime_json.items() if k not in ("steps", "output_dir")}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _short(value: Any, absent: bool = False) -> str:
-    if absent:
-        return "(none)"
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoint | None:

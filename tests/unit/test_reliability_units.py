@@ -82,7 +82,7 @@ def test_a_saved_plan_is_refused_when_its_spec_changed_or_its_format_is_unknown(
     spec = json.loads(plan.read_text())["spec_file"]
     Path(spec).write_text(Path(spec).read_text().replace("steps: 150", "steps: 151"))
     with pytest.raises(ApplyInputError, match=r"saved plan is stale: .* was planned for spec hash \w+, but .*"
-                                              r"changed since: workload.steps 150 -> 151 — run"):
+                                              r"changed since: workload.steps: 150 -> 151 \(`dora diff .*` lists them all\) — run"):
         plan_for_apply(str(plan), None, None)
     data = json.loads(plan.read_text())
     data["format_version"] = 999
@@ -209,7 +209,7 @@ def test_a_resume_may_change_the_step_count_and_the_spec_hash_and_a_refusal_name
     changed = {**ran, "mode": "streaming", "seed": 1, "model": {"hidden_size": 64}}
     with pytest.raises(CheckpointError) as err:
         check_resumable(out, changed)
-    assert ("different job configuration (mode: \"sync\" -> \"streaming\", model.rope_theta: 10000.0 -> (none), "
+    assert ("different job configuration (mode: 'sync' -> 'streaming', model.rope_theta: 10000 -> (none), "
             "seed: 0 -> 1); resume it with the spec and overrides it ran with (add --steps N") in str(err.value)
     with pytest.raises(CheckpointError, match=r"\(written by another dora release \(runtime format 3, this one writes "
                                               r"4\); model.hidden_size: 64 -> 128\)"):
