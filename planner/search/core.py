@@ -373,25 +373,6 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         return Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps, scale=scaled), sim_steps=steps,
                          scale=scaled.factor)
 
-    # The screen's leader, when it is asynchronous at the budget's k, gets its k + 1 simulated alongside, in parallel:
-    # if it is chosen and stalls on the tail, the report quotes what one more version buys (a what-if, see below).
-    top = screened[0]
-    ahead = (screen.evaluate(top.placement, top.mode, top.k + 1) if not exhaustive and top.k == inputs.max_version_lag
-             and top.mode in ("streaming", "bounded-async") else None)
-    sims = map_fn(simulated, picked + ([ahead] if ahead is not None else []))
-    what_if = {s.screened.label: s for s in sims if s.screened.k > inputs.max_version_lag}
-    sims = [s for s in sims if s.screened.k <= inputs.max_version_lag]
-    # A tie goes to the lowest k, then the preferred mode. On the placements that tie for the lead, simulate each
-    # (mode, k) that would win such a tie but that the screen ranked too low to be a finalist, if it could tie: its
-    # screen estimate times the most optimistic simulation/screen ratio of this search (plus a margin) reaches the band.
-    best = max(s.trained_tokens_per_s for s in sims)
-    leader = min(sims, key=lambda s: _rank_key(s, best)).screened
-    leading = {s.screened.placement for s in sims if s.trained_tokens_per_s >= best * (1 - TIE_FRACTION)}
-    done = {s.screened.label for s in sims}
-    optimism = max(s.trained_tokens_per_s / s.screened.trained_tokens_per_s for s in sims) * (1 + TIE_SCREEN_MARGIN)
-    sims += map_fn(simulated, [c for c in screened if c.placement in leading and c.label not in done
-                               and _tie_key(c) < _tie_key(leader)
-                               and c.trained_tokens_per_s * optimism >= best * (1 - TIE_FRACTION)])
     # The sync baseline of the speedup the report gives: the screen's best few sync candidates, simulated (the screen
     # misorders close sync layouts: on the 235B example its second simulates 9% faster than its first). Where the
     # spec allows sync they are candidates like any other; where it pins another mode, a baseline only.
@@ -399,9 +380,31 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     sync_pool = (c for c in screened if c.mode == "sync") if sync_allowed else sorted(
         (screen.evaluate(p, "sync", 0) for p in placements if _hosts(p, "sync", 0)),
         key=lambda c: (-c.trained_tokens_per_s, c.label))
-    done = {s.screened.label for s in sims}
-    baseline = map_fn(simulated, [c for c in itertools.islice(sync_pool, SYNC_BASELINE_CANDIDATES)
-                                  if c.label not in done])
+    picked_labels = {c.label for c in picked}
+    baseline_todo = [c for c in itertools.islice(sync_pool, SYNC_BASELINE_CANDIDATES) if c.label not in picked_labels]
+    # The screen's leader, when it is asynchronous at the budget's k, gets its k + 1 simulated alongside, in parallel:
+    # if it is chosen and stalls on the tail, the report quotes what one more version buys (a what-if, see below).
+    top = screened[0]
+    ahead = (screen.evaluate(top.placement, top.mode, top.k + 1) if not exhaustive and top.k == inputs.max_version_lag
+             and top.mode in ("streaming", "bounded-async") else None)
+    # One parallel batch for the finalists, the what-if and the baseline (none depends on another's result: a batch
+    # waits for its slowest simulation, so fewer batches leave the cores idle less).
+    first = map_fn(simulated, picked + ([ahead] if ahead is not None else []) + baseline_todo)
+    sims = first[:len(picked)]
+    what_if = {s.screened.label: s for s in first[len(picked):] if s.screened.k > inputs.max_version_lag}
+    baseline = [s for s in first[len(picked):] if s.screened.k <= inputs.max_version_lag]
+    # A tie goes to the lowest k, then the preferred mode. On the placements that tie for the lead, simulate each
+    # (mode, k) that would win such a tie but that the screen ranked too low to be a finalist, if it could tie: its
+    # screen estimate times the most optimistic simulation/screen ratio of the finalists (plus a margin) reaches the
+    # band.
+    best = max(s.trained_tokens_per_s for s in sims)
+    leader = min(sims, key=lambda s: _rank_key(s, best)).screened
+    leading = {s.screened.placement for s in sims if s.trained_tokens_per_s >= best * (1 - TIE_FRACTION)}
+    optimism = max(s.trained_tokens_per_s / s.screened.trained_tokens_per_s for s in sims) * (1 + TIE_SCREEN_MARGIN)
+    done = {s.screened.label for s in sims + baseline}
+    sims += map_fn(simulated, [c for c in screened if c.placement in leading and c.label not in done
+                               and _tie_key(c) < _tie_key(leader)
+                               and c.trained_tokens_per_s * optimism >= best * (1 - TIE_FRACTION)])
     if sync_allowed:
         sims += baseline
         baseline = []
