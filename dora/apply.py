@@ -226,8 +226,12 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     from dora.planning import InfeasibleError
     from dora.runtime.driver import JobStopped, report, run_job
     from dora.spec import SpecError
+    from dora.spec.checks import ADDRESS_FORMS, address_problem
 
     console = console or Console(stderr=True, highlight=False)
+    if address is not None and (problem := address_problem(address)):  # before planning: it can take seconds
+        error(console, f"--address {address!r} {problem}: write it as {ADDRESS_FORMS}")
+        return EXIT_INVALID
     try:
         resolved, plan = plan_for_apply(spec_path, overrides.mode, calibration)
     except SpecError as exc:

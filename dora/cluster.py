@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -38,13 +39,23 @@ class JobRecordError(ClusterError):
     """The target names no readable job record (bad input: the CLI exits 2, not 1)."""
 
 
+RAY_ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+"""Environment variables that Ray's Jobs client lets override the address it is given."""
+
+
 def _client(address: str) -> Any:
+    """A Jobs API client for exactly ``address``: Ray's client prefers ``RAY_API_SERVER_ADDRESS`` or ``RAY_ADDRESS``
+    from the environment to its argument, which would send `dora status`/`stop` of a recorded job, or a submission
+    with an explicit --address, to another cluster. They are hidden while the client resolves the address."""
     from ray.job_submission import JobSubmissionClient
 
+    hidden = {name: os.environ.pop(name) for name in RAY_ADDRESS_VARIABLES if name in os.environ}
     try:
         return JobSubmissionClient(address)
     except Exception as exc:  # connection refused, bad URL, auth: all surface as plain errors from Ray
         raise ClusterError(f"cannot reach the Ray Jobs API at {address}: {exc}") from None
+    finally:
+        os.environ.update(hidden)
 
 
 def job_directory(resolved: Any, plan: Any, rc: RuntimeConfig, watchdog_s: float | None) -> tuple[Path, dict]:

@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import re
+import urllib.parse
+
 from dora.spec.diagnostics import Diagnostic
 from dora.spec.models import LengthSpec, Spec, StalenessSpec
 from planner.architecture import ModelArch
@@ -15,6 +18,55 @@ from planner.train_cost import pipeline_stage_layers
 
 def _d(path: tuple[str | int, ...], message: str, hint: str) -> Diagnostic:
     return Diagnostic(path=path, message=message, hint=hint)
+
+
+DASHBOARD_PORT = 8265
+"""Ray's default dashboard (and Jobs API) port."""
+ADDRESS_FORMS = "http://HEAD:8265 (the Ray dashboard), ray://HEAD:10001 (Ray Client), HEAD:6379 (the GCS) or auto"
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+_IPV6 = re.compile(r"[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*")
+
+
+def _host_ok(host: str) -> bool:
+    """A host name, an IPv4 address, or an IPv6 address (bracketed, as it stands before a port)."""
+    if host.startswith("[") and host.endswith("]"):
+        return bool(_IPV6.fullmatch(host[1:-1]))
+    return bool(_HOSTNAME.fullmatch(host))
+
+
+def address_problem(address: str) -> str | None:
+    """Why ``address`` names no Ray cluster that dora can submit a job to, or None.
+
+    The forms Ray's Jobs client reads: ``http(s)://HOST[:PORT]``, ``ray://HOST[:PORT]``, ``HOST:PORT`` (a GCS address,
+    asked for the dashboard's URL) and ``auto`` (the cluster this machine runs). Ray takes any other scheme for the name
+    of a plugin module to import, and anything else without one for a GCS address, which it waits ~40 s on."""
+    if not address.strip():
+        return "is empty"
+    if address != address.strip():
+        return "has spaces around it"
+    if address == "auto":
+        return None
+    if "://" in address:
+        scheme = address.split("://", 1)[0]
+        if scheme not in ("http", "https", "ray"):
+            return f"has scheme {scheme}://; dora submits over http://, https:// or ray://"
+        try:
+            parts = urllib.parse.urlsplit(address)
+            parts.port  # noqa: B018 - reading it checks it: a port that is not a number in 0..65535 raises
+        except ValueError as exc:
+            return f"is not a valid URL ({exc})"
+        host = parts.hostname
+        if not host or not _host_ok(f"[{host}]" if ":" in host else host):
+            return "names no host"
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not _host_ok(host):
+        return "is neither a URL nor HOST:PORT"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"has port {port!r}, not a number in 1..65535"
+    if int(port) == DASHBOARD_PORT:
+        return f"is read as a GCS address without http://, but {DASHBOARD_PORT} is the dashboard's port"
+    return None
 
 
 def check_lengths(length: LengthSpec, where: tuple[str, ...]) -> list[Diagnostic]:
@@ -108,6 +160,8 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
     if rt.backend == "ray-cluster" and not rt.address:
         out.append(_d(("runtime", "address"), "backend ray-cluster needs the cluster's address",
                       "set runtime.address: http://<head>:8265 (the Ray dashboard)"))
+    elif rt.address is not None and (problem := address_problem(rt.address)):
+        out.append(_d(("runtime", "address"), f"{rt.address!r} {problem}", f"write it as {ADDRESS_FORMS}"))
     for field, gpu_name in (("rollout_engine", "vllm"), ("trainer", "megatron")):
         engine = getattr(rt, field)
         if cpu and engine == gpu_name:

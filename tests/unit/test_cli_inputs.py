@@ -253,3 +253,47 @@ def test_an_empty_output_dir_and_a_hand_written_calibration_say_what_they_are(tm
     out = capsys.readouterr().out
     assert f"calibration: file {calibration}" in out and "catalog defaults (" not in out  # it sets one of them
     assert "partly calibrated" in out
+
+
+@pytest.mark.parametrize("address, problem", [
+    ("http//head:8265", "is neither a URL nor HOST:PORT"),  # Ray waited ~40 s on it as a GCS address
+    ("head:8265", "is read as a GCS address without http://"),
+    ("ftp://head:8265", "has scheme ftp://"),  # Ray tried to import a module named ftp
+    ("http://head:99999", "is not a valid URL"),
+    ("http://:8265", "names no host"),
+    ("head:port", "has port 'port'"),
+    ("", "is empty"),
+])
+def test_a_malformed_cluster_address_is_refused_before_planning(tmp_path: Path, capsys, address, problem) -> None:
+    assert main(["apply", str(TINY), "--address", address, "--output-dir", str(tmp_path / "out"), "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert f"--address {address!r} {problem}" in err and "http://HEAD:8265 (the Ray dashboard)" in err
+    assert "dora apply" not in err and not (tmp_path / "out").exists()  # refused before the plan, nothing written
+
+
+@pytest.mark.parametrize("address", ["http://head:8265", "https://10.0.0.7:443", "ray://head:10001", "head:6379",
+                                     "[::1]:6379", "http://[::1]:8265", "auto"])
+def test_every_address_form_ray_reads_is_accepted(address) -> None:
+    from dora.spec.checks import address_problem
+
+    assert address_problem(address) is None
+
+
+def test_the_jobs_client_is_given_the_address_dora_names_not_the_environment_s(monkeypatch) -> None:
+    import ray.job_submission
+
+    from dora import cluster
+
+    seen = {}
+
+    def client(address):  # Ray's client reads the two variables in its constructor, and prefers them to `address`
+        seen.update(address=address, env={name: cluster.os.environ.get(name) for name in cluster.RAY_ADDRESS_VARIABLES})
+        return "client"
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", client)
+    monkeypatch.setenv("RAY_ADDRESS", "http://other:8265")
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://another:8265")
+    assert cluster._client("http://head:8265") == "client"
+    assert seen == {"address": "http://head:8265", "env": {"RAY_API_SERVER_ADDRESS": None, "RAY_ADDRESS": None}}
+    assert cluster.os.environ["RAY_ADDRESS"] == "http://other:8265"  # restored for everything else
+    assert cluster.os.environ["RAY_API_SERVER_ADDRESS"] == "http://another:8265"
