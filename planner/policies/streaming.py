@@ -58,8 +58,8 @@ class StreamingPolicy(PolicyBase):
         """Requests an engine may hold: its running slots plus the admission queue (``admission_queue_for``)."""
         self.version_active: dict[int, int] = {0: 0}
         """version -> in-flight trajectories on engines of that version."""
-        self.version_engines: dict[int, int] = {0: n}
-        """version -> engines serving or loading it."""
+        self.version_engines: dict[int, set[int]] = {0: set(range(n))}
+        """version -> the engines serving or loading it."""
         self.peer_hint: dict[int, int] = {0: 0}
         """version -> the lowest-numbered ready engine serving it when that is still true, -1 for none
         (``_ready_peer``)."""
@@ -118,7 +118,7 @@ class StreamingPolicy(PolicyBase):
             self._try_train_oldest_first(out_multi)
             return out_multi
         self.version_active.setdefault(version, 0)
-        self.version_engines.setdefault(version, 0)
+        self.version_engines.setdefault(version, set())
         out: list[Action] = []
         for r in range(self.num_engines):
             if self.engine_ready[r] and self.engine_active[r] == 0 and r not in self.migrating:
@@ -222,12 +222,12 @@ class StreamingPolicy(PolicyBase):
         if old == new:
             self._fill(r, out)
             return
-        self.version_engines[old] -= 1
-        if self.version_engines[old] == 0 and self.version_active.get(old, 0) == 0:
+        self.version_engines[old].discard(r)
+        if not self.version_engines[old] and self.version_active.get(old, 0) == 0:
             del self.version_engines[old]
             self.version_active.pop(old, None)
             self.recheck_below.pop(old, None)
-        self.version_engines[new] += 1
+        self.version_engines[new].add(r)
         self.engine_version[r] = new
         self.engine_ready[r] = False
         peer = self._ready_peer(new)
@@ -259,9 +259,8 @@ class StreamingPolicy(PolicyBase):
 
     def _over_target(self, w: int) -> bool:
         """Does old version ``w`` hold more replicas than DORA's proportional share (and than it needs)?"""
-        engines = self.version_engines.get(w, 0) - sum(
-            1 for src in self.migrating if self.engine_version[src] == w
-        )
+        members = self.version_engines.get(w, ())
+        engines = len(members) - sum(1 for src in self.migrating if src in members) if self.migrating else len(members)
         if engines <= 1:
             return False
         active = self.version_active[w]
@@ -276,11 +275,7 @@ class StreamingPolicy(PolicyBase):
 
     def _shrink(self, w: int, out: list[Action]) -> bool:
         """Move the least-loaded ready engine of ``w`` to the newest version; False if nothing fits."""
-        members = [
-            r
-            for r in range(self.num_engines)
-            if self.engine_version[r] == w and self.engine_ready[r] and r not in self.migrating
-        ]
+        members = [r for r in self.version_engines[w] if self.engine_ready[r] and r not in self.migrating]
         if len(members) < 2:
             self.recheck_below[w] = self.version_active[w]
             return False
