@@ -42,8 +42,8 @@ def address_problem(address: str) -> str | None:
     of a plugin module to import, and anything else without one for a GCS address, which it waits ~40 s on."""
     if not address.strip():
         return "is empty"
-    if address != address.strip():
-        return "has spaces around it"
+    if any(c.isspace() or not c.isprintable() for c in address):
+        return "contains spaces or control characters (a URL writes them %-escaped)"
     if address == "auto":
         return None
     if "://" in address:

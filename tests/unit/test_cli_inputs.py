@@ -263,6 +263,7 @@ def test_an_empty_output_dir_and_a_hand_written_calibration_say_what_they_are(tm
     ("http://:8265", "names no host"),
     ("head:port", "has port 'port'"),
     ("", "is empty"),
+    ("http://head:8265/a b", "contains spaces or control characters"),
 ])
 def test_a_malformed_cluster_address_is_refused_before_planning(tmp_path: Path, capsys, address, problem) -> None:
     assert main(["apply", str(TINY), "--address", address, "--output-dir", str(tmp_path / "out"), "--no-live"]) == 2

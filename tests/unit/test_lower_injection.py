@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,8 +35,15 @@ HOSTILE = [
 ]
 
 
+def _address(value: str) -> str:
+    """A cluster address that passes validation and carries ``value`` in its path, its white space written as the
+    shell's ``${IFS}`` (validation refuses white space; an injected ``$(touch${IFS}PWNED)`` would still run)."""
+    return "http://head:8265/" + re.sub(r"\s", "${IFS}", value)
+
+
 def _spec_text(value: str) -> str:
-    """The dense-8b example with every free-text field set to ``value`` (JSON-quoted, valid YAML)."""
+    """The dense-8b example with every free-text field set to ``value`` (JSON-quoted, valid YAML), the address to
+    ``_address(value)``."""
     q = json.dumps(value, ensure_ascii=False)
     return f"""
 name: {json.dumps(value[:128], ensure_ascii=False)}
@@ -48,7 +56,7 @@ workload:
   response_length: {{median_tokens: 1500, p99_tokens: 12000, max_tokens: 16384}}
   steps: 200
 staleness: {{max_version_lag: 2}}
-runtime: {{backend: ray-cluster, address: {q}, output_dir: {json.dumps("runs/" + value, ensure_ascii=False)}}}
+runtime: {{backend: ray-cluster, address: {json.dumps(_address(value), ensure_ascii=False)}, output_dir: {json.dumps("runs/" + value, ensure_ascii=False)}}}
 """
 
 
@@ -104,7 +112,7 @@ def test_hostile_spec_strings_stay_inert(value: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     argv = json.loads(argv_file.read_text())
     assert argv[:3] == ["job", "submit", "--address"]
-    assert argv[3] == value  # the spec's address, one literal argument
+    assert argv[3] == _address(value)  # the spec's address, one literal argument
     runtime_env = json.loads(argv[argv.index("--runtime-env-json") + 1])
     assert runtime_env == job["runtime_env"]
     assert json.loads(argv[argv.index("--metadata-json") + 1]) == job["metadata"]
