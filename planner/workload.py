@@ -31,12 +31,12 @@ from typing import Literal
 
 _STD_NORMAL = NormalDist()
 _SMALLEST_DRAW = 2.0**-53
+"""Stands in for a uniform draw of exactly 0 (probability 2^-53), whose normal quantile is -infinity."""
 _inv_cdf: Callable[[float, float, float], float] = getattr(
     statistics, "_normal_dist_inv_cdf", lambda p, mu, sigma: NormalDist(mu, sigma).inv_cdf(p)
 )
 """``(u, mu, sigma) -> x`` with ``P(X <= x) = u``: the C function behind ``NormalDist.inv_cdf`` (CPython 3.11-3.13)
 without the method's argument checks (``sample_many`` only passes ``0 < u < 1``), or else the method."""
-"""Stands in for a uniform draw of exactly 0 (probability 2^-53), whose normal quantile is -infinity."""
 Z_P99 = _STD_NORMAL.inv_cdf(0.99)  # 2.3263478740408408
 
 

@@ -31,6 +31,21 @@ def test_sampling_is_deterministic_and_sample_many_equals_sample():
     assert a == [d.sample(rng) for _ in range(100)]
 
 
+def test_sample_many_is_the_same_through_the_public_inverse_cdf_and_draws_as_sample_does(monkeypatch):
+    import statistics
+
+    import planner.workload as workload
+
+    d = LengthDistribution.lognormal(median=100, p99=900, max_tokens=1000)
+    expected = d.sample_many(random.Random(3), 100)
+    monkeypatch.setattr(workload, "_inv_cdf", lambda p, mu, sigma: statistics.NormalDist(mu, sigma).inv_cdf(p))
+    assert d.sample_many(random.Random(3), 100) == expected  # the fallback where the C function is missing
+    point = LengthDistribution.lognormal(median=50, p99=50, max_tokens=100)
+    many, one = random.Random(5), random.Random(5)
+    assert point.sample_many(many, 7) == [point.sample(one) for _ in range(7)]
+    assert many.random() == one.random()  # a point mass consumes one draw per length too
+
+
 def test_point_mass_lognormal():
     d = LengthDistribution.lognormal(median=50, p99=50, max_tokens=100)
     assert d.sample_many(random.Random(0), 5) == [50] * 5
