@@ -161,11 +161,16 @@ def find_job(target: str) -> dict[str, Any]:
         raise JobRecordError(f"no submitted job recorded at {path}: `dora apply SPEC --address URL` records one there")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return {"address": str(data["address"]), "submission_id": str(data["submission_id"]), "file": str(path)}
+        job = {"address": str(data["address"]), "submission_id": str(data["submission_id"]), "file": str(path)}
     except KeyError as exc:
         raise JobRecordError(f"{path} is not a dora job record: it has no {exc} field") from None
     except (OSError, ValueError, TypeError) as exc:
         raise JobRecordError(f"{path} is not a dora job record: {exc}") from None
+    from dora.spec.checks import address_problem
+
+    if problem := address_problem(job["address"]):  # dora records only valid ones: the file was edited
+        raise JobRecordError(f"{path}: its address {job['address']!r} {problem}")
+    return job
 
 
 def job_status(target: str) -> dict[str, Any]:

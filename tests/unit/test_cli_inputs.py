@@ -60,6 +60,9 @@ def test_status_of_a_local_run_points_at_its_summary(tmp_path: Path, capsys) -> 
     (tmp_path / "job.json").write_text("not json")
     assert main(["status", str(tmp_path)]) == 2
     assert "is not a dora job record" in capsys.readouterr().err
+    (tmp_path / "job.json").write_text(json.dumps({"address": "http//head:8265", "submission_id": "raysubmit_x"}))
+    assert main(["stop", str(tmp_path)]) == 2  # an edited record: refused, not waited on for 40 s
+    assert "its address 'http//head:8265' is neither a URL nor HOST:PORT" in capsys.readouterr().err
 
 
 def test_a_refused_resume_leaves_the_run_directory_as_it_was(tmp_path: Path, capsys) -> None:
