@@ -23,7 +23,7 @@ def _d(path: tuple[str | int, ...], message: str, hint: str) -> Diagnostic:
 DASHBOARD_PORT = 8265
 """Ray's default dashboard (and Jobs API) port."""
 ADDRESS_FORMS = "http://HEAD:8265 (the Ray dashboard), ray://HEAD:10001 (Ray Client), HEAD:6379 (the GCS) or auto"
-_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")  # underscores: Docker service names
 _IPV6 = re.compile(r"[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*")
 
 

@@ -276,7 +276,8 @@ def test_a_malformed_cluster_address_is_refused_before_planning(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("address", ["http://head:8265", "https://10.0.0.7:443", "ray://head:10001", "head:6379",
-                                     "[::1]:6379", "http://[::1]:8265", "auto"])
+                                     "[::1]:6379", "http://[::1]:8265", "auto",
+                                     "http://ray_head:8265", "raycluster-head-svc.default.svc.cluster.local:6379"])
 def test_every_address_form_ray_reads_is_accepted(address) -> None:
     from dora.spec.checks import address_problem
 
