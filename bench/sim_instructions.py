@@ -6,7 +6,8 @@ The candidate is the one `dora plan` chooses for the spec, simulated at the sear
 --full). Each source tree (--tree, default this checkout) simulates it for --steps A and B steps in a child process
 under `valgrind --tool=callgrind`; B - A steady-state steps cancel the interpreter's start, the imports and the
 pipeline's fill, and the figure is (instructions at B - instructions at A) / (B - A). Results (events, trained
-tokens/s) are printed too, to show whether two trees simulate the same schedule.
+tokens/s) are printed too, to show whether two trees simulate the same schedule. The children run with
+PYTHONHASHSEED=0: string hashing otherwise changes dict and set layouts, and the counts, from run to run.
 Instructions are not time: cache misses are not counted (run `simulate_scale.py` beside it).
 Needs valgrind. A tree whose planner cannot unpickle this checkout's candidate (a changed class) fails.
 Usage: python bench/sim_instructions.py [--spec moe-scale-x10240] [--steps 1 3] [--full] [--tree DIR ...]
@@ -40,7 +41,7 @@ def _run(tree: Path, job: Path, steps: int) -> tuple[int, str]:
     proc = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", CHILD, str(job),
          str(steps)],
-        capture_output=True, text=True, cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, check=False)
+        capture_output=True, text=True, cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}, check=False)
     collected = re.search(r"Collected : (\d+)", proc.stderr)
     result = re.search(r"RESULT (.*)", proc.stdout)
     if proc.returncode != 0 or not collected or not result:

@@ -31,8 +31,46 @@ class RunMetrics:
         self._step_rows: dict[int, dict[str, Any]] = {}
         self._published_at: dict[int, float] = {0: 0.0}
         self.live_timeline: list[tuple[float, tuple[int, ...]]] = []
+        self._hosted: list[set[int]] = [{0} for _ in range(num_engines)]
+        """Versions each engine holds loaded (one, or several on multi-version engines)."""
         self._engine_versions: Counter[int] = Counter({0: num_engines})
+        """version -> engines holding it."""
         self.max_engine_versions = 1
+        self._e_ahead: list[list[tuple[float, float]]] = [[] for _ in range(num_engines)]
+        """Per engine: busy intervals charged when they start (prefills, KV sends) that may still end after ``now``;
+        ``result`` takes off what lies past the end of the run."""
+        self._train_ahead: list[tuple[float, float]] = []
+        """The same for the trainer (training steps, publishes: the last publish starts as the run ends)."""
+        self._last_publish = (0.0, 0.0)
+        self._loading: dict[int, tuple[float, float]] = {}
+        """engine -> (start, end) of the weight load in progress."""
+
+    def engine_busy(self, engine: int, start: float, duration_s: float, now: float) -> None:
+        """Charge engine work from ``start`` (>= ``now``) for ``duration_s`` (a prefill, a KV send)."""
+        self.e_busy[engine] += duration_s
+        ahead = self._e_ahead[engine]  # _charge_ahead, inlined: one call per admitted group
+        if ahead and ahead[-1][1] <= now:
+            ahead.clear()
+        ahead.append((start, start + duration_s))
+
+    def trainer_busy(self, start: float, duration_s: float) -> None:
+        """Charge trainer work (a training step, a publish) from ``start``, which is now."""
+        self.train_busy_s += duration_s
+        _charge_ahead(self._train_ahead, start, duration_s, start)
+
+    def publish_started(self, start: float, duration_s: float) -> None:
+        """The trainer publishes a version from ``start`` (now) for ``duration_s``."""
+        self.trainer_busy(start, duration_s)
+        self.publish_s_total += duration_s
+        self._last_publish = (start, start + duration_s)
+
+    def load_started(self, engine: int, start: float, duration_s: float) -> None:
+        self.loads += 1
+        self.load_s_total += duration_s
+        self._loading[engine] = (start, start + duration_s)
+
+    def load_finished(self, engine: int) -> None:
+        self._loading.pop(engine, None)
 
     def train_started(
         self,
@@ -45,7 +83,7 @@ class RunMetrics:
         spp: int,
         tokens: int,
     ) -> None:
-        self.train_busy_s += duration_s
+        self.trainer_busy(now, duration_s)
         stale = [step - v - 1 for v in versions]
         for s in stale:
             self.staleness[s] += spp
@@ -68,15 +106,31 @@ class RunMetrics:
         if not self.live_timeline or self.live_timeline[-1][1] != live:
             self.live_timeline.append((now, live))
 
-    def engine_version_change(self, old: int, new: int) -> None:
-        if old == new:
-            return
-        ev = self._engine_versions
-        ev[old] -= 1
-        if ev[old] == 0:
-            del ev[old]
-        ev[new] += 1
+    def engine_loaded(self, engine: int, version: int, keep_others: bool) -> None:
+        """``engine`` serves ``version`` now, beside the versions it holds if ``keep_others`` (a multi-version engine
+        that still decodes them), else instead of them."""
+        hosted, ev = self._hosted[engine], self._engine_versions
+        if not keep_others:
+            for v in hosted:
+                self._drop(ev, v)
+            hosted.clear()
+        if version not in hosted:
+            hosted.add(version)
+            ev[version] += 1
         self.max_engine_versions = max(self.max_engine_versions, len(ev))
+
+    def engine_dropped(self, engine: int, version: int) -> None:
+        """A multi-version engine freed ``version``'s weights."""
+        hosted = self._hosted[engine]
+        if version in hosted:
+            hosted.discard(version)
+            self._drop(self._engine_versions, version)
+
+    @staticmethod
+    def _drop(ev: Counter[int], version: int) -> None:
+        ev[version] -= 1
+        if ev[version] == 0:
+            del ev[version]
 
     def result(
         self,
@@ -108,8 +162,10 @@ class RunMetrics:
             step_time, tokens = end_s, 0.0
         wall = end_s if end_s > 0 else 1.0
         n, apg = self.num_engines, self.accelerators_per_group
-        busy = sum(self.e_busy)
-        train_busy = min(self.train_busy_s, wall)
+        # work charged when it started counts only up to the end of the run
+        busy = sum(self.e_busy) - sum(_past(ahead, end_s) for ahead in self._e_ahead)
+        train_busy = min(self.train_busy_s - _past(self._train_ahead, end_s), wall)
+        load_s = self.load_s_total - _past(list(self._loading.values()), end_s)
         if self.colocated:
             # one pool of n * apg devices, alternately generating and training
             used = apg * busy + n * apg * train_busy
@@ -134,9 +190,9 @@ class RunMetrics:
             live_versions=tuple(self.live_timeline),
             max_live_versions=live_max,
             max_engine_versions=self.max_engine_versions,
-            weight_load_s_total=self.load_s_total,
+            weight_load_s_total=load_s,
             weight_loads=self.loads,
-            weight_publish_s_total=self.publish_s_total,
+            weight_publish_s_total=self.publish_s_total - _past([self._last_publish], end_s),
             extra_weight_bytes_per_group=extra_weight_bytes_per_group,
             mixed_trajectories=mixed_trajectories,
             migrated_trajectories=migrated_trajectories,
@@ -144,3 +200,16 @@ class RunMetrics:
             num_sim_events=self.num_events,
             events=events,
         )
+
+
+def _charge_ahead(intervals: list[tuple[float, float]], start: float, duration_s: float, now: float) -> None:
+    """Record one more interval of a sequence that does not overlap itself; forget the earlier ones once the latest has
+    ended by ``now`` (the run cannot end before ``now``)."""
+    if intervals and intervals[-1][1] <= now:
+        intervals.clear()
+    intervals.append((start, start + duration_s))
+
+
+def _past(intervals: list[tuple[float, float]], end_s: float) -> float:
+    """Seconds of ``intervals`` after ``end_s``."""
+    return sum(e - max(s, end_s) for s, e in intervals if e > end_s)

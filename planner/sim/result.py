@@ -55,8 +55,10 @@ class SimResult:
     max_engine_versions: int
     """Most distinct versions served by the engines at one instant."""
     weight_load_s_total: float
-    """Engine-seconds spent loading weights."""
+    """Engine-seconds spent loading weights (busy fractions, load and publish seconds count only up to the end of the
+    run, the end of the last training step: the last publish, a load or a prefill still under way are cut there)."""
     weight_loads: int
+    """Loads started."""
     weight_publish_s_total: float
     extra_weight_bytes_per_group: float
     """Memory for versions beyond the serving one on one replica ((versions per engine - 1) x weights)."""

@@ -134,7 +134,8 @@ class Simulator:
         self.e_version = [0] * n
         self.multi = config.max_versions_per_engine > 1
         self.e_vcount: list[dict[int, int]] = [{} for _ in range(n)]
-        """Multi-version engines only: replica -> {version: running sequences}."""
+        """Multi-version engines only: replica -> {version: running sequences} (queued ones are not in the batch, so
+        their version costs no step time until they start)."""
         self.t_len: list[int] = []
         """Response length of each trajectory (index ``group * samples_per_prompt + sample``), drawn ahead of the
         admissions in blocks (``_draw_lengths``). ``rng`` draws nothing else and groups are admitted in order, so
@@ -199,6 +200,7 @@ class Simulator:
     # ------------------------------------------------------------------ run loop
     def run(self) -> SimResult:
         policy = self.policy
+        self.m.live_versions_changed(0.0, policy.live_versions())
         self._execute(policy.start())
         self._flush()
         events = self._loop() if not policy.done else 0
@@ -330,11 +332,15 @@ class Simulator:
     def _start_waiting(self, r: int) -> None:
         h, waiting = self.e_heap[r], self.e_wait[r]
         pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
+        vcount = self.e_vcount[r] if self.multi else None
         while waiting and len(h) < cap:
             idx, generated = waiting.popleft()
             start = pos - generated if generated else pos + self.ingest_steps
             heapq.heappush(h, (start + t_len[idx], idx))
             sum_start += start
+            if vcount is not None:
+                v = self.policy.group_version[idx // self.spp]
+                vcount[v] = vcount.get(v, 0) + 1
         self.e_sum_start[r] = sum_start
 
     def _record_finish(self, idx: int, r: int, length: int) -> None:
@@ -362,9 +368,7 @@ class Simulator:
             elif isinstance(act, StartTrainStep):
                 self._train(act)
             elif isinstance(act, PublishWeights):
-                m = self.m
-                m.train_busy_s += self.timing.weight_publish_s
-                m.publish_s_total += self.timing.weight_publish_s
+                self.m.publish_started(self.now, self.timing.weight_publish_s)
                 self._push(self.now + self.timing.weight_publish_s, _EV_PUBLISHED, act.version)
             elif isinstance(act, MigrateRequests):
                 self._migrate(act)
@@ -375,9 +379,14 @@ class Simulator:
 
     def _drop(self, act: DropVersion) -> None:
         r, v = act.rollout_group, act.version
-        if not self.multi or self.e_vcount[r].get(v, 0):
-            raise ValueError(f"DropVersion v{v} on engine {r} with {self.e_vcount[r].get(v, 0)} requests of it")
+        if not self.multi:
+            raise ValueError(f"DropVersion v{v} on engine {r}, which holds one version")
+        running = self.e_vcount[r].get(v, 0)
+        queued = sum(1 for idx, _ in self.e_wait[r] if self.policy.group_version[idx // self.spp] == v)
+        if running or queued:
+            raise ValueError(f"DropVersion v{v} on engine {r} with {running} running and {queued} queued requests of it")
         self.e_vcount[r].pop(v, None)
+        self.m.engine_dropped(r, v)
         if self.record:
             self.trace.append({"t": self.now, "type": "version_dropped", "rollout_group": r, "version": v})
 
@@ -403,16 +412,16 @@ class Simulator:
                 heapq.heappush(h, (start + length, base + i))
                 sum_start += start
             self.e_sum_start[r] = sum_start
+            if self.multi:
+                v = act.version
+                self.e_vcount[r][v] = self.e_vcount[r].get(v, 0) + n
         else:
             self._enqueue(r, [(base + i, 0) for i in range(n)])
-        if self.multi:
-            v = act.version
-            self.e_vcount[r][v] = self.e_vcount[r].get(v, 0) + n
         prefill = self.prompt_prefill_s
         if prefill > 0.0:
             start = max(self.e_t[r], now)
             self.e_t[r] = start + prefill
-            self.m.e_busy[r] += prefill
+            self.m.engine_busy(r, start, prefill, now)
         if self.record:
             self.trace.extend(
                 {"t": now, "type": "admitted", "traj": f"g{gid}/{i}", "version": act.version, "rollout_group": r}
@@ -445,14 +454,13 @@ class Simulator:
         if self.e_wait[r] and not keep:
             raise ValueError(f"LoadWeights v{act.version} resuming engine {r} with queued requests (no queue here)")
         duration = self.timing.weight_load_peer_s if act.source == "peer" else self.timing.weight_load_trainer_s
-        self.m.loads += 1
         if self.record:
             self.trace.append(
                 {"t": now, "type": "weights_load_started", "rollout_group": r, "version": act.version,
                  "source": act.source}
             )
         if keep:  # staged while the replica decodes; served from the end of the load
-            self.m.load_s_total += duration
+            self.m.load_started(r, now, duration)
             self._push(now + duration, _EV_LOADED, r, act.version)
             return
         start = max(self.e_t[r], now)
@@ -468,19 +476,21 @@ class Simulator:
                 spans.append((act.version, round(first)))
                 ctx += self.prompt + first
             duration += self.timing.prefill_s(round(ctx))  # recompute KV on the new weights
-        self.m.load_s_total += duration
+        self.m.load_started(r, start, duration)
         self.e_paused[r] = True
         self.e_t[r] = start + duration
         self.e_gen[r] += 1
         self._push(start + duration, _EV_LOADED, r, act.version)
 
     def _loaded(self, r: int, version: int) -> None:
-        if self.e_paused[r]:
+        staged = not self.e_paused[r]  # loaded beside the running batch, which keeps its versions
+        if staged:
+            self._advance(r, self.now)
+        else:
             self.e_paused[r] = False
             self.e_t[r] = self.now
-        else:  # a load staged beside the running batch
-            self._advance(r, self.now)
-        self.m.engine_version_change(self.e_version[r], version)
+        self.m.load_finished(r)
+        self.m.engine_loaded(r, version, keep_others=staged)
         self.e_version[r] = version
         if self.record:
             self.trace.append({"t": self.now, "type": "weights_loaded", "rollout_group": r, "version": version})
@@ -522,8 +532,9 @@ class Simulator:
         self.e_sum_start[src] = 0.0
         self.migrated += sum(c for _, c in moves)
         send = self.timing.kv_migration_s_per_token * moved_ctx
-        self.e_t[src] = max(self.e_t[src], now) + send
-        self.m.e_busy[src] += send
+        start = max(self.e_t[src], now)
+        self.e_t[src] = start + send
+        self.m.engine_busy(src, start, send, now)
         self.dirty.add(src)
         self._execute(self.policy.on_requests_migrated(src, tuple(moves)))
 
@@ -601,6 +612,7 @@ class Simulator:
         for gids in self.m.consumed_groups:
             consumed.update(gids)
         in_flight = {idx for h in self.e_heap for _, idx in h}
+        in_flight.update(idx for waiting in self.e_wait for idx, _ in waiting)
         unfinished = 0
         for gid in range(len(self.group_left)):
             if gid in consumed:

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from planner.policies import PolicyConfig
@@ -28,7 +30,9 @@ def test_sync_by_hand():
     assert r.rollout_slot_occupancy == pytest.approx(2 * 3 / (4 * 24))
     assert r.weight_loads == 2 and r.weight_load_s_total == pytest.approx(4.0)
     assert r.staleness_histogram == ((0, 6),)
-    assert r.train_busy_fraction == pytest.approx((3 * 5 + 3 * 1) / 24)
+    # three steps and the two publishes before the end (the third publish starts as the run ends)
+    assert r.train_busy_fraction == pytest.approx((3 * 5 + 2 * 1) / 24)
+    assert r.weight_publish_s_total == pytest.approx(2.0)
 
 
 def test_one_step_off_by_hand():
@@ -283,3 +287,80 @@ def test_length_per_prompt_gives_every_sample_of_a_group_its_length():
     lengths = {e["traj"]: e["num_tokens"] for e in independent.events if e["type"] == "finished"}
     assert any(lengths[f"g{g}/0"] != lengths[f"g{g}/1"] for g in range(32))
     assert check_trace(list(shared.events), k=0, allow_version_mixing=False).ok
+
+
+class _Scripted:
+    """A length distribution that gives these lengths in order, then ``tail`` for ever."""
+
+    def __init__(self, lengths: list[int], tail: int) -> None:
+        self.lengths, self.tail, self.drawn = list(lengths), tail, 0
+
+    def sample_many(self, rng, n: int) -> list[int]:
+        out = [self.lengths[i] if i < len(self.lengths) else self.tail for i in range(self.drawn, self.drawn + n)]
+        self.drawn += n
+        return out
+
+
+def _scripted(lengths: list[int], tail: int, prompt_tokens: int = 1) -> Workload:
+    return dataclasses.replace(Workload(response_length=FIXED.response_length, prompt_tokens=prompt_tokens),
+                               response_length=_Scripted(lengths, tail))
+
+
+def test_a_queued_version_costs_a_multi_version_engine_nothing_until_it_runs():
+    # 1 slot + a queue of 1; decode 1 s, +0.5 s per extra version with running sequences; lengths g0 2, g1 20, then 10.
+    # g0 runs 0-2, then g1 (v0); step 1 trains 2-3; at 3 the engine loads v1 beside v0 and admits g2 (v1), which
+    # queues behind g1: only v0 runs, so g1's last 19 tokens take 19 s (not 19 x 1.5) and step 2 trains 22-23
+    timing = LinearTiming(decode_base_s=1.0, train_base_s=1.0, extra_version_step_s=0.5)
+    c = cfg("streaming", slots_per_group=1, samples_per_prompt=1, total_steps=2, max_versions_per_engine=2,
+            admission_queue=1)
+    r = simulate(c, _scripted([2, 20], 10), timing, seed=0)
+    assert [s.end_s for s in r.steps] == pytest.approx([3.0, 23.0])
+    assert check_trace(list(r.events), k=1, allow_version_mixing=False).ok
+
+
+def test_max_engine_versions_counts_versions_served_side_by_side():
+    # 2 slots: from 3 to 25 the engine decodes g1 on v0 beside g2 on v1 (each step 1.5 s)
+    timing = LinearTiming(decode_base_s=1.0, train_base_s=1.0, extra_version_step_s=0.5)
+    c = cfg("streaming", slots_per_group=2, samples_per_prompt=1, total_steps=2, max_versions_per_engine=2)
+    r = simulate(c, _scripted([2, 20], 10), timing, seed=0)
+    finished = {e["traj"]: e["t"] for e in r.events if e["type"] == "finished"}
+    assert finished["g2/0"] == pytest.approx(3 + 10 * 1.5) and finished["g1/0"] == pytest.approx(25.0)
+    assert r.max_engine_versions == 2
+    single = simulate(cfg("streaming", slots_per_group=2, samples_per_prompt=1, total_steps=2),
+                      _scripted([2, 20], 10), timing, seed=0)
+    assert single.max_engine_versions == 1  # a single-version engine serves v0, then v1
+
+
+def test_work_running_past_the_end_counts_only_up_to_the_end():
+    # colocated sync, 2 engines x 2 slots x 2 accelerators, 2 prompts x 2 samples of 10 tokens, decode 1 s, train 5 s,
+    # publish 1 s, load 2 s: gen 0-10, train 10-15, publish 15-16, load 16-18, gen 18-28, train 28-33 = the end;
+    # the last publish (33-34) lies past it
+    timing = LinearTiming(decode_base_s=1.0, train_base_s=5.0, weight_publish_s=1.0, weight_load_trainer_s=2.0)
+    ten = Workload(response_length=LengthDistribution.lognormal(median=10, p99=10, max_tokens=10), prompt_tokens=1)
+    c = cfg("sync", max_version_lag=0, num_rollout_groups=2, slots_per_group=2, prompts_per_step=2, total_steps=2,
+            colocated=True)
+    r = simulate(c, ten, timing, seed=0, accelerators_per_group=2)
+    assert r.total_time_s == pytest.approx(33.0)
+    assert r.train_busy_fraction == pytest.approx(11 / 33) and r.weight_publish_s_total == pytest.approx(1.0)
+    assert r.bubble_fraction == pytest.approx(1 - (2 * 2 * 20 + 4 * 11) / (4 * 33))
+    # an admission's prefill (1 s) that starts at 11, as the only step trains 11-11.5
+    timing = LinearTiming(decode_base_s=1.0, train_base_s=0.5, prefill_per_token_s=0.1)
+    ten_prompt = Workload(response_length=ten.response_length, prompt_tokens=10)
+    c = cfg("bounded-async", slots_per_group=1, samples_per_prompt=1, total_steps=1)
+    r = simulate(c, ten_prompt, timing, seed=0)
+    assert r.total_time_s == pytest.approx(11.5) and r.rollout_busy_fraction == pytest.approx(1.0)
+    # a 10 s weight load that starts at 16, while step 2 trains 16-21
+    timing = LinearTiming(decode_base_s=1.0, train_base_s=5.0, weight_publish_s=1.0, weight_load_trainer_s=10.0)
+    c = cfg("bounded-async", slots_per_group=2, samples_per_prompt=1, total_steps=2)
+    r = simulate(c, ten, timing, seed=0)
+    assert r.total_time_s == pytest.approx(21.0)
+    assert r.weight_loads == 1 and r.weight_load_s_total == pytest.approx(5.0)
+
+
+def test_unfinished_requests_that_never_started_are_not_reported_finished():
+    # 1 slot + a queue of 2: g0 (1 token) finishes at 1 and step 1 trains 1-6; g1 runs, g2 waits in the queue
+    c = cfg("streaming", max_version_lag=2, slots_per_group=1, samples_per_prompt=1, total_steps=1, admission_queue=2)
+    r = simulate(c, _scripted([1, 100, 100], 100), LinearTiming(decode_base_s=1.0, train_base_s=5.0), seed=0)
+    unfinished = {e["traj"]: e["finished"] for e in r.events if e["type"] == "unfinished_at_end"}
+    assert unfinished == {"g1/0": False, "g2/0": False}
+    assert r.live_versions[0] == (0.0, (0,))  # the timeline starts at 0
