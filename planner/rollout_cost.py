@@ -166,6 +166,8 @@ class RolloutCostModel:
         """U(n) = E * (1 - (1 - k/(E+Z))^n): expected distinct routed experts hit by n tokens."""
         if self.num_experts == 0 or num_tokens <= 0:
             return 0.0
+        if self.expert_slot_probability >= 1.0:  # every token picks every expert (k = E, no zero experts)
+            return float(self.num_experts)
         return self.num_experts * -math.expm1(num_tokens * math.log1p(-self.expert_slot_probability))
 
     def _expert_bytes(self, num_tokens: float) -> float:

@@ -57,9 +57,10 @@ def _check(resolved: ResolvedSpec, plan: Plan) -> None:
             raise LoweringError(f"plan.train.ep = {t.ep} but {arch.name} has no experts")
         if arch.num_experts % t.ep:
             raise LoweringError(f"plan.train.ep ({t.ep}) does not divide num_experts ({arch.num_experts})")
-        if (t.dp * t.cp) % t.ep:
-            raise LoweringError(f"plan.train.ep ({t.ep}) must divide dp * cp = {t.dp} * {t.cp} = {t.dp * t.cp} "
-                                "(experts are sharded across the data/context-parallel ranks)")
+        if (t.tp * t.dp * t.cp) % t.ep:
+            raise LoweringError(f"plan.train.ep ({t.ep}) must divide tp * dp * cp = {t.tp} * {t.dp} * {t.cp} = "
+                                f"{t.tp * t.dp * t.cp} (experts are whole on each rank and sharded across the "
+                                "tensor/data/context-parallel ranks: expert_tensor_parallel_size 1)")
 
 
 def _router(arch: ModelArch) -> dict[str, Any]:
@@ -268,6 +269,9 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
     model_parallel = {
         "tensor_model_parallel_size": t.tp, "pipeline_model_parallel_size": t.pp,
         "context_parallel_size": t.cp, "expert_model_parallel_size": t.ep,
+        # Experts are not split by TP (the cost model's and Megatron-MoE's "parallel folding" layout): EP folds into
+        # the tp*dp*cp ranks instead of dp*cp, which megatron-core's default (expert TP = TP) would require.
+        **({"expert_tensor_parallel_size": 1} if arch.is_moe else {}),
         # Sequence parallelism is free with TP and megatron-core requires it for EP x TP.
         "sequence_parallel": t.tp > 1,
         "bf16": dtype in ("bf16", "fp8"), "fp16": dtype == "fp16", "params_dtype": TORCH_DTYPE[dtype],
@@ -356,8 +360,9 @@ def megatron_lm_args(config: dict[str, Any]) -> list[list[str]]:
         out.append(["--yarn-correction-range-round-to-int" if attrs["yarn_correction_range_round_to_int"]
                     else "--no-yarn-correction-range-round-to-int"])
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                 "expert_model_parallel_size"):
-        out.append([_flag(name), str(mp[name])])
+                 "expert_model_parallel_size", "expert_tensor_parallel_size"):
+        if name in mp:
+            out.append([_flag(name), str(mp[name])])
     out += [["--sequence-parallel"]] if mp["sequence_parallel"] else []
     out += [["--bf16"]] if mp["bf16"] else [["--fp16"]] if mp["fp16"] else []
     for name in ("optimizer", "lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad"):

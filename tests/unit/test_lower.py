@@ -153,6 +153,21 @@ def test_inconsistent_plans_are_refused_with_the_arithmetic(change, message: str
         build_context(resolved, change(baseline))
 
 
+def test_experts_fold_into_the_tensor_parallel_ranks_as_the_search_plans_them() -> None:
+    # The search lets ep divide tp*dp*cp (experts whole on each rank, as the cost model shards them); Megatron then
+    # needs expert_tensor_parallel_size 1, or it would require ep to divide dp*cp
+    resolved = load_example("moe-235b-h800x512")
+    plan = example_plan(resolved, "moe-235b-h800x512")
+    train = dataclasses.replace(plan.train, tp=2, pp=4, dp=1, cp=8, ep=16, accelerators=64)
+    rollout = dataclasses.replace(plan.rollout, accelerators=448, replicas=448 // plan.rollout.accelerators_per_replica)
+    folded = dataclasses.replace(plan, colocated=False, train=train, rollout=rollout)
+    config = json.loads(render_launch(resolved, folded)["launch/megatron/config.json"])
+    assert config["model_parallel"]["expert_model_parallel_size"] == 16
+    assert config["model_parallel"]["expert_tensor_parallel_size"] == 1
+    with pytest.raises(LoweringError, match=r"ep \(32\) must divide tp \* dp \* cp = 2 \* 1 \* 8 = 16"):
+        build_context(resolved, dataclasses.replace(folded, train=dataclasses.replace(train, ep=32)))
+
+
 def test_write_is_atomic_and_replaces_stale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     resolved = load_example("dense-8b-h800x64")
     plan = example_plan(resolved, "dense-8b-h800x64")

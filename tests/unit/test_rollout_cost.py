@@ -112,6 +112,11 @@ def test_moe_experts_touched_and_batch_growth():
     longcat = make_rollout_cost_model(get_preset("longcat-flash"), get_accelerator("h800"), tp=8, ep=8,
                                       dtype_bytes=1)
     assert longcat.expert_slot_probability == pytest.approx(12 / 768)
+    # every token routed to every expert (top-k = E): one token touches them all
+    dense_moe = dataclasses.replace(moe, experts_top_k=4)
+    every = make_rollout_cost_model(dense_moe, DEV, tp=1, dtype_bytes=2, calib=IDEAL)
+    assert every.experts_touched_per_layer(1) == every.experts_touched_per_layer(1000) == 4.0
+    assert every.decode_step_s(8, 8 * 100) > 0
 
 
 def test_ep_imbalance_slows_the_busiest_rank():
