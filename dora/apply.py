@@ -19,6 +19,7 @@ from typing import Any
 
 from dora.runtime.checkpoint import CheckpointError, check_resumable, resume_hint
 from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
+from dora.spec.models import MAX_STEPS
 from dora.terminal import error, say
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -55,6 +56,8 @@ def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = Non
                         ("--max-num-seqs", overrides.max_num_seqs)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    if overrides.steps is not None and overrides.steps > MAX_STEPS:
+        raise ValueError(f"--steps must be at most {MAX_STEPS:,} (workload.steps' bound), got {overrides.steps:,}")
     rc = runtime_config(resolved, plan)
     changes: dict[str, Any] = {}
     if overrides.steps:

@@ -25,6 +25,7 @@ from typing import Any
 
 from dora.runtime.config import RuntimeConfig
 from dora.runtime.trace import write_json_atomic
+from dora.spec.files import loads_json
 from dora.terminal import error
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -160,7 +161,7 @@ def find_job(target: str) -> dict[str, Any]:
             raise JobRecordError(f"{path.parent}/ holds a local run, not a submitted job: its results are in {local}")
         raise JobRecordError(f"no submitted job recorded at {path}: `dora apply SPEC --address URL` records one there")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))  # a ValueError also for nesting too deep to parse
         job = {"address": str(data["address"]), "submission_id": str(data["submission_id"]), "file": str(path)}
     except KeyError as exc:
         raise JobRecordError(f"{path} is not a dora job record: it has no {exc} field") from None

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from dora.parallel import available_cpus
 from dora.planning import (
+    MAX_JSON_FILE_BYTES,
     CalibrationFileError,
     InfeasibleError,
     Planned,
@@ -26,6 +24,7 @@ from dora.planning import (
 )
 from dora.report import inputs_diff, plan_diff, plan_report_text, render_diff, render_plan
 from dora.spec import ResolvedSpec, SpecError, load_spec
+from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.terminal import error
 from planner.plan import FORMAT_VERSION, Plan
 from planner.schedule import check_trace
@@ -63,21 +62,6 @@ def read_plan_file(path: str) -> dict[str, Any]:
     return data
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; plan files are meant to be shared and committed
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def schedule_artifacts(planned: Planned) -> dict[str, str]:
     """Simulate the chosen plan with its trace (reduced scale for big plans), audit it, and export it."""
     inputs, chosen = planned.inputs, planned.outcome.chosen
@@ -101,25 +85,31 @@ def schedule_artifacts(planned: Planned) -> dict[str, str]:
 
 
 def write_plan_dir(resolved: ResolvedSpec, planned: Planned, out: Path) -> list[Path]:
-    """Write the plan's files into ``out``. Everything is rendered and every target checked before the first file
-    is written, so a lowering error or a directory in a file's place leaves ``out`` as it was."""
-    from dora.lower import write_launch_artifacts
-    from dora.lower.render import render_launch
+    """Write the plan's files into ``out`` and return their paths, all or nothing.
+
+    Everything is rendered first, then written into a temporary directory and renamed into place
+    (``dora.lower.render.install_files``): a lowering error, a full disk or anything else leaves ``out`` exactly as
+    it was (absent if it was absent), never a mix of an earlier plan's files and this one's. dora's own entries
+    (plan.json, report.txt, timeline.html, schedule.json/.dot, launch/) are replaced; anything else in ``out`` is
+    left alone, and a directory where a plan file goes, or a file where launch/ goes, is refused, not deleted."""
+    from dora.lower.render import install_files, launch_modes, render_launch
 
     files = {"plan.json": planned.plan.to_json(), "report.txt": plan_report_text(planned.plan)}
     files.update(schedule_artifacts(planned))
     launch = render_launch(resolved, planned.plan)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(out))
-    for name in files:
-        if (out / name).is_dir():
-            raise IsADirectoryError(errno.EISDIR, "a directory is in the way of a plan file", str(out / name))
-    written = []
-    for name, text in sorted(files.items()):
-        _atomic_write(out / name, text)
-        written.append(out / name)
-    written += write_launch_artifacts(resolved, planned.plan, out, launch)
-    return written
+    install_files(out, {**files, **launch}, launch_modes(launch))
+    return [out / name for name in sorted(files)] + sorted(out / rel for rel in launch)
+
+
+def _write_fix(exc: OSError) -> str:
+    """What to do about ``exc``, raised while writing the plan directory."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return "free space on that filesystem, or choose a directory on another one for --out"
+    if exc.errno in (errno.EISDIR, errno.EEXIST, errno.ENOTDIR):
+        return "move that out of the way, or choose another directory for --out"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "choose a writable directory for --out"
+    return "choose another directory for --out"
 
 
 def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
@@ -130,6 +120,13 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
     if args.detailed_exitcode and not args.against:
         error(err_console, "--detailed-exitcode compares against a saved plan: add --against PLAN.json")
         return error_code
+    # an empty path is falsy (an empty --out planned, wrote nothing and exited 0) or the working directory
+    for flag, value, fix in (("--out", args.out, "name the directory to write the plan into (e.g. --out plans/x)"),
+                             ("--against", args.against, "name a saved plan.json or its directory"),
+                             ("--calibration", args.calibration, "name a calibration file from `dora calibrate`")):
+        if value is not None and not value.strip():
+            error(err_console, f"{flag} is empty: {fix}, or leave the flag out")
+            return error_code
     try:
         resolved = load_spec(args.spec)
         calibration = load_calibration(args.calibration)
@@ -165,8 +162,8 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
             return error_code
         except OSError as exc:
             where = f" ({exc.filename})" if exc.filename and str(exc.filename) != args.out else ""
-            error(err_console, f"cannot write the plan to {args.out}/: {exc.strerror or exc}{where}\n  to fix: "
-                               "choose a writable directory for --out")
+            error(err_console, f"cannot write the plan to {args.out}/: {exc.strerror or exc}{where}\n"
+                               f"  to fix: {_write_fix(exc)}")
             return error_code
         if not args.json:
             out_console.print(f"\nwrote {len(written)} files to {args.out}/ (plan.json, report.txt, timeline.html, "
@@ -193,8 +190,8 @@ def _plan_dict(path: str) -> dict[str, Any]:
 def is_json_spec(path: str) -> bool:
     """A JSON file holding a spec rather than a plan (specs may be written in JSON, YAML's subset)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = loads_json(read_input_file(path, MAX_JSON_FILE_BYTES).decode("utf-8"))
+    except (InputFileError, ValueError):  # read_plan_file then says what is wrong with it
         return False
     return isinstance(data, dict) and "format_version" not in data and "model" in data
 

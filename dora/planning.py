@@ -7,13 +7,13 @@ passed explicitly, and the planner never sees the spec object.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
 from dora import __version__
 from dora.parallel import fork_map
 from dora.spec import ResolvedSpec
+from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ALL_MODES
 from planner.architecture import DTYPE_BYTES
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
@@ -33,14 +33,23 @@ class CalibrationFileError(Exception):
     pass
 
 
+MAX_JSON_FILE_BYTES = 16 << 20
+"""Largest plan or calibration file read (a plan.json is about 13 KB)."""
+
+
 def read_json_object(path: str, what: str, error: type[Exception]) -> dict:
-    """The JSON object in ``path``; ``error`` (naming ``what`` and the path) when missing, unreadable or not an
+    """The JSON object in ``path``; ``error`` (naming ``what`` and the path) when missing, not a regular file, over
+    ``MAX_JSON_FILE_BYTES``, not JSON that dora reads (nested too deeply, an integer beyond any float) or not an
     object."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise error(f"{what} '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = read_input_file(path, MAX_JSON_FILE_BYTES)
+    except InputFileError as exc:
+        raise error(f"{what} '{path}' {exc.why}") from None
+    try:
+        data = loads_json(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} '{path}' is not readable JSON: not UTF-8 text (byte {exc.start})") from None
+    except ValueError as exc:  # bad syntax, nesting too deep for the parser, an integer beyond any float
         raise error(f"{what} '{path}' is not readable JSON: {exc}") from None
     if not isinstance(data, dict):
         raise error(f"{what} '{path}' must hold a JSON object")

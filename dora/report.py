@@ -5,6 +5,7 @@ Everything printed is read from the Plan (computed by the planner); nothing here
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -195,11 +196,32 @@ def tree_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, 
     return out
 
 
+LONG_INT_DIGITS = 30
+"""An integer with more digits than this (only a hand-edited plan has one) prints as 1.23457e+400."""
+
+
 def format_value(v: Any) -> str:
-    """A diffed value as the diffs print it: floats to 6 significant digits, strings quoted."""
+    """A diffed value as the diffs print it: floats to 6 significant digits (and integers of over 30 digits),
+    strings quoted."""
     if isinstance(v, float):
         return f"{v:.6g}"
+    if isinstance(v, int) and not isinstance(v, bool) and len(digits := str(abs(v))) > LONG_INT_DIGITS:
+        return f"{'-' if v < 0 else ''}{digits[0]}.{digits[1:6]}e+{len(digits) - 1}"
     return repr(v) if isinstance(v, str) else str(v)
+
+
+def relative_change(a: Any, b: Any) -> str:
+    """'  (+12.5%)' between two numbers, '' where it means nothing (not numbers, from 0, or not a finite float: an
+    integer too large for one)."""
+    if not (isinstance(a, int | float) and isinstance(b, int | float)) or isinstance(a, bool) or isinstance(b, bool):
+        return ""
+    if not a:
+        return ""
+    try:
+        change = 100 * (b - a) / abs(a)
+    except OverflowError:  # integers whose ratio no float holds
+        return ""
+    return f"  ({change:+.1f}%)" if math.isfinite(change) else ""
 
 
 def brief_changes(changes: Sequence[tuple[str, str, Any, Any]], most: int = 4) -> str:
@@ -232,10 +254,7 @@ def _change_lines(changes: Sequence[tuple[str, str, Any, Any]]) -> list[str]:
     lines = []
     for sym, path, a, b in changes:
         if sym == "~":
-            rel = ""
-            if isinstance(a, int | float) and isinstance(b, int | float) and a and not isinstance(a, bool):
-                rel = f"  ({100 * (b - a) / abs(a):+.1f}%)"
-            lines.append(f"  ~ {path}: {format_value(a)} -> {format_value(b)}{rel}")
+            lines.append(f"  ~ {path}: {format_value(a)} -> {format_value(b)}{relative_change(a, b)}")
         elif sym == "+":
             lines.append(f"  + {path}: {format_value(b)}")
         else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -466,11 +467,79 @@ def _bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+_ROPE_REQUIRED: dict[str, tuple[str, ...]] = {
+    "default": (), "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+    "longrope": ("short_factor", "long_factor")}
+"""The keys each RoPE scaling type needs (transformers' ``rope_config_validation`` requires them; vLLM and the
+Megatron lowering read them)."""
+_ROPE_POSITIVE = ("factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor")
+"""RoPE scaling numbers that must be > 0: the frequency formulas divide by them (or take their logarithm)."""
+_ROPE_NON_NEGATIVE = ("attention_factor", "mscale", "mscale_all_dim")
+_CONTEXT_SCALING = ("linear", "dynamic", "yarn")
+"""RoPE scaling types whose ``factor`` multiplies the context vLLM accepts (llama3's and longrope's
+``max_position_embeddings`` is already the scaled length)."""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_rope_scaling(source: str, scaling: Mapping[str, Any]) -> None:
+    """Raise HFConfigError (key ``<source>.<field>``) for a RoPE scaling whose fields vLLM, transformers or the
+    Megatron lowering could not read: a type that is not a string, a field its type needs that is missing, a
+    number that is not a number in range, ``original_max_position_embeddings`` that is not a whole number,
+    ``truncate`` that is not a boolean. An unknown type passes (the lowering names it as a limitation)."""
+    kind = scaling.get("rope_type", scaling.get("type"))
+    type_key = f"{source}.{'rope_type' if 'rope_type' in scaling else 'type'}"
+    if kind is None:
+        if set(scaling) - {"rope_theta"}:
+            raise HFConfigError(f"{source}.rope_type", f"is required but missing (one of {', '.join(_ROPE_REQUIRED)})")
+        return
+    if not isinstance(kind, str):
+        raise HFConfigError(type_key, f"must be a string such as 'yarn' or 'linear', got {_short(kind)}")
+    for field in _ROPE_REQUIRED.get(kind, ()):
+        if scaling.get(field) is None:
+            raise HFConfigError(f"{source}.{field}", f"is required for rope_type {kind!r} but missing")
+    for field, value in scaling.items():
+        if value is None:
+            continue
+        key = f"{source}.{field}"
+        if field in _ROPE_POSITIVE or field in _ROPE_NON_NEGATIVE:
+            positive = field in _ROPE_POSITIVE
+            if (isinstance(value, bool) or not isinstance(value, int | float)
+                    or (isinstance(value, float) and not math.isfinite(value))
+                    or not (value > 0 if positive else value >= 0)):
+                raise HFConfigError(key, f"must be a number {'>' if positive else '>='} 0, got {_short(value)}")
+            # a factor that scales the context is held to the context's bound by _context_limit, in those terms
+            if value > HF_INT_MAX and not (field == "factor" and kind in _CONTEXT_SCALING):
+                raise HFConfigError(key, f"must be at most {HF_INT_MAX}, got {_short(value)}")
+        elif field == "original_max_position_embeddings":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise HFConfigError(key, f"must be an integer, got {_short(value)}")
+            if not 1 <= value <= HF_INT_MAX:
+                raise HFConfigError(key, f"must be in 1..{HF_INT_MAX}, got {value}")
+        elif field == "truncate" and not isinstance(value, bool):
+            raise HFConfigError(key, f"must be true or false, got {_short(value)}")
+        elif field in ("short_factor", "long_factor") and (
+                not isinstance(value, list) or not value
+                or any(isinstance(v, bool) or not isinstance(v, int | float) or not abs(v) <= HF_INT_MAX
+                       for v in value)):
+            raise HFConfigError(key, f"must be a non-empty list of numbers, got {_short(value)}")
+
+
 def _rope_scaling(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The config's RoPE scaling: ``rope_scaling``, or transformers 5's ``rope_parameters``; None without one."""
+    """The config's RoPE scaling: ``rope_scaling``, or transformers 5's ``rope_parameters``; None without one.
+    Raises HFConfigError for one that is not an object or whose fields are unusable (``_check_rope_scaling``)."""
     for key in ("rope_scaling", "rope_parameters"):
-        if isinstance(config.get(key), Mapping):
-            return config[key]  # type: ignore[no-any-return]
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise HFConfigError(key, f"must be an object (or null), got {_short(value)}")
+        _check_rope_scaling(key, value)
+        return value
     return None
 
 
@@ -515,7 +584,7 @@ def _context_limit(config: Mapping[str, Any]) -> int | None:
     if scaling is None or not isinstance(scaling.get("factor"), int | float):
         return limit
     kind = scaling.get("rope_type", scaling.get("type"))
-    if kind in ("linear", "dynamic", "yarn") and scaling["factor"] > 1:  # llama3/longrope: already the scaled length
+    if kind in _CONTEXT_SCALING and scaling["factor"] > 1:  # llama3/longrope: already the scaled length
         base = scaling.get("original_max_position_embeddings") if kind == "yarn" else None
         scaled = (base if isinstance(base, int) and base > 0 else limit) * scaling["factor"]
         if not scaled <= HF_INT_MAX:

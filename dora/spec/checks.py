@@ -69,8 +69,16 @@ def address_problem(address: str) -> str | None:
     return None
 
 
+def path_problem(path: tuple[str | int, ...], value: str | None) -> list[Diagnostic]:
+    """A file path field holding a NUL byte, which no operating system takes (Python's open raises ValueError)."""
+    if value is None or "\0" not in value:
+        return []
+    return [_d(path, f"{value!r} contains a NUL byte (\\0), which no file path can hold",
+               "remove the \\0 from the path (in double quotes YAML reads \"\\0\" as a NUL byte)")]
+
+
 def check_lengths(length: LengthSpec, where: tuple[str, ...]) -> list[Diagnostic]:
-    out = []
+    out = path_problem((*where, "histogram_file"), length.histogram_file)
     lognormal = length.median_tokens is not None or length.p99_tokens is not None
     if lognormal and length.histogram_file is not None:
         out.append(_d((*where, "histogram_file"), "give either median_tokens/p99_tokens or histogram_file, not both",
@@ -108,6 +116,7 @@ def check_spec(spec: Spec) -> list[Diagnostic]:
     if len(sources) != 1:
         msg = "no model given" if not sources else f"give exactly one model source, got {' and '.join(sources)}"
         out.append(_d(("model",), msg, "set one of model.preset, model.hf_config or model.architecture"))
+    out += path_problem(("model", "hf_config"), m.hf_config) + path_problem(("model", "checkpoint"), m.checkpoint)
     out += check_lengths(spec.workload.prompt_length, ("workload", "prompt_length"))
     out += check_lengths(spec.workload.response_length, ("workload", "response_length"))
     c = spec.cluster
@@ -156,6 +165,7 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
     out: list[Diagnostic] = []
 
     rt = spec.runtime
+    out += path_problem(("runtime", "output_dir"), rt.output_dir)
     cpu = spec.cluster.accelerator == "cpu"
     if rt.backend == "ray-cluster" and not rt.address:
         out.append(_d(("runtime", "address"), "backend ray-cluster needs the cluster's address",
@@ -189,16 +199,25 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
 
 def check_context(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
     """The longest sequence, prompt cap + response cap, within the checkpoint's context (vLLM refuses a longer
-    ``max_model_len``)."""
+    ``max_model_len``). Reported at the response cap, or at the prompt cap when it alone leaves no room for a
+    response."""
     limit, w = arch.max_context_tokens, spec.workload
-    longest = w.prompt_length.max_tokens + w.response_length.max_tokens
+    prompt, response = w.prompt_length.max_tokens, w.response_length.max_tokens
+    longest = prompt + response
     if limit is None or longest <= limit:
         return []
-    return [_d(("workload", "response_length", "max_tokens"), f"prompt max ({w.prompt_length.max_tokens:,}) + "
-               f"response max ({w.response_length.max_tokens:,}) = {longest:,} tokens exceeds the model's context of "
-               f"{limit:,} (max_position_embeddings{' with its RoPE scaling' if spec.model.hf_config else ''})",
-               f"lower it to at most {limit - w.prompt_length.max_tokens:,}, or give model.hf_config a config.json "
-               "whose rope_scaling extends the context")]
+    context = "max_position_embeddings" + (" with its RoPE scaling" if arch.rope_scaling else "")
+    message = (f"prompt max ({prompt:,}) + response max ({response:,}) = {longest:,} tokens exceeds the model's "
+               f"context of {limit:,} ({context})")
+    longer = ("give model.hf_config a config.json whose rope_scaling extends the context" if not arch.rope_scaling
+              else "use a model with a longer context")
+    if prompt < limit:
+        return [_d(("workload", "response_length", "max_tokens"), message,
+                   f"lower it to at most {limit - prompt:,}, lower workload.prompt_length.max_tokens, or {longer}")]
+    room = (f"lower it to at most {limit - response:,} (keeping the response cap)" if response < limit
+            else f"lower it and workload.response_length.max_tokens to add up to at most {limit:,}")
+    return [_d(("workload", "prompt_length", "max_tokens"), f"{message}; the prompt cap alone leaves no room for a "
+               "response", f"{room}, or {longer}")]
 
 
 def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:

@@ -42,7 +42,10 @@ def _clean(loc: tuple[Any, ...]) -> Path:
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit str() limit (a hex literal can be that long)
+        return f"an integer of {int(value.bit_length() * 0.30103) + 1:,} digits"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

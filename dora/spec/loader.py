@@ -18,8 +18,9 @@ from pydantic import ValidationError
 from dora.spec.checks import check_context, check_lengths, check_placement, check_spec, check_spec_staleness
 from dora.spec.diagnostics import Diagnostic, Path, SpecError
 from dora.spec.errors import diagnostics_from_validation
+from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ArchitectureSpec, LengthSpec, Spec, StalenessSpec
-from dora.spec.yamlio import YamlDoc, parse_yaml
+from dora.spec.yamlio import MAX_FILE_BYTES, YamlDoc, parse_yaml
 from planner.architecture import MLA, HFConfigError, ModelArch, arch_from_hf_config, get_preset
 from planner.workload import LengthDistribution
 
@@ -106,22 +107,18 @@ def _architecture_checks(a: ArchitectureSpec) -> list[Diagnostic]:
 
 
 def _read_side_file(base_dir: FsPath, rel: str, path: Path, what: str) -> tuple[str | None, list[Diagnostic]]:
-    target = base_dir / rel
     try:
-        size = target.stat().st_size
-        if not target.is_file():
-            kind = "a directory" if target.is_dir() else "not a regular file (a device, pipe or socket)"
-            return None, [Diagnostic(path=path, message=f"{what} '{rel}' is {kind}",
-                                     hint="point at a text file, relative to the spec file's directory")]
-        if size > MAX_SIDE_FILE_BYTES:
-            return None, [Diagnostic(path=path, message=f"{what} '{rel}' is larger than {MAX_SIDE_FILE_BYTES} bytes",
-                                     hint="point at the right file")]
-        return target.read_text(encoding="utf-8-sig"), []  # an editor's byte-order mark is not content
-    except FileNotFoundError:
-        return None, [Diagnostic(path=path, message=f"{what} '{rel}' does not exist (looked in {base_dir or '.'})",
-                                 hint="paths are relative to the spec file's directory")]
-    except (PermissionError, UnicodeDecodeError, OSError) as exc:
-        return None, [Diagnostic(path=path, message=f"cannot read {what} '{rel}': {type(exc).__name__}",
+        raw = read_input_file(base_dir / rel, MAX_SIDE_FILE_BYTES)
+    except InputFileError as exc:
+        if exc.missing:
+            return None, [Diagnostic(path=path, message=f"{what} '{rel}' does not exist (looked in {base_dir or '.'})",
+                                     hint="paths are relative to the spec file's directory")]
+        return None, [Diagnostic(path=path, message=f"{what} '{rel}' {exc.why}",
+                                 hint="point at a readable UTF-8 text file, relative to the spec file's directory")]
+    try:
+        return raw.decode("utf-8-sig"), []  # an editor's byte-order mark is not content
+    except UnicodeDecodeError as exc:
+        return None, [Diagnostic(path=path, message=f"{what} '{rel}' is not UTF-8 text (byte {exc.start})",
                                  hint="point at a readable UTF-8 text file")]
 
 
@@ -197,13 +194,12 @@ def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, 
     if text is None:
         return None, None, diags
     try:
-        config = json.loads(text, parse_constant=_not_a_json_number, parse_float=_finite)
+        config = loads_json(text, parse_constant=_not_a_json_number, parse_float=_finite)
     except json.JSONDecodeError as exc:
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' is not JSON: {exc.msg} at line {exc.lineno}",
                                        hint="point at a Hugging Face config.json")]
-    except (ValueError, RecursionError) as exc:
-        why = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc)
-        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' is not standard JSON: {why}",
+    except ValueError as exc:  # NaN, a float out of range, nesting too deep, an integer beyond any float
+        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' is not standard JSON: {exc}",
                                        hint="point at a Hugging Face config.json")]
     if not isinstance(config, dict):
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' must hold a JSON object",
@@ -222,7 +218,7 @@ def _not_a_json_number(name: str) -> Any:
 def _finite(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text} is out of a float's range")
+        raise ValueError(f"{text if len(text) <= 24 else text[:12] + '...'} is out of a float's range")
     return value
 
 
@@ -253,13 +249,13 @@ def load_spec(file: str) -> ResolvedSpec:
     """Read, validate and resolve a spec file; raise ``SpecError`` with every problem found."""
     fs = FsPath(file)
     try:
-        raw = fs.read_bytes()
-    except FileNotFoundError:
-        raise SpecError(file, [Diagnostic(path=(), message="file does not exist",
-                                          hint="check the path; example specs live in specs/")]) from None
-    except (IsADirectoryError, PermissionError, OSError) as exc:
-        raise SpecError(file, [Diagnostic(path=(), message=f"cannot read the file: {type(exc).__name__}",
-                                          hint="pass a readable YAML file")]) from None
+        raw = read_input_file(fs, MAX_FILE_BYTES)
+    except InputFileError as exc:
+        if exc.missing:
+            raise SpecError(file, [Diagnostic(path=(), message="file does not exist",
+                                              hint="check the path; example specs live in specs/")]) from None
+        raise SpecError(file, [Diagnostic(path=(), message=f"the file {exc.why}",
+                                          hint="pass a readable YAML spec file")]) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -300,12 +296,16 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
         raise SpecError(file, [Diagnostic(path=(), message="this is a dora plan file, not a spec",
                                           hint=f"pass the spec it was planned from ({data.get('spec_file', '?')})",
                                           file=file)])
+    # a scalar YAML could not build (`!!int "abc"`) is in the data as its text: its own diagnostic replaces what
+    # validation says about that text
+    unbuilt = located(list(doc.problems))
     try:
         spec = Spec.model_validate(doc.data)
     except ValidationError as exc:
-        diags = diagnostics_from_validation(exc, doc, file)
+        diags = unbuilt + [d for d in diagnostics_from_validation(exc, doc, file)
+                           if not any(d.path[:len(u.path)] == u.path for u in unbuilt)]
         raise SpecError(file, diags + located(_section_checks(doc.data, {d.path for d in diags}))) from None
-    diags = check_spec(spec)
+    diags = unbuilt + check_spec(spec)
     arch, hf, arch_diags = (None, None, []) if any(d.path[:1] == ("model",) for d in diags) else \
         _resolve_arch(spec, base_dir)
     diags += arch_diags

@@ -21,12 +21,37 @@ ModelPresetName = Literal[
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
 ALL_MODES: tuple[Mode, ...] = ("sync", "one-step-off", "bounded-async", "partial-rollout", "streaming")
 
+# Upper bounds. Every numeric field has one, so that no product of fields (a step's tokens, its time, the job's cost)
+# overflows a float, and a typo of a few extra digits is reported at its field instead of planning an absurd job.
+# The planner-side limits are repeated here (not imported); a unit test checks they agree.
 MAX_VERSION_LAG = 64
 """Largest staleness budget a spec may set."""
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+MAX_ACCELERATORS = 1_000_000
+"""Largest cluster (nodes x accelerators per node) and so largest pinned size: planner.search.core.MAX_ACCELERATORS."""
+MAX_BATCH_SAMPLES = 1_000_000
+"""Largest batch (prompts x samples per step): planner.search.core.MAX_BATCH_SAMPLES."""
+MAX_STEPS = 1_000_000
+"""Most training (or warm-up) steps a spec may ask for; RL post-training runs take hundreds to a few thousand."""
+MAX_TOKENS = 1 << 24
+"""Longest prompt or response length, 16,777,216 tokens: above any released model's context (Llama 4 Scout's
+10,485,760)."""
+MAX_PPO_EPOCHS = 100
+"""Most passes over one batch (PPO uses 1-4)."""
+MAX_PRICE_USD = 10_000.0
+"""Highest price of one accelerator-hour, USD (cloud GPUs rent for about 1-10)."""
+MAX_ARCH_INT = 1 << 40
+"""Largest architecture size (layers, widths, heads, experts, vocabulary): the bound config.json fields have
+(planner.architecture.HF_INT_MAX)."""
+ArchInt = Annotated[int, Field(gt=0, le=MAX_ARCH_INT)]
+"""A positive architecture size, at most MAX_ARCH_INT."""
+ArchCount = Annotated[int, Field(ge=0, le=MAX_ARCH_INT)]
+"""A non-negative architecture count, at most MAX_ARCH_INT."""
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+"""A length in tokens, 1..MAX_TOKENS."""
+ClusterSize = Annotated[int, Field(gt=0, le=MAX_ACCELERATORS)]
+"""A number of nodes or accelerators (or a parallel size), 1..MAX_ACCELERATORS."""
+BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH_SAMPLES)]
+"""A number of prompts, samples or sequences per step, 1..MAX_BATCH_SAMPLES."""
 Bandwidth = Annotated[float, Field(ge=0.001, le=1e6)]
 """GB/s: from 1 MB/s (below it no plan is meaningful, and the cost model's arithmetic overflows) to 1 PB/s."""
 
@@ -40,34 +65,35 @@ class StrictModel(BaseModel):
 class MLASpec(StrictModel):
     """Multi-head latent attention ranks (DeepSeek-V3 style)."""
 
-    q_lora_rank: PosInt | None = None
+    q_lora_rank: ArchInt | None = None
     """Rank of the query down-projection; null for a full-rank query projection."""
-    kv_lora_rank: PosInt
+    kv_lora_rank: ArchInt
     """Rank of the compressed KV latent that is cached (512 in DeepSeek-V3)."""
-    qk_nope_head_dim: PosInt
+    qk_nope_head_dim: ArchInt
     """Per-head query/key dimension without rotary embedding."""
-    qk_rope_head_dim: PosInt
+    qk_rope_head_dim: ArchInt
     """Per-head query/key dimension with rotary embedding (shared key part is cached)."""
-    v_head_dim: PosInt
+    v_head_dim: ArchInt
     """Per-head value dimension."""
 
 
 class ArchitectureSpec(StrictModel):
-    """Explicit transformer architecture (instead of a preset or a Hugging Face config.json)."""
+    """Explicit transformer architecture (instead of a preset or a Hugging Face config.json). Sizes and counts are
+    at most 2**40, as in a config.json."""
 
-    num_layers: PosInt
+    num_layers: ArchInt
     """Number of transformer layers."""
-    hidden_size: PosInt
+    hidden_size: ArchInt
     """Model (residual stream) width."""
-    num_attention_heads: PosInt
+    num_attention_heads: ArchInt
     """Attention (query) heads."""
-    num_kv_heads: PosInt | None = None
+    num_kv_heads: ArchInt | None = None
     """Key/value heads (GQA); defaults to num_attention_heads (MHA)."""
-    head_dim: PosInt | None = None
+    head_dim: ArchInt | None = None
     """Per-head dimension; defaults to hidden_size / num_attention_heads."""
-    ffn_hidden_size: PosInt
+    ffn_hidden_size: ArchInt
     """Intermediate size of the dense (SwiGLU) feed-forward block."""
-    vocab_size: PosInt
+    vocab_size: ArchInt
     """Vocabulary size."""
     tie_embeddings: bool = False
     """Whether the output head shares the input embedding matrix."""
@@ -75,22 +101,22 @@ class ArchitectureSpec(StrictModel):
     """Whether the QKV projections have biases (Qwen2.5)."""
     qk_norm: bool = False
     """Whether q and k get a per-head RMSNorm before attention (Qwen3)."""
-    rope_theta: PosFloat | None = None
+    rope_theta: Annotated[float, Field(gt=0, le=1e12)] | None = None
     """RoPE base frequency (config.json `rope_theta`, e.g. 1000000 for Qwen2.5/Qwen3). The planner does not need
     it; the Megatron config does (`rotary_base`): unset, megatron-core's default 10000 applies and the launch notes
-    say so."""
-    norm_eps: PosFloat | None = None
+    say so. At most 1e12 (released models use 1e4 to 1e7)."""
+    norm_eps: Annotated[float, Field(gt=0, le=1)] | None = None
     """RMSNorm epsilon (config.json `rms_norm_eps`). Like rope_theta, only the Megatron config uses it
-    (`layernorm_epsilon`; unset: megatron-core's 1e-5)."""
-    num_experts: NonNegInt = 0
+    (`layernorm_epsilon`; unset: megatron-core's 1e-5). At most 1."""
+    num_experts: ArchCount = 0
     """Routed experts per MoE layer; 0 for a dense model."""
-    experts_top_k: NonNegInt = 0
+    experts_top_k: ArchCount = 0
     """Routed experts activated per token."""
-    num_shared_experts: NonNegInt = 0
+    num_shared_experts: ArchCount = 0
     """Always-active shared experts per MoE layer."""
-    moe_ffn_hidden_size: NonNegInt = 0
+    moe_ffn_hidden_size: ArchCount = 0
     """Intermediate size of one expert."""
-    first_dense_layers: NonNegInt = 0
+    first_dense_layers: ArchCount = 0
     """Leading layers that use the dense FFN in an MoE model (DeepSeek `first_k_dense_replace`)."""
     mla: MLASpec | None = None
     """Multi-head latent attention ranks; null for standard (GQA) attention."""
@@ -117,31 +143,32 @@ class ClusterSpec(StrictModel):
 
     accelerator: AcceleratorName
     """Accelerator type from the hardware catalog (`cpu` = one CPU core, for the local default)."""
-    nodes: PosInt
-    """Number of nodes."""
-    accelerators_per_node: PosInt
+    nodes: ClusterSize
+    """Number of nodes (with accelerators_per_node, at most 1,000,000 accelerators)."""
+    accelerators_per_node: ClusterSize
     """Accelerators per node (GPUs; CPU cores for `cpu`)."""
     scale_up_bandwidth_gb_per_s: Bandwidth | None = None
     """Override the catalog's intra-node (NVLink) bandwidth per accelerator, GB/s one direction."""
     scale_out_bandwidth_gb_per_s: Bandwidth | None = None
     """Override the catalog's inter-node (NIC) bandwidth per accelerator, GB/s one direction."""
-    price_per_accelerator_hour_usd: NonNegFloat | None = None
-    """Price of one accelerator-hour, to report cost."""
+    price_per_accelerator_hour_usd: Annotated[float, Field(ge=0, le=MAX_PRICE_USD)] | None = None
+    """Price of one accelerator-hour, to report cost (USD, at most 10,000)."""
 
 
 # -------------------------------------------------------------------------------------------- workload
 class LengthSpec(StrictModel):
     """A token-length distribution: lognormal (`median_tokens` + `p99_tokens`) or an empirical histogram file."""
 
-    median_tokens: PosInt | None = None
+    median_tokens: Tokens | None = None
     """Median length in tokens (lognormal)."""
-    p99_tokens: PosInt | None = None
+    p99_tokens: Tokens | None = None
     """99th-percentile length in tokens (lognormal); must be >= median_tokens."""
     histogram_file: str | None = None
     """CSV of observed lengths, relative to the spec file: rows `length,count` (header and # comments allowed)."""
-    max_tokens: PosInt
-    """Hard cap: longer samples are truncated here (the generation limit)."""
-    min_tokens: PosInt = 1
+    max_tokens: Tokens
+    """Hard cap: longer samples are truncated here (the generation limit). Every length is at most 16,777,216
+    tokens."""
+    min_tokens: Tokens = 1
     """Lower bound on a sampled length."""
 
 
@@ -151,24 +178,24 @@ class TaskSpec(StrictModel):
     name: Literal["count"] = "count"
     """Task name: `count` — count from a to b; the answer length b - a + 1 is drawn from response_length, once per
     prompt, so every sample of a prompt group has the same length (the planner simulates it so)."""
-    warmup_steps: NonNegInt = 500
-    """Supervised warm-up steps from random init before RL (cached in the output directory)."""
+    warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 500
+    """Supervised warm-up steps from random init before RL (cached in the output directory); at most 1,000,000."""
 
 
 class WorkloadSpec(StrictModel):
     """What one training step consumes, and for how many steps."""
 
-    prompts_per_step: PosInt
+    prompts_per_step: BatchSize
     """Prompt groups per training step (the batch). With samples_per_prompt, at most 1,000,000 trajectories per step
     (the planner simulates each candidate's steps)."""
-    samples_per_prompt: PosInt = 8
+    samples_per_prompt: BatchSize = 8
     """Responses sampled per prompt (the GRPO group size)."""
     prompt_length: LengthSpec
     """Prompt length distribution."""
     response_length: LengthSpec
     """Response length distribution; its long tail is what asynchronous modes hide."""
-    steps: PosInt
-    """Training steps (policy versions produced)."""
+    steps: Annotated[int, Field(gt=0, le=MAX_STEPS)]
+    """Training steps (policy versions produced), at most 1,000,000."""
     task: TaskSpec | None = None
     """The local task (only for the embedded CPU runtime)."""
 
@@ -179,22 +206,22 @@ class AlgorithmSpec(StrictModel):
 
     name: Literal["grpo", "ppo"] = "grpo"
     """Policy-gradient family: `grpo` (group-normalised advantages, no critic) or `ppo` (with a critic)."""
-    ppo_epochs: PosInt = 1
-    """Passes over each batch."""
-    minibatches_per_step: PosInt = 1
-    """Optimizer steps per batch and epoch."""
+    ppo_epochs: Annotated[int, Field(gt=0, le=MAX_PPO_EPOCHS)] = 1
+    """Passes over each batch (at most 100)."""
+    minibatches_per_step: BatchSize = 1
+    """Optimizer steps per batch and epoch (at most 1,000,000)."""
     off_policy_correction: Literal["none", "tis", "decoupled-ppo"] = "tis"
     """Correction for stale samples using the recorded behaviour log-probs."""
-    tis_cap: PosFloat = 2.0
-    """Truncation cap C of the importance weight (tis)."""
-    clip_ratio: PosFloat = 0.2
-    """PPO clip epsilon."""
-    learning_rate: PosFloat = 1e-6
-    """AdamW learning rate."""
-    kl_coef: NonNegFloat = 0.0
-    """KL penalty to the reference model; > 0 adds a reference forward pass per step."""
-    temperature: PosFloat = 1.0
-    """Sampling temperature for rollout."""
+    tis_cap: Annotated[float, Field(gt=0, le=1000)] = 2.0
+    """Truncation cap C of the importance weight (tis); at most 1000."""
+    clip_ratio: Annotated[float, Field(gt=0, le=10)] = 0.2
+    """PPO clip epsilon; at most 10."""
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = 1e-6
+    """AdamW learning rate; at most 1."""
+    kl_coef: Annotated[float, Field(ge=0, le=100)] = 0.0
+    """KL penalty to the reference model; > 0 adds a reference forward pass per step. At most 100."""
+    temperature: Annotated[float, Field(gt=0, le=100)] = 1.0
+    """Sampling temperature for rollout; at most 100."""
 
 
 class StalenessSpec(StrictModel):
@@ -213,15 +240,15 @@ class StalenessSpec(StrictModel):
 class RolloutPlacement(StrictModel):
     """Pinned rollout side; unset fields are searched."""
 
-    accelerators: PosInt | None = None
+    accelerators: ClusterSize | None = None
     """Accelerators for rollout."""
-    tp: PosInt | None = None
+    tp: ClusterSize | None = None
     """Tensor-parallel size of one engine replica."""
-    ep: PosInt | None = None
+    ep: ClusterSize | None = None
     """Expert-parallel size of one engine replica (MoE)."""
-    versions_per_engine: PosInt | None = None
-    """Policy versions one engine replica may hold at once (1 on GPUs)."""
-    consolidation_batch: PosInt | None = None
+    versions_per_engine: Annotated[int, Field(gt=0, le=MAX_VERSION_LAG + 1)] | None = None
+    """Policy versions one engine replica may hold at once (1 on GPUs; at most k + 1)."""
+    consolidation_batch: BatchSize | None = None
     """Streaming: the most sequences an engine takes in when an older version's requests are packed onto fewer
     engines (freeing engines for the newest version). Unset: the engine's batching knee, where per-sequence decode
     costs equal the fixed ones. A value at or above the engine's sequence slots packs engines full (DORA's paper)."""
@@ -230,17 +257,17 @@ class RolloutPlacement(StrictModel):
 class TrainPlacement(StrictModel):
     """Pinned training side; unset fields are searched."""
 
-    accelerators: PosInt | None = None
+    accelerators: ClusterSize | None = None
     """Accelerators for training."""
-    tp: PosInt | None = None
+    tp: ClusterSize | None = None
     """Tensor-parallel size."""
-    pp: PosInt | None = None
+    pp: ClusterSize | None = None
     """Pipeline-parallel size."""
-    ep: PosInt | None = None
+    ep: ClusterSize | None = None
     """Expert-parallel size (MoE)."""
-    dp: PosInt | None = None
+    dp: ClusterSize | None = None
     """Data-parallel size."""
-    cp: PosInt | None = None
+    cp: ClusterSize | None = None
     """Context-parallel size (long responses)."""
 
 

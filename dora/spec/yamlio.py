@@ -4,6 +4,11 @@
 result to plain Python data while recording the 1-based line of every key and list item. The conversion walks
 aliases by value, so a "billion laughs" document would expand exponentially: the walk counts the nodes it
 produces and stops at ``MAX_NODES``, which bounds time and memory whatever the input.
+
+Scalars are built by ``_SpecConstructor``, which never fails on content: a spec has no date fields, so a scalar
+YAML reads as a date (``name: 2024-02-30``) stays the text as written, and a scalar its tag cannot build
+(``!!int "abc"``, ``!!bool maybe``, an integer of thousands of digits) becomes a ``_BadScalar`` that the walk
+reports at its YAML path and line, alongside every other problem of the spec (``YamlDoc.problems``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from dora.spec.diagnostics import Diagnostic, Path, SpecError
 
@@ -29,6 +36,8 @@ MAX_DEPTH = 32
 class YamlDoc:
     data: Any
     lines: dict[Path, int]
+    problems: tuple[Diagnostic, ...] = ()
+    """Scalars the YAML could not build (``!!int "abc"``), each at its path and line; in ``data`` as their text."""
 
     def line_of(self, path: Path) -> int | None:
         """Line of the deepest known prefix of ``path`` (an unknown leaf points at its parent)."""
@@ -43,19 +52,106 @@ class _TooBig(Exception):
     pass
 
 
-def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], depth: int) -> Any:
+_CORE = "tag:yaml.org,2002:"
+_NODE_KINDS: dict[str, tuple[Any, str]] = {
+    **{t: (ScalarNode, "a scalar") for t in ("int", "float", "bool", "null", "str", "binary", "timestamp")},
+    **{t: (MappingNode, "a mapping") for t in ("map", "set")},
+    **{t: (SequenceNode, "a list") for t in ("seq", "omap", "pairs")},
+}
+"""The node each core tag builds from: ``!!set "abc"`` would otherwise fail deep inside ruamel."""
+_WANTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
+_HINTS = {
+    "int": "write a whole number such as 8 (the !!int tag is not needed)",
+    "float": "write a number such as 0.5 (the !!float tag is not needed)",
+    "bool": "write true or false (the !!bool tag is not needed)",
+}
+
+
+@dataclass(frozen=True)
+class _BadScalar:
+    """A node its tag could not build: reported by ``_plain`` at the node's path, kept in the data as its text."""
+
+    text: str
+    message: str
+    hint: str
+    line: int
+
+
+class _SpecConstructor(RoundTripConstructor):
+    """ruamel's round-trip constructor, except that bad content becomes a ``_BadScalar`` instead of an exception
+    (ruamel raises ValueError, KeyError or IndexError from ``!!int "abc"``, ``!!bool maybe``, ``!!float ""``), and
+    dates stay text."""
+
+    def construct_non_recursive_object(self, node: Any, tag: str | None = None) -> Any:
+        tag = node.tag if tag is None else tag
+        short = tag[len(_CORE):] if isinstance(tag, str) and tag.startswith(_CORE) else None
+        if short not in _NODE_KINDS:
+            return super().construct_non_recursive_object(node, tag)
+        kind, what = _NODE_KINDS[short]
+        if not isinstance(node, kind):
+            return self._bad(node, f"!!{short} needs {what}, got {_node_kind(node)}", f"remove the !!{short} tag")
+        if short == "timestamp":
+            return str(node.value)  # no spec field is a date: the text as written (valid date or not)
+        try:
+            return super().construct_non_recursive_object(node, tag)
+        except (YAMLError, ValueError, LookupError, TypeError, AttributeError, ArithmeticError) as exc:
+            if kind is not ScalarNode:
+                raise
+            return self._bad_scalar(node, short, exc)
+
+    def _bad_scalar(self, node: Any, short: str, exc: Exception) -> _BadScalar:
+        text = str(node.value)
+        digits = sum(c.isdigit() for c in text)
+        if "Exceeds the limit" in str(exc):  # Python's int() refuses more than 4300 digits (CVE-2020-10735)
+            return self._bad(node, f"a number of {digits:,} digits is too long to read",
+                             "no spec field takes a number this large; write a smaller one")
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        implicit = node.style is None and self.resolver.resolve(ScalarNode, text, (True, False)) == node.tag
+        written = shown if implicit else f'!!{short} "{shown}"'
+        wanted = _WANTED.get(short, f"a valid !!{short} value")
+        reason = getattr(exc, "problem", None) or str(exc)
+        detail = f" ({reason})" if short not in _WANTED and reason else ""
+        return self._bad(node, f"{written} is not {wanted}{detail}", _HINTS.get(short, f"remove the !!{short} tag"))
+
+    def check_mapping_key(self, node: Any, key_node: Any, mapping: Any, key: Any, value: Any) -> bool:
+        try:
+            hash(key)  # ruamel lets through a tuple key that holds a list (`[[1, 2]]: x`), then fails on it
+        except TypeError:
+            raise ConstructorError("while constructing a mapping", node.start_mark, "found unhashable key",
+                                   key_node.start_mark) from None
+        return bool(super().check_mapping_key(node, key_node, mapping, key, value))
+
+    @staticmethod
+    def _bad(node: Any, message: str, hint: str) -> _BadScalar:
+        text = node.value if isinstance(node, ScalarNode) else ""
+        return _BadScalar(text=str(text), message=message, hint=hint, line=node.start_mark.line + 1)
+
+
+def _node_kind(node: Any) -> str:
+    return {ScalarNode: "a scalar", MappingNode: "a mapping", SequenceNode: "a list"}.get(type(node), "a node")
+
+
+def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], depth: int,
+           problems: list[Diagnostic]) -> Any:
     budget[0] -= 1
     if budget[0] < 0 or depth > MAX_DEPTH:
         raise _TooBig(path)
+    if isinstance(node, _BadScalar):
+        problems.append(Diagnostic(path=path, line=node.line, message=node.message, hint=node.hint))
+        return node.text
     if isinstance(node, CommentedMap):
         out: dict[Any, Any] = {}
         for key in node:
+            if isinstance(key, _BadScalar):  # a key its tag could not build: as its text, reported at the key
+                problems.append(Diagnostic(path=(*path, key.text), line=key.line, message=key.message, hint=key.hint))
+                out[key.text] = _plain(node[key], (*path, key.text), lines, budget, depth + 1, problems)
+                continue
             child = (*path, key if isinstance(key, str | int) else str(key))
             try:
                 lines.setdefault(child, node.lc.key(key)[0] + 1)
             except (KeyError, TypeError, AttributeError):  # merged keys (<<) carry no position of their own
                 pass
-            out[key] = _plain(node[key], child, lines, budget, depth + 1)
+            out[key] = _plain(node[key], child, lines, budget, depth + 1, problems)
         return out
     if isinstance(node, CommentedSeq):
         items = []
@@ -65,7 +161,7 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
                 lines.setdefault(child, node.lc.item(i)[0] + 1)
             except (KeyError, TypeError, AttributeError):
                 pass
-            items.append(_plain(item, child, lines, budget, depth + 1))
+            items.append(_plain(item, child, lines, budget, depth + 1, problems))
         return items
     if isinstance(node, str):
         return str(node)  # drop ruamel's scalar-string subclasses
@@ -79,7 +175,7 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
         return None
     if isinstance(node, bytes | AbstractSet):
         return node  # !!binary, !!set: no spec field takes them, so validation names the field (as text they passed)
-    return str(node)  # dates, other tagged scalars: as text, which a string field takes as written
+    return str(node)  # other tagged scalars (!foo x): as text, which a string field takes as written
 
 
 def parse_yaml(text: str, file: str) -> YamlDoc:
@@ -91,6 +187,7 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
         raise SpecError(file, [Diagnostic(path=(), message="the spec is empty",
                                           hint="start from one of the example specs (dora ships specs/*.yaml)")])
     yaml = YAML(typ="rt", pure=True)
+    yaml.Constructor = _SpecConstructor
     try:
         root = yaml.load(text)
     except MarkedYAMLError as exc:
@@ -105,16 +202,23 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
     except RecursionError:
         raise SpecError(file, [Diagnostic(path=(), message="YAML nesting is too deep",
                                           hint=f"a spec nests at most {MAX_DEPTH} levels")]) from None
+    except (TypeError, AttributeError, ValueError, LookupError, ArithmeticError) as exc:
+        # ruamel's own failures on odd structure (a !!pairs list as a mapping key); scalars never get here
+        raise SpecError(file, [Diagnostic(path=(), message=f"not valid YAML for a spec: {type(exc).__name__}: {exc}",
+                                          hint="write plain keys and values: no `? ` complex keys, no tags on "
+                                               "lists or mappings")]) from None
     if root is None:
         raise SpecError(file, [Diagnostic(path=(), message="the spec is empty (only comments or blank lines)",
                                           hint="start from one of the example specs (dora ships specs/*.yaml)")])
     if not isinstance(root, CommentedMap):
-        kind = "a list" if isinstance(root, CommentedSeq) else f"a {type(root).__name__} scalar"
+        kind = "a list" if isinstance(root, CommentedSeq) else \
+            "a scalar" if isinstance(root, _BadScalar) else f"a {type(root).__name__} scalar"
         raise SpecError(file, [Diagnostic(path=(), line=1, message=f"the spec must be a YAML mapping, got {kind}",
                                           hint="top-level keys are name, model, cluster, workload, ...")])
     lines: dict[Path, int] = {(): 1}
+    problems: list[Diagnostic] = []
     try:
-        data = _plain(root, (), lines, [MAX_NODES], 0)
+        data = _plain(root, (), lines, [MAX_NODES], 0, problems)
     except _TooBig as exc:
         path: Path = exc.args[0][:1]  # the top-level key whose value explodes; deeper paths are noise
         raise SpecError(file, [Diagnostic(
@@ -122,4 +226,4 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
             message=f"the document expands to more than {MAX_NODES} nodes or {MAX_DEPTH} levels "
                     "(YAML aliases referencing each other?)",
             hint="remove the recursive/exponential aliases; write the values out")]) from None
-    return YamlDoc(data=data, lines=lines)
+    return YamlDoc(data=data, lines=lines, problems=tuple(problems))

@@ -193,6 +193,48 @@ def test_hf_config_errors_name_the_key():
     assert info.value.key == "q_lora_rank"
 
 
+@pytest.mark.parametrize(("rope_scaling", "key", "message"), [
+    ({"rope_type": "llama3"}, "rope_scaling.factor", "is required for rope_type 'llama3'"),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0},
+     "rope_scaling.high_freq_factor", "is required"),
+    ({"type": "linear"}, "rope_scaling.factor", "is required for rope_type 'linear'"),
+    ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": "32k"},
+     "rope_scaling.original_max_position_embeddings", "must be an integer, got '32k'"),
+    ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 0},
+     "rope_scaling.original_max_position_embeddings", "must be in 1.."),
+    ({"rope_type": "yarn", "factor": 4, "beta_fast": "fast"}, "rope_scaling.beta_fast", "must be a number > 0"),
+    ({"rope_type": "yarn", "factor": "4"}, "rope_scaling.factor", "must be a number > 0, got '4'"),
+    ({"rope_type": "yarn", "factor": 0}, "rope_scaling.factor", "must be a number > 0, got 0"),
+    ({"rope_type": "yarn", "factor": 4, "mscale": -1}, "rope_scaling.mscale", "must be a number >= 0"),
+    ({"rope_type": "llama3", "factor": 10**400, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
+      "high_freq_factor": 4.0}, "rope_scaling.factor", "at most 1099511627776"),
+    ({"rope_type": "yarn", "factor": 4, "truncate": "no"}, "rope_scaling.truncate", "must be true or false"),
+    ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": "x"}, "rope_scaling.long_factor", "list"),
+    ({"rope_type": 4}, "rope_scaling.rope_type", "must be a string"),
+    ({"factor": 4.0}, "rope_scaling.rope_type", "is required but missing"),
+    ("yarn", "rope_scaling", "must be an object"),
+])
+def test_hf_config_rope_scaling_fields_are_checked(rope_scaling, key, message):
+    """A RoPE scaling vLLM or the Megatron lowering could not read is refused when config.json is read, naming the
+    field, instead of failing later (a KeyError or int() error while writing the launch files)."""
+    with pytest.raises(HFConfigError, match=message) as info:
+        arch_from_hf_config(_config("qwen3-8b") | {"rope_scaling": rope_scaling}, name="x")
+    assert info.value.key == key
+    v5 = {k: v for k, v in _config("qwen3-8b").items() if k != "rope_scaling"}
+    if isinstance(rope_scaling, dict):  # transformers 5's name for it, checked alike
+        with pytest.raises(HFConfigError, match=message) as info:
+            arch_from_hf_config(v5 | {"rope_parameters": {**rope_scaling, "rope_theta": 1e6}}, name="x")
+        assert info.value.key == key.replace("rope_scaling", "rope_parameters")
+
+
+def test_hf_config_rope_scaling_that_is_complete_passes():
+    for scaling in ({"rope_type": "dynamic", "factor": 2.0}, {"rope_type": "default"}, {"rope_type": "mrope"},
+                    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0, "truncate": False, "attention_factor": None},
+                    {"rope_type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [2, 3], "factor": 4.0}):
+        arch_from_hf_config(_config("qwen3-8b") | {"rope_scaling": scaling}, name="x")
+
+
 def test_invalid_arch_is_rejected():
     with pytest.raises(ValueError, match="experts_top_k"):
         ModelArch(name="x", num_layers=1, hidden_size=8, num_attention_heads=2, num_kv_heads=2, head_dim=4,

@@ -5,6 +5,7 @@ and nothing half-written."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -309,3 +310,54 @@ def test_the_jobs_client_is_given_the_address_dora_names_not_the_environment_s(m
     assert seen == {"address": "http://head:8265", "env": {"RAY_API_SERVER_ADDRESS": None, "RAY_ADDRESS": None}}
     assert cluster.os.environ["RAY_ADDRESS"] == "http://other:8265"  # restored for everything else
     assert cluster.os.environ["RAY_API_SERVER_ADDRESS"] == "http://another:8265"
+
+
+_CORRUPT_JSON = {
+    "deep": ('{"format_version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nests too deeply"),  # RecursionError
+    "long-int": ('{"format_version": 1, "x": ' + "1" * 5000 + "}", "an integer of 5,000 digits"),  # int()'s limit
+    "float-int": ('{"format_version": 1, "x": ' + "1" * 400 + "}", "an integer of 400 digits"),  # float() overflow
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_CORRUPT_JSON))
+@pytest.mark.parametrize("command", ["against", "calibration", "diff"])
+def test_a_plan_or_calibration_file_python_cannot_parse_is_refused(tmp_path: Path, capsys, kind, command) -> None:
+    content, why = _CORRUPT_JSON[kind]
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    what = "calibration file" if command == "calibration" else "plan file"
+    argv = ["diff", str(bad), str(GOLDEN_PLAN)] if command == "diff" else ["plan", str(TINY), f"--{command}", str(bad)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{what} '{bad}' is not readable JSON: " in err and why in err and "internal" not in err
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo"])
+@pytest.mark.parametrize("command", ["against", "calibration", "diff"])
+def test_a_plan_or_calibration_path_that_is_not_a_regular_file_is_refused(tmp_path: Path, target, command) -> None:
+    import subprocess
+    import sys
+
+    path = "/dev/zero"
+    if target == "fifo":  # a FIFO hung `dora plan --against` forever, /dev/zero was read to a MemoryError
+        path = str(tmp_path / "plan.json")
+        os.mkfifo(path)
+    argv = ["diff", path, str(GOLDEN_PLAN)] if command == "diff" else ["plan", str(TINY), f"--{command}", path]
+    proc = subprocess.run([sys.executable, "-m", "dora.cli", *argv], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "internal" not in proc.stderr, proc.stderr
+    assert "is not a regular file (a device, pipe or socket)" in proc.stderr and path in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--out", "--against", "--calibration"])
+def test_an_empty_path_flag_is_refused(tmp_path: Path, capsys, monkeypatch, flag) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", str(TINY), flag, ""]) == 2  # an empty --out planned, wrote nothing and exited 0
+    assert f"{flag} is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_job_record_nested_too_deeply_is_not_a_job_record(tmp_path: Path, capsys) -> None:
+    (tmp_path / "job.json").write_text("[" * 100_000 + "]" * 100_000)  # RecursionError, an internal error before
+    assert main(["status", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a dora job record: it nests too deeply" in err and "internal" not in err

@@ -6,6 +6,8 @@ equal the declared set (nothing missing, nothing extra), and each message must m
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -72,3 +74,92 @@ def test_cli_exit_code_and_no_traceback() -> None:
 def test_missing_file_is_a_diagnostic() -> None:
     with pytest.raises(SpecError, match="file does not exist"):
         load_spec(str(CORPUS / "no-such-spec.yaml"))
+
+
+TINY = CORPUS.parent.parent.parent / "specs" / "local-tiny.yaml"
+
+
+def _dora(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dora.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("written", ["2024-02-30", "2024-13-01", "2024-02-28 25:00:00", "2024-02-28", "0000-01-01"])
+def test_a_date_is_read_as_the_text_written(written: str) -> None:
+    from dora.spec.loader import load_spec_text
+
+    # ruamel built a date and raised ValueError (day is out of range for month) from every command; no spec field is
+    # a date, so valid or not it is the text as written
+    text = TINY.read_text().replace("name: local-tiny", f"name: {written}")
+    assert load_spec_text(text, "x.yaml", TINY.parent).spec.name == written
+
+
+def test_validate_reports_every_file_of_a_batch_when_one_holds_a_bad_tag(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TINY.read_text().replace("  nodes: 1", '  nodes: !!int "abc"'))
+    line = bad.read_text().splitlines().index('  nodes: !!int "abc"') + 1
+    proc = _dora("validate", "--json", str(TINY), str(bad))
+    assert proc.returncode == 2, proc.stderr
+    first, second = json.loads(proc.stdout)
+    assert first["valid"] and not second["valid"]
+    assert second["problems"] == [{"file": str(bad), "path": "cluster.nodes", "line": line,
+                                   "message": '!!int "abc" is not an integer',
+                                   "hint": "write a whole number such as 8 (the !!int tag is not needed)"}]
+    proc = _dora("validate", str(bad))
+    assert proc.returncode == 2 and "internal error" not in proc.stderr and "cluster.nodes (line" in proc.stderr
+
+
+@pytest.mark.parametrize("text", ["[[1, 2]]: x\n", "? [[1, 2]]\n: x\n", "a:\n  !!pairs [{b: 1}]: x\n", "!!bool maybe\n"])
+def test_odd_yaml_structure_is_a_diagnostic(text: str) -> None:
+    from dora.spec.yamlio import parse_yaml
+
+    with pytest.raises(SpecError) as info:  # TypeError, AttributeError or KeyError inside ruamel before
+        parse_yaml(text, "x.yaml")
+    assert all(d.hint for d in info.value.diagnostics)
+
+
+def test_a_key_its_tag_cannot_build_is_reported_at_the_key() -> None:
+    from dora.spec.yamlio import parse_yaml
+
+    doc = parse_yaml('a: 1\n!!int "x": 1\n', "x.yaml")
+    assert doc.data == {"a": 1, "x": 1}
+    (problem,) = doc.problems
+    assert (problem.path, problem.line, problem.message) == (("x",), 2, '!!int "x" is not an integer')
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "directory", "fifo"])
+def test_a_spec_that_is_not_a_regular_file_is_refused_before_reading(tmp_path: Path, target: str) -> None:
+    # /dev/zero was read to a MemoryError (the size limit was checked after reading), a FIFO hung forever
+    path = {"/dev/zero": "/dev/zero", "directory": str(tmp_path), "fifo": str(tmp_path / "spec.yaml")}[target]
+    if target == "fifo":
+        os.mkfifo(path)
+    proc = _dora("validate", path, str(TINY), timeout=30)
+    assert proc.returncode == 2 and "internal error" not in proc.stderr, proc.stderr
+    assert ("is a directory" if target == "directory" else "is not a regular file") in proc.stderr
+    assert f"ok {TINY}" in proc.stdout  # and the batch goes on
+
+
+def test_a_spec_larger_than_the_limit_is_refused(tmp_path: Path) -> None:
+    from dora.spec.yamlio import MAX_FILE_BYTES
+
+    big = tmp_path / "big.yaml"
+    big.write_text(TINY.read_text() + "#" * MAX_FILE_BYTES)
+    with pytest.raises(SpecError, match=f"the file is larger than {MAX_FILE_BYTES:,} bytes"):
+        load_spec(str(big))
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "it nests too deeply"),
+    ('{"rope_theta": ' + "1" * 5000 + "}", "an integer of 5,000 digits"),
+    ('{"rope_theta": ' + "1" * 400 + "}", "an integer of 400 digits"),  # float(int) raised OverflowError
+])
+def test_an_hf_config_python_cannot_read_is_a_diagnostic(tmp_path: Path, content: str, message: str) -> None:
+    config = json.loads((CORPUS.parent / "hf_configs" / "qwen3-8b.json").read_text())
+    (tmp_path / "config.json").write_text(content.replace("{", "{" + json.dumps(config)[1:-1] + ", ", 1))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((CORPUS / "nodes_string.yaml").read_text().replace("preset: qwen3-8b", "hf_config: config.json")
+                    .replace('nodes: "two"', "nodes: 2"))
+    with pytest.raises(SpecError) as info:
+        load_spec(str(spec))
+    (diag,) = info.value.diagnostics
+    assert diag.path == ("model", "hf_config") and message in diag.message
+    assert spec.read_text().splitlines()[diag.line - 1].strip() == "hf_config: config.json"
