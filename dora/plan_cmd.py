@@ -145,7 +145,10 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
             err_console.print(f"  closest candidate: {exc.closest.what}\n  it lacks: {exc.closest.reason}",
                               markup=False, highlight=False)
         low_memory = resolved.spec.runtime.gpu_memory_utilization < 0.5
-        err_console.print("  to fix: add accelerators, use a larger accelerator, lower the response cap, "
+        pinned = resolved.spec.placement != "auto"
+        err_console.print("  to fix: " + ("remove or relax the pinned sizes under placement (the search then "
+                                          "chooses them), " if pinned else "")
+                          + "add accelerators, use a larger accelerator, lower the response cap, "
                           + ("raise runtime.gpu_memory_utilization, " if low_memory else "") + "or a smaller model",
                           markup=False, highlight=False)
         return 1

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
 
@@ -134,6 +135,15 @@ def check_spec(spec: Spec) -> list[Diagnostic]:
                       f"up to {MAX_BATCH_SAMPLES:,} (its planner simulates each candidate's steps)",
                       "lower prompts_per_step or samples_per_prompt (specs/moe-scale-x10240.yaml, the largest "
                       "example, has 4,096 x 16)"))
+    batch, minibatches = w.prompts_per_step * w.samples_per_prompt, spec.algorithm.minibatches_per_step
+    if batch % minibatches:
+        fits = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:6]
+        out.append(_d(("algorithm", "minibatches_per_step"),
+                      f"a step's {batch:,} samples (prompts_per_step x samples_per_prompt) do not split into "
+                      f"{minibatches} equal minibatches ({batch:,} / {minibatches} = {batch / minibatches:,.2f}); "
+                      "Megatron's global batch is one minibatch and must be whole",
+                      f"choose a divisor of {batch:,}" + (f" ({', '.join(map(str, fits))}, ...)" if fits else "")
+                      + ", or change the batch"))
 
     if spec.algorithm.name == "grpo" and w.samples_per_prompt < 2:
         out.append(_d(("workload", "samples_per_prompt"),
@@ -249,6 +259,33 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
                               f"spans ep = tp x attention-dp accelerators, and {r.ep} % {r.tp} = {r.ep % r.tp}",
                               "set ep to tp times the attention data-parallel size"))
     replica = max(r.tp or 1, r.ep or 1)
+    # each side gets the whole cluster when colocated (or maybe colocated), at most all but one accelerator otherwise
+    room = total - 1 if p.colocated is False else total
+    where = f"the cluster's {total} accelerators" + (" less one for the other side" if p.colocated is False else "")
+    if room < 1:
+        out.append(_d(("placement", "colocated"), f"a disaggregated placement needs one accelerator for rollout and "
+                      f"one for training; the cluster has {total}",
+                      "set placement.colocated: true (or remove it), or add accelerators"))
+    elif replica > room:
+        field = "ep" if (r.ep or 1) > (r.tp or 1) else "tp"
+        out.append(_d((*R, field), f"one engine replica spans {field} = {replica} accelerators, more than {where}",
+                      f"use a {field} of at most {room}, or add accelerators"))
+    w = spec.workload
+    batch, minibatches = w.prompts_per_step * w.samples_per_prompt, spec.algorithm.minibatches_per_step
+    if t.dp is not None and batch % minibatches == 0:
+        divides((*T, "dp"), "train dp", t.dp, "the samples of an optimizer step (prompts_per_step x "
+                "samples_per_prompt / minibatches_per_step)", batch // minibatches,
+                "Megatron splits each minibatch evenly over the data-parallel ranks: choose a dp dividing it")
+    pinned = [(name, size) for name, size in (("tp", t.tp), ("pp", t.pp), ("dp", t.dp), ("cp", t.cp))
+              if size is not None]
+    needs = math.prod(size for _, size in pinned)
+    if pinned and needs > room >= 1:
+        field = max(pinned, key=lambda item: item[1])[0]
+        product = " x ".join(name for name, _ in pinned)
+        sizes = " x ".join(str(size) for _, size in pinned)
+        out.append(_d((*T, field), f"the pinned training layout needs at least {product} = "
+                      + (f"{sizes} = " if len(pinned) > 1 else "") + f"{needs:,} accelerators, more than {where}",
+                      f"lower {field} (or the other pinned sizes), or add accelerators"))
     if r.accelerators is not None:
         if r.accelerators > total:
             out.append(_d((*R, "accelerators"), f"rollout accelerators ({r.accelerators}) exceed the cluster "

@@ -73,7 +73,10 @@ def test_infeasible_plan_exits_nonzero_without_traceback(tmp_path: Path) -> None
     proc = _run("plan", str(spec))
     assert proc.returncode == 1
     assert "nothing fits" in proc.stderr and "closest candidate" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and "pinned" not in proc.stderr
+    spec.write_text(spec.read_text() + "placement:\n  train: {tp: 2}\n")
+    pinned = _run("plan", str(spec))
+    assert pinned.returncode == 1 and "to fix: remove or relax the pinned sizes under placement" in pinned.stderr
 
 
 def test_bad_plan_file_format_version(tmp_path: Path) -> None:
