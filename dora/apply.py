@@ -172,16 +172,24 @@ def _saved_plan_spec(plan_file: Path, spec_file: str) -> str:
     when the plan is applied from elsewhere, the plan's directory or one of its parents (plans are written below the
     directory they were planned in: ``dora plan specs/x.yaml --out plans/x``). Raises ``ApplyInputError``."""
     name = Path(spec_file)
-    if name.is_absolute() or name.exists():
+    if name.is_absolute() or _names_something(name, Path.exists):
         return spec_file
     for base in plan_file.resolve().parents:  # the plan's directory, then its parents
         candidate = base / name
-        if candidate.is_file():
+        if _names_something(candidate, Path.is_file):
             return os.path.relpath(candidate)
     raise ApplyInputError(
         f"{plan_file} was planned from the spec {spec_file} (its spec_file, relative to the directory `dora plan` ran "
         f"in), which is neither in this directory nor relative to {plan_file.parent.resolve()} or a parent of it; "
         "run `dora apply` from the directory it was planned in, or plan the spec again with `dora plan SPEC --out DIR`")
+
+
+def _names_something(path: Path, test: Any) -> bool:
+    """``test(path)``, False for a path no file can have (too long, a NUL byte: a hand-edited plan's spec_file)."""
+    try:
+        return bool(test(path))
+    except (OSError, ValueError):
+        return False
 
 
 def plan_spec(resolved: Any, mode: str | None, calibration: Any = None) -> tuple[Any, Any]:

@@ -46,7 +46,6 @@ the fit says so.
 from __future__ import annotations
 
 import bisect
-import json
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from dora.calibrate import Fit, ModelContext, Point, _rollout_model, _train_seconds, fit_decode, fit_train
+from dora.spec.files import loads_json
 from planner.calibration import Calibration
 
 MIN_CELL_STEPS = 5
@@ -108,7 +108,7 @@ class RunTimings:
 
 def _jsonl(path: Path) -> list[Any]:
     try:
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [loads_json(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except OSError as exc:
         raise RunDataError(f"{path}: {exc.strerror or exc}; pass the output directory of a finished `dora apply` "
                            "run (it writes engine_steps.jsonl, metrics.jsonl and trace.jsonl)") from None

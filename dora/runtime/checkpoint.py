@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dora.runtime.trace import read_jsonl, write_json_atomic
+from dora.spec.files import loads_json
 
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "checkpoint.json"
@@ -111,7 +112,7 @@ def read_checkpoint(output_dir: Path) -> Checkpoint | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
         if data.get("format") != FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {data.get('format')!r}, this dora reads {FORMAT}")
         ckpt = Checkpoint(step=int(data["step"]), consumed_groups=tuple(int(g) for g in data["consumed_groups"]),
@@ -165,7 +166,7 @@ def _changed_settings(previous_file: Path, key: str, runtime_json: dict[str, Any
     from dora.report import brief_changes, tree_diff
 
     try:
-        previous = json.loads(previous_file.read_text(encoding="utf-8"))
+        previous = loads_json(previous_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
     if not isinstance(previous, dict) or key not in (config_key(previous), config_key(previous, ("steps", "output_dir"))):

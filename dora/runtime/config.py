@@ -17,6 +17,8 @@ import types
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from dora.spec.files import loads_json
+
 FORMAT_VERSION = 3
 """Bump on a change an older driver could not read correctly."""
 
@@ -183,9 +185,11 @@ class RuntimeConfig:
     def from_json(cls, text: str) -> RuntimeConfig:
         """Parse and check ``runtime.json``; raise RuntimeConfigError naming the first bad field."""
         try:
-            data = json.loads(text)
+            data = loads_json(text)
         except json.JSONDecodeError as exc:
             raise RuntimeConfigError("", f"not JSON: {exc.msg} at line {exc.lineno}") from None
+        except ValueError as exc:  # nested too deeply, an integer beyond any float
+            raise RuntimeConfigError("", f"not JSON dora reads: {exc}") from None
         config = _decode(cls, data, "")
         if config.format_version != FORMAT_VERSION:
             raise RuntimeConfigError("format_version", f"this dora reads version {FORMAT_VERSION}, "

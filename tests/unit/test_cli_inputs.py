@@ -103,6 +103,12 @@ def test_a_saved_plan_finds_its_spec_from_another_directory(tmp_path: Path, monk
     (project / "specs" / "local-tiny.yaml").unlink()
     with pytest.raises(ApplyInputError, match="its spec_file, relative to the directory `dora plan` ran in"):
         plan_for_apply(str(project / "plans" / "tiny" / "plan.json"), None, None)
+    # a spec_file no file can have (hand-edited: too long, a NUL byte) is not found, not an internal error
+    saved = json.loads(GOLDEN_PLAN.read_text())
+    for impossible in ("s" * 5000 + ".yaml", "specs/a\0b.yaml"):
+        (project / "plans" / "tiny" / "plan.json").write_text(json.dumps({**saved, "spec_file": impossible}))
+        with pytest.raises(ApplyInputError, match="its spec_file, relative to the directory `dora plan` ran in"):
+            plan_for_apply(str(project / "plans" / "tiny"), None, None)
     # a spec outside the working directory is recorded with a relative path, never as its bare name
     assert _portable(str(tmp_path / "other" / "s.yaml")) == "../other/s.yaml"
 

@@ -88,6 +88,8 @@ def test_unknown_field_and_bad_document_are_refused() -> None:
         RuntimeConfig.from_json("{")
     with pytest.raises(RuntimeConfigError, match=r"expected an object, got list"):
         RuntimeConfig.from_json("[]")
+    with pytest.raises(RuntimeConfigError, match=r"not JSON dora reads: it nests too deeply"):
+        RuntimeConfig.from_json("[" * 100_000 + "]" * 100_000)
 
 
 def test_importing_the_config_pulls_neither_torch_nor_ray() -> None:
