@@ -156,6 +156,14 @@ def _outside_spec(plan: Any, spec: Any) -> list[str]:
                    f"{plan.rollout.accelerators_per_replica} is not rollout.accelerators {plan.rollout.accelerators}")
     if used > spec.total_accelerators:
         out.append(f"{used} accelerators, more than the cluster's {spec.total_accelerators}")
+    w, r = spec.workload, plan.rollout
+    longest = w.prompt_length.max_tokens + w.response_length.max_tokens
+    if r.max_model_len < longest:
+        out.append(f"rollout.max_model_len {r.max_model_len} is shorter than the spec's longest sequence "
+                   f"(prompt cap + response cap = {longest})")
+    if r.kv_capacity_tokens < r.max_model_len:
+        out.append(f"rollout.kv_capacity_tokens {r.kv_capacity_tokens} cannot hold one sequence of max_model_len "
+                   f"{r.max_model_len}")
     return out
 
 

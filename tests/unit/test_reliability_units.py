@@ -99,7 +99,11 @@ def test_a_saved_plan_edited_beyond_its_spec_is_refused(tmp_path, monkeypatch):
     for edit, message in (({"max_version_lag": 99}, "max_version_lag 99 is over staleness.max_version_lag 3"),
                           ({"mode": "partial-rollout"}, "partial-rollout with version mixing, which"),
                           ({"rollout": original["rollout"] | {"replicas": 50, "accelerators": 50}},
-                           "51 accelerators, more than the cluster's 2")):
+                           "51 accelerators, more than the cluster's 2"),
+                          ({"rollout": original["rollout"] | {"max_model_len": 1}},
+                           r"rollout.max_model_len 1 is shorter than the spec's longest sequence \(prompt cap \+ "),
+                          ({"rollout": original["rollout"] | {"kv_capacity_tokens": 0}},
+                           "rollout.kv_capacity_tokens 0 cannot hold one sequence")):
         plan.write_text(json.dumps(original | edit))
         with pytest.raises(ApplyInputError, match=f"saved plan .* breaks its spec .*: {message}.*the plan file was edited"):
             plan_for_apply(str(plan), None, None)
