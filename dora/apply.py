@@ -10,6 +10,7 @@ of the three constraints; 2 invalid spec or overrides; 130 interrupted (Ctrl-C).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -243,7 +244,6 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     from rich.console import Console
 
     from dora.planning import InfeasibleError
-    from dora.runtime.driver import JobStopped, report, run_job
     from dora.spec import SpecError
     from dora.spec.checks import ADDRESS_FORMS, address_problem
 
@@ -284,6 +284,26 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
         from dora.cluster import submit_and_follow
 
         return submit_and_follow(address, resolved, plan, rc, console=console, watchdog_s=overrides.watchdog_s)
+    from dora.runtime.runlock import RunDirBusy, run_dir_lock
+
+    with contextlib.ExitStack() as held:  # the lock is held for the checkpoint read, runtime.json and the run
+        try:
+            held.enter_context(run_dir_lock(Path(rc.output_dir)))
+        except RunDirBusy as exc:
+            error(console, str(exc))
+            return EXIT_FAILED
+        except OSError as exc:
+            error(console, f"cannot write the run's outputs to {rc.output_dir}/: {exc.strerror or exc}\n  to fix: "
+                           "choose a writable directory with --output-dir (or runtime.output_dir in the spec)")
+            return EXIT_INVALID
+        return _run_here(spec_path, resolved, plan, rc, overrides, console=console, live=live)
+
+
+def _run_here(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, overrides: ApplyOverrides, *,
+              console: Any, live: bool) -> int:
+    """The local run of ``run_apply``, its output directory locked: resume check, runtime.json, run, report."""
+    from dora.runtime.driver import JobStopped, report, run_job
+
     try:  # before anything is written: a refused resume leaves the run's files as they were
         check_resumable(Path(rc.output_dir), json.loads(rc.to_json()))
     except CheckpointError as exc:

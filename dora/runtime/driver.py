@@ -18,6 +18,7 @@ Exit codes (``main``): 0 ran and the audit passed; 1 the audit found a violation
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -123,12 +124,25 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
 def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_dir: Path = Path(),
             warmup_cache_dir: Path | None = None, watchdog_s: float | None = None) -> JobResult:
     """Run ``rc`` to the end (Ray started here if needed), resuming from its checkpoint if there is one;
-    audit the whole trace, write the outputs.
+    audit the whole trace, write the outputs. The output directory is locked meanwhile (``run_dir_lock``).
 
-    Raises ``JobStopped`` when the run cannot go on (stalled, worker lost, foreign checkpoint).
-    ``KeyboardInterrupt`` propagates after the actors are stopped, the trace is flushed and the Ray
-    instance this call started is shut down.
+    Raises ``JobStopped`` when the run cannot go on (stalled, worker lost, foreign checkpoint, another run holding
+    the output directory). ``KeyboardInterrupt`` propagates after the actors are stopped, the trace is flushed and
+    the Ray instance this call started is shut down.
     """
+    from dora.runtime.runlock import RunDirBusy, run_dir_lock
+
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(run_dir_lock(base_dir / rc.output_dir))
+        except RunDirBusy as exc:
+            raise JobStopped(str(exc)) from None
+        return _run_job(rc, console=console, live=live, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir,
+                        watchdog_s=watchdog_s)
+
+
+def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, warmup_cache_dir: Path | None,
+             watchdog_s: float | None) -> JobResult:
     import ray
     from rich.console import Console
 
