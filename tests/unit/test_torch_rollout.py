@@ -150,6 +150,20 @@ def test_resume_on_new_version_records_spans_and_keeps_old_logprobs() -> None:
     assert resumed.version == 0  # staleness is measured from the oldest span
 
 
+def test_a_request_interrupted_before_its_first_token_keeps_its_version_on_the_record() -> None:
+    # aborted while it waited (no token yet) and resumed on v1: every token is v1's, but the trace's checker holds
+    # a trajectory to the version it was admitted on, so the record starts with an empty span of v0 (the simulator
+    # records the same), and staleness is measured from v0, the version the policy admitted it on
+    r = _request(6)
+    engine = _engine()
+    engine.add_request(r)
+    partial = engine.abort(r.request_id)
+    assert partial is not None and partial.response_ids == () and partial.version_spans == ((0, 0),)
+    resumed = _run_alone(GenerationRequest(**{**r.__dict__, "version": 1, "prefix": partial}), W1)
+    assert resumed.version_spans == ((0, 0), (1, len(resumed.response_ids)))
+    assert resumed.version == 0
+
+
 def test_export_import_migration_continues_identically() -> None:
     requests = [_request(i) for i in range(6)]
     reference = {r.request_id: _run_alone(r, W0) for r in requests}

@@ -105,12 +105,15 @@ class _Sequence:
             self.spans.append((version, 1))
 
     def partial(self) -> PartialTrajectory:
+        # Before its first token a request still belongs to the version it was admitted on: an empty span keeps that
+        # on the record when it resumes on another one (the checker holds a trajectory's first span to its admission
+        # version, and staleness is measured from the oldest span).
         return PartialTrajectory(
             request_id=self.request.request_id,
             prompt_ids=self.request.prompt_ids,
             response_ids=tuple(self.response),
             behaviour_logprobs=tuple(self.logprobs),
-            version_spans=tuple(self.spans),
+            version_spans=tuple(self.spans) or ((self.request.version, 0),),
         )
 
 
