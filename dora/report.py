@@ -80,8 +80,8 @@ def _predictions_table(plan: Plan) -> Table:
         ("weight sync per version", _dur(p.weight_sync_s)),
         ("mean staleness / live versions", f"{p.mean_staleness:.2f} / up to {p.max_live_versions}"),
         ("time for all steps", _dur(p.total_time_s)),
-        ("accelerator-hours", f"{p.accelerator_hours:,.1f}"),
-        ("cost", f"${p.cost_usd:,.0f}" if p.cost_usd is not None else "(no price in the spec)"),
+        ("accelerator-hours", _amount(p.accelerator_hours, 1)),
+        ("cost", f"${_amount(p.cost_usd, 0)}" if p.cost_usd is not None else "(no price in the spec)"),
     ]
     for k, v in rows:
         tab.add_row(k, v)
@@ -97,6 +97,13 @@ def _memory_table(plan: Plan) -> Table:
         tab.add_row(m.side, f"{m.need_bytes / _GIB:.1f} GiB", f"{m.have_bytes / _GIB:.1f} GiB",
                     f"{100 * m.headroom_fraction:.0f}%", f"{parts} (GiB)")
     return tab
+
+
+def _amount(x: float, decimals: int) -> str:
+    """``x`` with thousands separators and ``decimals`` decimals, or 3 significant digits when that would print a
+    nonzero amount as 0 (local-tiny's 0.0234 accelerator-hours)."""
+    text = f"{x:,.{decimals}f}"
+    return f"{x:.3g}" if x and float(text.replace(",", "")) == 0 else text
 
 
 def _considered_table(plan: Plan) -> Table:

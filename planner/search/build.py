@@ -92,8 +92,11 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
         if c.label in sim_labels:
             continue
         slower = 1 - c.trained_tokens_per_s / screen_best
+        # its figure is the screen's estimate, not comparable with the simulated rows' (the screen ignores the tail
+        # and runs high): compared with the best screen estimate, which was simulated
         rows.append(row(c, stage="screen", tps=c.trained_tokens_per_s, status="rejected",
-                        reason=f"slower by {100 * slower:.1f}% (screen, not simulated)"))
+                        reason=f"screen estimate {100 * slower:.1f}% below the best screen estimate "
+                               f"({_k(screen_best)}); not simulated"))
     for r in outcome.rejections[:3]:
         rows.append(Candidate(label=r.what, mode=chosen.screened.mode, max_version_lag=0, colocated=False,
                               rollout_accelerators=0, train_accelerators=0, stage="screen",
@@ -202,6 +205,9 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
     c = outcome.chosen
     s, p = c.sim, c.screened.placement
     n = inputs.total_accelerators
+    # the simulation trains prompt + response tokens with one prompt length (core.simulate_candidate): what it
+    # generated is the rest, from the same drawn responses as trained tokens/s (not the distribution's mean)
+    prompt = max(1, round(inputs.prompt_lengths.mean_tokens()))
     lbar = inputs.response_lengths.mean_tokens()
     steady = s.step_time_s
     first = s.steps[0].duration_s if s.steps else steady
@@ -210,9 +216,13 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
     price = inputs.price_per_accelerator_hour_usd
     baseline = outcome.best_sync.trained_tokens_per_s if outcome.best_sync else c.trained_tokens_per_s
     sync_t = c.screened.sync_s
+    # the cost counts every accelerator of the cluster, so the bubble does too: a placement that leaves some idle
+    # (pinned sizes) adds them to the simulated bubble of the ones it uses
+    used = p.rollout_accelerators + (0 if p.colocated else p.train.accelerators)
+    bubble = 1 - (1 - s.bubble_fraction) * min(used, n) / n
     preds = Predictions(
-        step_time_s=steady, generated_tokens_per_s=c.samples_per_s * lbar, trained_tokens_per_s=c.trained_tokens_per_s,
-        samples_per_s=c.samples_per_s, bubble_fraction=s.bubble_fraction,
+        step_time_s=steady, generated_tokens_per_s=c.trained_tokens_per_s - c.samples_per_s * prompt, trained_tokens_per_s=c.trained_tokens_per_s,
+        samples_per_s=c.samples_per_s, bubble_fraction=bubble,
         rollout_occupancy=s.rollout_slot_occupancy, rollout_share=_rollout_share(outcome),
         trainer_utilization=s.train_busy_fraction, weight_sync_s=sync_t, mean_staleness=_mean_staleness(c),
         max_live_versions=s.max_live_versions, total_time_s=total_time, accelerator_hours=acc_hours,
@@ -241,6 +251,10 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
                              "activations": tm.activations_bytes, "reserved": tm.reserved_bytes}),
     )
     warnings = list(_warnings(outcome, inputs, preds))
+    if used < n:
+        warnings.append(f"the placement uses {used} of the cluster's {n} accelerators; the other {n - used} stay idle "
+                        "and are still paid for (accelerator-hours, cost and the bubble fraction count them): pin "
+                        "larger sides, or a smaller cluster")
     if pinned_slowdown is not None and pinned_slowdown > 0.02:
         warnings.append(f"the pinned placement is {100 * pinned_slowdown:.0f}% slower than the best unpinned plan "
                         "(screen estimate); remove pins to let the planner choose")
@@ -252,3 +266,10 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         allow_version_mixing=inputs.allow_version_mixing, colocated=p.colocated, rollout=rollout, train=train,
         memory=memory, predictions=preds, considered=_candidate_rows(outcome, inputs), warnings=tuple(warnings),
     )
+
+
+def _k(tokens_per_s: float) -> str:
+    """12345.6 -> '12.35K': the report's notation for tokens/s (``dora.report``, which the planner cannot import)."""
+    if tokens_per_s >= 1e3:
+        return f"{tokens_per_s / 1e6:.2f}M" if tokens_per_s >= 1e6 else f"{tokens_per_s / 1e3:.2f}K"
+    return f"{tokens_per_s:.1f}"

@@ -16,7 +16,6 @@ node, pp dividing the layers, cp > 1 only for long contexts, ep dividing the exp
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -237,7 +236,9 @@ class Space:
         best: TrainOption | None = None
         closest: tuple[float, str] | None = None
         for tp, pp, cp, dp, ep in self._train_layouts(accelerators):
-            mbt = max(8192, math.ceil(inp.max_context_tokens / cp))
+            # a microbatch packs sequences up to 8192 tokens, and holds at least the longest one whole: context
+            # parallelism splits it, mbt / cp tokens per rank (train_memory_per_device)
+            mbt = max(8192, inp.max_context_tokens)
             for recompute in ("none", "full"):
                 mem = train_memory_per_device(
                     inp.arch, inp.accelerator, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, micro_batch_tokens=mbt,

@@ -326,15 +326,17 @@ def test_an_explicit_architecture_without_rope_base_is_noted(tmp_path) -> None:
     _, plan = _one_device("dense-8b-h800x64")
     config = megatron_config(resolved, plan)
     assert "rotary_base" not in config["gpt_model"] and "layernorm_epsilon" not in config["transformer"]
-    assert [n.split(" (")[0] for n in config["notes"]] == ["norm epsilon unknown", "RoPE base unknown"]
-    assert all("set model.architecture." in n for n in config["notes"])
+    notes = [n for n in config["notes"] if not n.startswith("microbatches:")]  # every plan has that one
+    assert [n.split(" (")[0] for n in notes] == ["norm epsilon unknown", "RoPE base unknown"]
+    assert all("set model.architecture." in n for n in notes)
     notes = render_launch(resolved, plan)["launch/NOTES.txt"]
     assert "megatron note: RoPE base unknown" in notes
     (tmp_path / "s.yaml").write_text(spec.replace("qk_norm: true}", "qk_norm: true, rope_theta: 1000000, "
                                                                      "norm_eps: 0.000001}"))
     resolved = load_spec(str(tmp_path / "s.yaml"))
     config = megatron_config(resolved, plan)
-    assert (config["gpt_model"]["rotary_base"], config["notes"]) == (1_000_000, [])
+    assert config["gpt_model"]["rotary_base"] == 1_000_000
+    assert [n for n in config["notes"] if not n.startswith("microbatches:")] == []
     assert resolved.arch == dataclasses.replace(get_preset("qwen3-8b"), name=resolved.arch.name,
                                                 max_context_tokens=None)
 
