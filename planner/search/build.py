@@ -221,8 +221,8 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
     used = p.rollout_accelerators + (0 if p.colocated else p.train.accelerators)
     bubble = 1 - (1 - s.bubble_fraction) * min(used, n) / n
     preds = Predictions(
-        step_time_s=steady, generated_tokens_per_s=c.trained_tokens_per_s - c.samples_per_s * prompt, trained_tokens_per_s=c.trained_tokens_per_s,
-        samples_per_s=c.samples_per_s, bubble_fraction=bubble,
+        step_time_s=steady, generated_tokens_per_s=c.trained_tokens_per_s - c.samples_per_s * prompt,
+        trained_tokens_per_s=c.trained_tokens_per_s, samples_per_s=c.samples_per_s, bubble_fraction=bubble,
         rollout_occupancy=s.rollout_slot_occupancy, rollout_share=_rollout_share(outcome),
         trainer_utilization=s.train_busy_fraction, weight_sync_s=sync_t, mean_staleness=_mean_staleness(c),
         max_live_versions=s.max_live_versions, total_time_s=total_time, accelerator_hours=acc_hours,
