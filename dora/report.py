@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from planner.plan import Plan
+from planner.plan import Plan, format_rate
 from planner.policies import due_consolidation_batch
 
 _GIB = float(1 << 30)
@@ -30,11 +30,6 @@ def _dur(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _rate(x: float) -> str:
-    for unit, div in (("M", 1e6), ("K", 1e3)):
-        if x >= div:
-            return f"{x / div:.2f}{unit}"
-    return f"{x:.1f}"
 
 
 def placement_lines(plan: Plan) -> list[str]:
@@ -64,11 +59,11 @@ def _predictions_table(plan: Plan) -> Table:
     tab.add_column()
     rows = [
         ("step time", _dur(p.step_time_s)),
-        ("trained tokens/s", _rate(p.trained_tokens_per_s)),
-        ("generated tokens/s", _rate(p.generated_tokens_per_s)),
+        ("trained tokens/s", format_rate(p.trained_tokens_per_s)),
+        ("generated tokens/s", format_rate(p.generated_tokens_per_s)),
         ("samples/s", f"{p.samples_per_s:.2f}"),
         ("speedup vs best sync plan", f"{p.speedup_vs_sync:.2f}x"),
-        *([("overlap ceiling", f"{_rate(p.overlap_ceiling_tokens_per_s)} trained tokens/s "
+        *([("overlap ceiling", f"{format_rate(p.overlap_ceiling_tokens_per_s)} trained tokens/s "
             f"({p.speedup_vs_sync * p.overlap_ceiling_tokens_per_s / p.trained_tokens_per_s:.2f}x best sync); "
             + ("it bounds the disaggregated placements, and this plan is colocated" if plan.colocated else
                f"this plan reaches {100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}%"))]
@@ -112,7 +107,7 @@ def _considered_table(plan: Plan) -> Table:
         tab.add_column(col, overflow="fold")
     for c in plan.considered:
         tab.add_row(escape(c.label), c.stage,
-                    _rate(c.trained_tokens_per_s) if c.trained_tokens_per_s is not None else "-",
+                    format_rate(c.trained_tokens_per_s) if c.trained_tokens_per_s is not None else "-",
                     "✔" if c.status == "chosen" else "", escape(c.reason))
     return tab
 

@@ -32,6 +32,14 @@ def _round(x: Any) -> Any:
     return x
 
 
+
+def format_rate(x: float) -> str:
+    """Tokens/s as plans and reports print them: 12345.6 -> '12.35K', 2.5e6 -> '2.50M', 512 -> '512.0'."""
+    for unit, div in (("M", 1e6), ("K", 1e3)):
+        if x >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.1f}"
+
 @dataclass(frozen=True, kw_only=True)
 class RolloutPlan:
     accelerators: int

@@ -14,6 +14,7 @@ from planner.plan import (
     Predictions,
     RolloutPlan,
     TrainPlan,
+    format_rate,
 )
 from planner.search.core import (
     MODE_PREFERENCE,
@@ -96,7 +97,7 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
         # and runs high): compared with the best screen estimate, which was simulated
         rows.append(row(c, stage="screen", tps=c.trained_tokens_per_s, status="rejected",
                         reason=f"screen estimate {100 * slower:.1f}% below the best screen estimate "
-                               f"({_k(screen_best)}); not simulated"))
+                               f"({format_rate(screen_best)}); not simulated"))
     for r in outcome.rejections[:3]:
         rows.append(Candidate(label=r.what, mode=chosen.screened.mode, max_version_lag=0, colocated=False,
                               rollout_accelerators=0, train_accelerators=0, stage="screen",
@@ -267,9 +268,3 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         memory=memory, predictions=preds, considered=_candidate_rows(outcome, inputs), warnings=tuple(warnings),
     )
 
-
-def _k(tokens_per_s: float) -> str:
-    """12345.6 -> '12.35K': the report's notation for tokens/s (``dora.report``, which the planner cannot import)."""
-    if tokens_per_s >= 1e3:
-        return f"{tokens_per_s / 1e6:.2f}M" if tokens_per_s >= 1e6 else f"{tokens_per_s / 1e3:.2f}K"
-    return f"{tokens_per_s:.1f}"

@@ -37,7 +37,7 @@ def test_a_second_holder_is_refused_and_a_killed_one_leaves_no_lock(tmp_path: Pa
     try:
         with pytest.raises(RunDirBusy, match=rf"in use by another dora run \(pid {proc.pid} on "):
             with run_dir_lock(out):
-                pass
+                raise AssertionError("took a lock another process holds")
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -46,8 +46,8 @@ def test_a_second_holder_is_refused_and_a_killed_one_leaves_no_lock(tmp_path: Pa
         with run_dir_lock(out):  # re-entrant in one process (dora apply, then run_job)
             assert (out / LOCK_FILE).read_text().startswith(f"pid {os.getpid()} ")
     assert not (out / LOCK_FILE).exists()  # removed on leaving the block
-    with run_dir_lock(out):
-        pass
+    with run_dir_lock(out):  # and taken again
+        assert (out / LOCK_FILE).read_text().startswith(f"pid {os.getpid()} ")
 
 
 def test_apply_into_a_directory_another_run_holds_stops_before_writing(tmp_path: Path, capsys) -> None:
