@@ -269,6 +269,17 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
 
 
+def packed_attention_mask(position_ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[R, 1, L, L]`` bool, True where token ``i`` may attend to token ``j``: same segment and
+    ``position_ids[j] <= position_ids[i]``; segment ``-1`` (row padding) attends only to itself, so no softmax
+    row is empty."""
+    n = segment_ids.shape[1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    causal = position_ids[:, None, :] <= position_ids[:, :, None]
+    eye = torch.eye(n, dtype=torch.bool, device=segment_ids.device)
+    return ((same & causal & (segment_ids[:, None, :] >= 0)) | eye)[:, None]
+
+
 class TinyTransformer(nn.Module):
     """The policy. See the module docstring for the architecture."""
 
@@ -312,11 +323,8 @@ class TinyTransformer(nn.Module):
         (it attends only to itself so no softmax row is empty). With ``cache``,
         row ``r`` is one sequence whose keys/values go to ``cache_slots[r]``.
         """
-        r, n = token_ids.shape
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        causal = position_ids[:, None, :] <= position_ids[:, :, None]
-        mask = (same & causal & (segment_ids[:, None, :] >= 0)) | torch.eye(n, dtype=torch.bool)
-        mask = mask[:, None]
+        n = token_ids.shape[1]
+        mask = packed_attention_mask(position_ids, segment_ids)
         x = self.embed(token_ids)
         cos, sin = _rotary_tables(position_ids[:, None, :], self.config.head_dim, self.config.rope_theta)
         for i, layer in enumerate(self.layers):

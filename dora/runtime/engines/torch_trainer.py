@@ -19,8 +19,10 @@ import copy
 import hashlib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -67,21 +69,28 @@ class PackedRows:
     """``[N]`` the trained tokens, sequences in input order."""
 
 
-def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int) -> PackedRows:
-    """Pack ``(prompt_ids, response_ids)`` pairs; the response tokens are the trained ones."""
-    order = sorted(range(len(sequences)), key=lambda i: -(len(sequences[i][0]) + len(sequences[i][1])))
+def pack_rows(lengths: list[int], pack_len: int) -> list[list[int]]:
+    """First-fit-decreasing: indices of ``lengths`` per row of at most ``pack_len`` tokens (a longer sequence
+    gets a row of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     rows: list[list[int]] = []  # sequence indices per row
     fill: list[int] = []
     for i in order:
-        n = len(sequences[i][0]) + len(sequences[i][1])
         for r, used in enumerate(fill):
-            if used + n <= pack_len:
+            if used + lengths[i] <= pack_len:
                 rows[r].append(i)
-                fill[r] += n
+                fill[r] += lengths[i]
                 break
         else:
             rows.append([i])
-            fill.append(n)
+            fill.append(lengths[i])
+    return rows
+
+
+def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int) -> PackedRows:
+    """Pack ``(prompt_ids, response_ids)`` pairs; the response tokens are the trained ones."""
+    rows = pack_rows([len(p) + len(r) for p, r in sequences], pack_len)
+    fill = [sum(len(sequences[i][0]) + len(sequences[i][1]) for i in row) for row in rows]
     width = max(max(fill), 1) if fill else 1
     tokens = torch.zeros(len(rows), width, dtype=torch.int64)
     positions = torch.zeros(len(rows), width, dtype=torch.int64)
@@ -110,17 +119,130 @@ def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int
     )
 
 
-def _trained_log_softmax(model: TinyTransformer, packed: PackedRows, temperature: float) -> torch.Tensor:
-    """``[N, vocab]`` log-softmax of ``logits / temperature`` at the positions predicting trained tokens."""
-    logits = model.forward_rows(packed.token_ids, packed.position_ids, packed.segment_ids)
-    picked = logits.reshape(-1, logits.shape[-1])[packed.logit_index]
+def trained_log_softmax(logits: torch.Tensor, packed: PackedRows, temperature: float) -> torch.Tensor:
+    """``[N, vocab]`` log-softmax of ``logits / temperature`` (``logits [R, L, vocab]`` of ``packed``'s rows)
+    at the positions predicting trained tokens."""
+    picked = logits.reshape(-1, logits.shape[-1])[packed.logit_index.to(logits.device)]
     return torch.log_softmax(picked.float() / temperature, dim=-1)
+
+
+def target_logprobs(logits: torch.Tensor, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
+    """``[N]`` log-probs (nats) of the trained tokens under ``softmax(logits / temperature)``."""
+    logp = trained_log_softmax(logits, packed, temperature)
+    return logp.gather(1, packed.target_ids.to(logp.device)[:, None]).squeeze(1)
 
 
 def token_logprobs(model: TinyTransformer, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
     """``[N]`` log-probs (nats) of the trained tokens under ``softmax(logits / temperature)``."""
-    logp = _trained_log_softmax(model, packed, temperature)
-    return logp.gather(1, packed.target_ids[:, None]).squeeze(1)
+    return target_logprobs(model.forward_rows(packed.token_ids, packed.position_ids, packed.segment_ids), packed,
+                           temperature)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GRPOSettings:
+    """What one GRPO step needs beyond the model: the loss (``grpo.policy_loss``) and how the batch is split."""
+
+    off_policy_correction: OffPolicyCorrection
+    is_weight_cap: float | None
+    ppo_clip_eps: float
+    num_minibatches: int
+    temperature: float
+    pack_len: int
+    microbatch_rows: int = 0
+    """Packed rows per forward/backward (gradients accumulate over a minibatch's microbatches, then one
+    optimiser step); 0: a minibatch in one forward."""
+
+    @classmethod
+    def of(cls, config: object) -> GRPOSettings:
+        """The settings a trainer config carries under the same field names."""
+        return cls(**{f: getattr(config, f) for f in cls.__dataclass_fields__ if hasattr(config, f)})
+
+
+class GradientSteps(Protocol):
+    """How a trainer applies gradients; ``grpo_step`` calls, per minibatch: ``zero_grad``, ``backward`` once per
+    microbatch, then ``apply_gradients`` (clip and update; returns the gradient norm)."""
+
+    def zero_grad(self) -> None: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def apply_gradients(self) -> float: ...
+
+
+def _microbatches(batch: list[ScoredTrajectory], chunk: list[int], settings: GRPOSettings) -> list[list[int]]:
+    """``chunk`` (indices into ``batch``) split into microbatches of ``microbatch_rows`` packed rows each."""
+    if settings.microbatch_rows <= 0:
+        return [chunk]
+    rows = pack_rows([batch[i].trajectory.num_tokens for i in chunk], settings.pack_len)
+    return [[chunk[j] for row in rows[r : r + settings.microbatch_rows] for j in row]
+            for r in range(0, len(rows), settings.microbatch_rows)]
+
+
+def grpo_step(
+    batch: list[ScoredTrajectory],
+    settings: GRPOSettings,
+    version: int,
+    logprobs: Callable[[PackedRows], torch.Tensor],
+    gradients: GradientSteps,
+) -> TrainMetrics:
+    """One GRPO ``train_step`` on any model: advantages per group, the batch split into ``num_minibatches``
+    minibatches of packed microbatches, (with several minibatches) a no-grad proximal forward of each
+    microbatch first, then per minibatch the token losses of each microbatch and one optimiser step.
+    ``logprobs(rows)`` gives the trained tokens' log-probs in ``rows.target_ids`` order. The loss is the token
+    mean over the whole batch. Reports the metrics of producing ``version + 1``.
+    """
+    if not batch:
+        raise ValueError("train_step needs a non-empty batch")
+    start = time.perf_counter()
+    cfg = settings
+    advantages = group_advantages([s.reward for s in batch], [s.group_id for s in batch])
+    chunks = [list(range(len(batch)))[m :: cfg.num_minibatches] for m in range(cfg.num_minibatches)]
+    plan = [[(micro, pack([(batch[i].trajectory.prompt_ids, batch[i].trajectory.response_ids) for i in micro],
+                          cfg.pack_len)) for micro in _microbatches(batch, chunk, cfg)] for chunk in chunks if chunk]
+    proximal: list[list[torch.Tensor | None]] = [[None] * len(m) for m in plan]
+    if len(plan) > 1:
+        with torch.no_grad():
+            proximal = [[logprobs(rows) for _, rows in minibatch] for minibatch in plan]
+    total_tokens = sum(len(s.trajectory.response_ids) for s in batch)
+    loss_total, grad_norm = 0.0, 0.0
+    stats: list[LossStats] = []
+    for minibatch, prox_list in zip(plan, proximal, strict=True):
+        gradients.zero_grad()
+        for (micro, rows), prox in zip(minibatch, prox_list, strict=True):
+            logp = logprobs(rows)
+            behaviour = torch.tensor([lp for i in micro for lp in batch[i].trajectory.behaviour_logprobs],
+                                     device=logp.device)
+            adv = torch.tensor([advantages[i] for i in micro for _ in batch[i].trajectory.response_ids],
+                               device=logp.device)
+            loss_sum, st = policy_loss(
+                logp, logp.detach() if prox is None else prox, behaviour, adv,
+                correction=cfg.off_policy_correction, clip_eps=cfg.ppo_clip_eps, is_weight_cap=cfg.is_weight_cap,
+            )
+            loss = loss_sum / total_tokens
+            gradients.backward(loss)
+            loss_total += float(loss.detach())
+            stats.append(st)
+        grad_norm = gradients.apply_gradients()
+    staleness = [version - s.trajectory.version for s in batch]
+    n_tok = sum(s.num_tokens for s in stats)
+    return TrainMetrics(
+        version=version + 1,
+        loss=loss_total,
+        num_sequences=len(batch),
+        num_trained_tokens=total_tokens,
+        num_forward_tokens=sum(s.trajectory.num_tokens for s in batch),
+        forward_sum_sq_tokens=sum(s.trajectory.num_tokens ** 2 for s in batch),
+        reward_mean=sum(s.reward for s in batch) / len(batch),
+        is_weight_mean=sum(s.is_weight_sum for s in stats) / n_tok,
+        is_weight_max=max(s.is_weight_max for s in stats),
+        is_weight_clip_frac=sum(s.is_weight_clipped for s in stats) / n_tok,
+        ppo_clip_frac=sum(s.ppo_clipped for s in stats) / n_tok,
+        mean_staleness=sum(staleness) / len(staleness),
+        max_staleness=max(staleness),
+        grad_norm=grad_norm,
+        train_time_s=time.perf_counter() - start,
+        train_threads=torch.get_num_threads(),
+    )
 
 
 class TorchTrainer:
@@ -155,62 +277,27 @@ class TorchTrainer:
         self.step = int(state["step"])  # type: ignore[call-overload]
         self.version = int(state["version"])  # type: ignore[call-overload]
 
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def apply_gradients(self) -> float:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        self.optimizer.step()
+        return grad_norm
+
     def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
-        if not batch:
-            raise ValueError("train_step needs a non-empty batch")
-        start = time.perf_counter()
-        cfg = self.config
-        advantages = group_advantages([s.reward for s in batch], [s.group_id for s in batch])
-        chunks = [list(range(len(batch)))[m :: cfg.num_minibatches] for m in range(cfg.num_minibatches)]
-        chunks = [c for c in chunks if c]
-        packed = [pack([(batch[i].trajectory.prompt_ids, batch[i].trajectory.response_ids) for i in c], cfg.pack_len)
-                  for c in chunks]
-        proximal: list[torch.Tensor | None] = [None] * len(chunks)
-        if len(chunks) > 1:
-            with torch.no_grad():
-                proximal = [token_logprobs(self.model, p, cfg.temperature) for p in packed]
-        total_tokens = sum(len(s.trajectory.response_ids) for s in batch)
-        loss_total, grad_norm = 0.0, 0.0
-        stats: list[LossStats] = []
         self.model.train()
-        for chunk, rows, prox in zip(chunks, packed, proximal, strict=True):
-            logp = token_logprobs(self.model, rows, cfg.temperature)
-            behaviour = torch.tensor([lp for i in chunk for lp in batch[i].trajectory.behaviour_logprobs])
-            adv = torch.tensor([advantages[i] for i in chunk for _ in batch[i].trajectory.response_ids])
-            loss_sum, st = policy_loss(
-                logp, logp.detach() if prox is None else prox, behaviour, adv,
-                correction=cfg.off_policy_correction, clip_eps=cfg.ppo_clip_eps, is_weight_cap=cfg.is_weight_cap,
-            )
-            loss = loss_sum / total_tokens
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
-            self.optimizer.step()
-            loss_total += float(loss.detach())
-            stats.append(st)
-        self.model.eval()
-        staleness = [self.version - s.trajectory.version for s in batch]
+        try:
+            metrics = grpo_step(batch, GRPOSettings.of(self.config), self.version,
+                                lambda rows: token_logprobs(self.model, rows, self.config.temperature), self)
+        finally:
+            self.model.eval()
         self.version += 1
         self.step += 1
-        n_tok = sum(s.num_tokens for s in stats)
-        return TrainMetrics(
-            version=self.version,
-            loss=loss_total,
-            num_sequences=len(batch),
-            num_trained_tokens=total_tokens,
-            num_forward_tokens=sum(s.trajectory.num_tokens for s in batch),
-            forward_sum_sq_tokens=sum(s.trajectory.num_tokens ** 2 for s in batch),
-            reward_mean=sum(s.reward for s in batch) / len(batch),
-            is_weight_mean=sum(s.is_weight_sum for s in stats) / n_tok,
-            is_weight_max=max(s.is_weight_max for s in stats),
-            is_weight_clip_frac=sum(s.is_weight_clipped for s in stats) / n_tok,
-            ppo_clip_frac=sum(s.ppo_clipped for s in stats) / n_tok,
-            mean_staleness=sum(staleness) / len(staleness),
-            max_staleness=max(staleness),
-            grad_norm=grad_norm,
-            train_time_s=time.perf_counter() - start,
-            train_threads=torch.get_num_threads(),
-        )
+        return metrics
 
     def supervised_step(
         self,
@@ -226,7 +313,8 @@ class TorchTrainer:
         """
         self.model.train()
         packed = pack(examples, self.config.pack_len)
-        logp = _trained_log_softmax(self.model, packed, 1.0)
+        logits = self.model.forward_rows(packed.token_ids, packed.position_ids, packed.segment_ids)
+        logp = trained_log_softmax(logits, packed, 1.0)
         target = logp.gather(1, packed.target_ids[:, None]).squeeze(1)
         loss = -((1.0 - label_smoothing) * target + label_smoothing * logp.mean(dim=-1)).mean()
         optimizer.zero_grad(set_to_none=True)
