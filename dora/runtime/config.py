@@ -24,11 +24,12 @@ FORMAT_VERSION = 3
 
 
 GPU_ENGINES_MISSING = (
-    "dora's runtime runs its torch engines only: the vLLM rollout worker and the Megatron trainer behind the same "
-    "interfaces are not written yet. `dora plan SPEC --out DIR` still writes their launch arguments "
-    "(DIR/launch/vllm/, and DIR/launch/megatron/, which the tests build into megatron-core's own config classes) "
-    "for a launcher of your own. dora's own engines run specs on cluster.accelerator: cpu (`dora examples "
-    "local-tiny`)")
+    "dora's runtime runs its torch engines only: the vLLM rollout worker is not written yet, and the Megatron "
+    "trainer (dora/runtime/engines/megatron_trainer.py, one GPU; bench/megatron_train.py trains a plan with it) "
+    "is not wired into the runtime's actors, which have no GPU rollout engine to feed. `dora plan SPEC --out DIR` "
+    "still writes the launch arguments (DIR/launch/vllm/, and DIR/launch/megatron/, which the tests build into "
+    "megatron-core's own config classes) for a launcher of your own. dora's own engines run specs on "
+    "cluster.accelerator: cpu (`dora examples local-tiny`)")
 """Why a run with ``rollout_engine: vllm`` or ``trainer: megatron`` stops before any actor starts."""
 
 

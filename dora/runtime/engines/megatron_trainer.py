@@ -1,0 +1,430 @@
+"""Megatron trainer: megatron-core's GPTModel, built from the ``megatron/config.json`` dora's lowering writes,
+trained with GRPO on packed sequences; weights go out under Hugging Face names.
+
+This is the trainer role of ``base.Trainer`` on megatron-core (0.16.1) instead of the tiny CPU model:
+
+- **The model** is ``GPTModel`` with megatron-core's own layers (the local layer spec: column/row-parallel
+  linears, RMSNorm or LayerNorm, optional per-head q/k norm, SwiGLU or plain MLP), configured field for field
+  by the lowered ``transformer``/``model_parallel``/``gpt_model`` sections (``to_megatron_kwargs``). So a
+  lowering that names a field megatron-core lacks, or a shape it refuses, fails here as it would on a cluster.
+  Weights are initialised on the host from ``seed`` (``use_cpu_initialization``), so a CPU and a GPU trainer
+  with one seed start from the same version 0.
+- **Packed sequences.** megatron-core packs sequences only through Transformer Engine's THD attention. Without
+  TE, the core attention here (``PackedSDPAttention``) is torch's variable-length flash attention on a GPU
+  (each sequence attends to itself alone; no masked block is computed) and ``scaled_dot_product_attention``
+  under a block-diagonal causal mask elsewhere. The rotary angles come from per-sequence position ids, so a
+  packed row computes exactly what each of its sequences would alone (``tests/unit/test_megatron_trainer.py``
+  checks it; ``tests/gpu/test_megatron_gpu.py`` checks the two attentions agree). Rows are packed by
+  ``torch_trainer.pack``, as on CPU; the GRPO step is ``torch_trainer.grpo_step``.
+- **The optimiser.** On a GPU: megatron-core's ``DistributedDataParallel`` (its contiguous fp32 gradient
+  buffer) and ``get_megatron_optimizer`` from the lowered ``optimizer`` and ``ddp`` sections (Adam with fp32
+  main weights under bf16 parameters, clipping by the lowered ``clip_grad``). Both allocate CUDA buffers, so on
+  a CPU (tests) the same lowered values drive ``torch.optim.AdamW`` with fp32 parameters instead.
+- **Export** (``hf_weights``): Megatron's fused tensors split into the checkpoint's names, which is what
+  vLLM's weight loader takes: ``linear_qkv`` -> ``q_proj``/``k_proj``/``v_proj`` (Megatron interleaves them per
+  query group: the group's query heads, then its key head, then its value head), ``linear_fc1`` ->
+  ``gate_proj``/``up_proj`` (gate first), norms and embeddings renamed. ``megatron_weights`` is the inverse,
+  for starting from a checkpoint.
+
+Not written (refused with ``MegatronTrainerError`` before anything is built): more than one rank (tensor,
+pipeline, context, expert or data parallel > 1: a launcher with ``torchrun`` and megatron-core's pipeline
+schedules), MoE layers, multi-latent attention, and configs with lowering limitations or extra attributes
+(YaRN). Transformer Engine kernels (fused attention, THD packing, FP8) are not used.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from dora.runtime.engines.base import ScoredTrajectory, TrainMetrics
+from dora.runtime.engines.tiny_model import packed_attention_mask
+from dora.runtime.engines.torch_trainer import GRPOSettings, PackedRows, grpo_step
+
+
+class MegatronTrainerError(ValueError):
+    """The lowered config asks for something this trainer does not run (the message says what and why)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronTrainerConfig:
+    megatron: dict[str, Any]
+    """The lowered ``megatron/config.json`` (all of it)."""
+    grpo: GRPOSettings
+    device: str = "cuda"
+    """``cuda`` (bf16 as lowered, megatron-core's optimiser) or ``cpu`` (fp32, torch AdamW; for tests)."""
+    seed: int = 0
+
+
+def unsupported(config: dict[str, Any]) -> list[str]:
+    """Why this trainer cannot run ``config`` (empty when it can)."""
+    mp, tr = config["model_parallel"], config["transformer"]
+    out = [f"{field} = {mp[field]} (this trainer runs one rank; multi-rank training needs torchrun and "
+           "megatron-core's pipeline schedules, which dora does not launch yet)"
+           for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                         "expert_model_parallel_size") if mp.get(field, 1) != 1]
+    if config["transformer_class"] != "TransformerConfig":
+        out.append(f"transformer_class {config['transformer_class']} (multi-latent attention is not written)")
+    if tr.get("num_moe_experts"):
+        out.append(f"num_moe_experts = {tr['num_moe_experts']} (MoE layers are not written)")
+    if config.get("transformer_attributes"):
+        out.append(f"transformer_attributes {sorted(config['transformer_attributes'])} (YaRN is not written)")
+    if config["gpt_model"].get("position_embedding_type", "rope") != "rope":
+        out.append(f"position_embedding_type {config['gpt_model']['position_embedding_type']!r} (rope only)")
+    out.extend(f"lowering limitation: {item}" for item in config.get("limitations", []))
+    return out
+
+
+def init_single_rank(device: str, seed: int = 0) -> None:
+    """torch.distributed with one rank (gloo on CPU, NCCL on a GPU) and megatron-core's parallel state at size 1;
+    idempotent. The rendezvous is a file, so no port is taken."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device).index or 0)
+    if not dist.is_initialized():
+        fd, path = tempfile.mkstemp(prefix="dora-megatron-rendezvous-")
+        os.close(fd)
+        os.unlink(path)  # the store creates it
+        # one group serves CPU and GPU tensors where there is a GPU (a process may hold trainers on both)
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    if device.startswith("cuda"):
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+
+        if not get_cuda_rng_tracker().is_initialized():
+            model_parallel_cuda_manual_seed(seed)  # activation recomputation restores these RNG states
+
+
+def _varlen_attention() -> Any:
+    """torch's variable-length flash attention (``torch.nn.attention.varlen.varlen_attn``, CUDA only), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _core_attention_class() -> type:
+    import inspect
+
+    from megatron.core.transformer.module import MegatronModule
+
+    varlen = _varlen_attention()
+    varlen_params = set(inspect.signature(varlen).parameters) if varlen is not None else set()
+
+    class PackedSDPAttention(MegatronModule):
+        """megatron-core's core-attention interface for packed rows. ``attention_mask`` is either
+
+        - ``cu_seqlens`` (int32, ``[n + 1]``): where each sequence starts in the rows laid end to end; each
+          sequence then attends causally to itself alone, through variable-length flash attention, which
+          computes no masked-out block (a GPU); or
+        - a bool mask ``[R, 1, L, L]`` (True = masked, megatron's convention) for
+          ``F.scaled_dot_product_attention`` (any device).
+        """
+
+        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
+                     attention_dropout: float | None = None, softmax_scale: float | None = None,
+                     cp_comm_type: str | None = None, pg_collection: Any = None) -> None:
+            super().__init__(config=config)
+            self.softmax_scale = softmax_scale
+
+        def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor, attn_mask_type: Any = None, attention_bias: Any = None,
+                    packed_seq_params: Any = None) -> torch.Tensor:
+            """``query [s, b, heads, d]``, ``key``/``value [s, b, groups, d]`` -> ``[s, b, heads * d]``."""
+            if attention_bias is not None or packed_seq_params is not None:
+                raise MegatronTrainerError("PackedSDPAttention takes a mask, not an attention bias or THD params")
+            s, b, heads, d = query.shape
+            group = heads // key.shape[2]
+            if attention_mask.dtype == torch.int32:
+                q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], d) for t in (query, key, value))
+                kwargs: dict[str, Any] = {"scale": self.softmax_scale}
+                if "window_size" in varlen_params:
+                    kwargs["window_size"] = (-1, 0)  # causal
+                else:
+                    kwargs["is_causal"] = True
+                if group > 1 and "enable_gqa" in varlen_params:
+                    kwargs["enable_gqa"] = True
+                elif group > 1:
+                    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+                # the row width bounds every sequence (an exact maximum would cost a device-to-host sync)
+                out = varlen(q, k, v, attention_mask, attention_mask, s, s, **kwargs)
+                return out.reshape(b, s, heads * d).transpose(0, 1)
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            if group > 1:
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=~attention_mask, scale=self.softmax_scale)
+            return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    return PackedSDPAttention
+
+
+def cu_seqlens(packed: PackedRows) -> torch.Tensor:
+    """int32 ``[n + 1]``: where each packed sequence (and each row's unfilled tail) starts, rows laid end to
+    end, then the total; computed on the host, where the packing is known."""
+    starts: list[int] = []
+    seg, width = packed.segment_ids.tolist(), packed.segment_ids.shape[1]
+    for r, row in enumerate(seg):
+        starts.extend(r * width + i for i in range(width) if i == 0 or row[i] != row[i - 1])
+    return torch.tensor([*starts, len(seg) * width], dtype=torch.int32)
+
+
+def _transformer_config(config: dict[str, Any], device: str) -> Any:
+    from megatron.core.transformer import TransformerConfig
+
+    from dora.lower.megatron import to_megatron_kwargs
+
+    kwargs = {**to_megatron_kwargs(config["transformer"]), **to_megatron_kwargs(config["model_parallel"])}
+    # Kernels megatron-core fuses through Transformer Engine or Apex are off: the local modules run.
+    kwargs.update(use_cpu_initialization=True, bias_activation_fusion=False, bias_dropout_fusion=False,
+                  masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+                  apply_rope_fusion=False)
+    if device == "cpu":
+        kwargs.update(params_dtype=torch.float32, bf16=False, fp16=False, pipeline_dtype=None)
+    return TransformerConfig(**kwargs)
+
+
+def build_gpt_model(config: dict[str, Any], *, device: str, seed: int = 0) -> Any:
+    """``GPTModel`` for the lowered ``config`` on ``device`` (see the module docstring)."""
+    problems = unsupported(config)
+    if problems:
+        raise MegatronTrainerError("the Megatron trainer cannot run this plan: " + "; ".join(problems))
+    init_single_rank(device, seed)
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm": intended
+        tc = _transformer_config(config, device)
+        spec = get_gpt_layer_local_spec(normalization=tc.normalization, qk_layernorm=tc.qk_layernorm)
+        spec.submodules.self_attention.submodules.core_attention = _core_attention_class()
+        torch.manual_seed(seed)
+        model = GPTModel(config=tc, transformer_layer_spec=spec, **config["gpt_model"])
+    if tc.bf16 or tc.fp16:  # as Megatron-LM's Float16Module: every weight in the training dtype, norms too
+        model = model.to(dtype=torch.bfloat16 if tc.bf16 else torch.float16)
+    return model.to(device)
+
+
+def _decoder_output(model: Any, packed: PackedRows) -> torch.Tensor:
+    """Hidden states ``[L, R, h]`` after the decoder (its final norm included) for ``packed``'s rows."""
+    device = model.embedding.word_embeddings.weight.device
+    ids, positions = packed.token_ids.to(device), packed.position_ids.to(device)
+    hidden = model.embedding(input_ids=ids, position_ids=positions)  # [L, R, h]
+    inv_freq = model.rotary_pos_emb.inv_freq.to(device=device, dtype=torch.float32)
+    angles = positions.t().to(torch.float32)[..., None] * inv_freq  # [L, R, rotary_dim / 2]
+    rotary = torch.cat([angles, angles], dim=-1)[:, :, None, :]  # megatron's non-interleaved layout
+    if device.type == "cuda" and _varlen_attention() is not None:
+        mask = cu_seqlens(packed).to(device, non_blocking=True)
+    else:
+        mask = ~packed_attention_mask(positions, packed.segment_ids.to(device))
+    return model.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rotary)
+
+
+def _output_layer(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+    logits, _ = model.output_layer(hidden, weight=weight)
+    return logits
+
+
+def packed_logits(model: Any, packed: PackedRows) -> torch.Tensor:
+    """Logits ``[R, L, vocab]`` of ``packed``'s rows: embedding, the decoder under the block-diagonal mask with
+    per-sequence rotary positions, the output layer (GPTModel's own forward, less its position handling)."""
+    return _output_layer(model, _decoder_output(model, packed)).transpose(0, 1)
+
+
+def trained_token_logprobs(model: Any, packed: PackedRows, temperature: float) -> torch.Tensor:
+    """``[N]`` log-probs of ``packed``'s trained tokens under ``softmax(logits / temperature)``. The output layer
+    runs only at the positions that predict a trained token (a 150K-token vocabulary makes logits the largest
+    tensor of a step), and log-softmax with the pick is one fused cross-entropy, in fp32."""
+    hidden = _decoder_output(model, packed)
+    flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])[packed.logit_index.to(hidden.device)]
+    logits = _output_layer(model, flat[:, None, :])[:, 0]
+    targets = packed.target_ids.to(logits.device)
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
+    return -F.cross_entropy(logits, targets, reduction="none")
+
+
+def _layer_map(tr: dict[str, Any]) -> list[tuple[str, str]]:
+    """(Megatron name, Hugging Face name) of the tensors that only change name, per layer (``{i}``)."""
+    names = [("input_layernorm.weight", "input_layernorm.weight"),
+             ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
+             ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight")]
+    if tr.get("qk_layernorm"):
+        names += [("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
+                  ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight")]
+    if not tr.get("gated_linear_unit"):
+        names += [("mlp.linear_fc1.weight", "mlp.up_proj.weight")]
+    names += [("mlp.linear_fc2.weight", "mlp.down_proj.weight")]
+    return [(f"decoder.layers.{{i}}.{m}", f"model.layers.{{i}}.{h}") for m, h in names]
+
+
+def _qkv_shape(tr: dict[str, Any]) -> tuple[int, int, int]:
+    """(query groups, query heads per group, head dim)."""
+    groups = tr.get("num_query_groups") or tr["num_attention_heads"]
+    return groups, tr["num_attention_heads"] // groups, tr.get("kv_channels") or \
+        tr["hidden_size"] // tr["num_attention_heads"]
+
+
+def hf_weights(state: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A GPTModel state dict (no ``_extra_state``) under the checkpoint's (Hugging Face Llama/Qwen) names, as
+    detached contiguous CPU tensors. See the module docstring for the splits."""
+    tr = config["transformer"]
+    groups, per_group, d = _qkv_shape(tr)
+    out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+           "model.norm.weight": state["decoder.final_layernorm.weight"]}
+    if not config["gpt_model"].get("share_embeddings_and_output_weights", True):
+        out["lm_head.weight"] = state["output_layer.weight"]
+    for i in range(tr["num_layers"]):
+        for m, h in _layer_map(tr):
+            out[h.format(i=i)] = state[m.format(i=i)]
+        for kind in ("weight", "bias") if tr.get("add_qkv_bias") or tr.get("add_bias_linear") else ("weight",):
+            fused = state[f"decoder.layers.{i}.self_attention.linear_qkv.{kind}"]
+            blocks = fused.reshape(groups, per_group + 2, d, *fused.shape[1:])
+            out[f"model.layers.{i}.self_attn.q_proj.{kind}"] = blocks[:, :per_group].reshape(-1, *fused.shape[1:])
+            out[f"model.layers.{i}.self_attn.k_proj.{kind}"] = blocks[:, per_group].reshape(-1, *fused.shape[1:])
+            out[f"model.layers.{i}.self_attn.v_proj.{kind}"] = blocks[:, per_group + 1].reshape(-1, *fused.shape[1:])
+        if tr.get("gated_linear_unit"):
+            gate, up = state[f"decoder.layers.{i}.mlp.linear_fc1.weight"].chunk(2, dim=0)
+            out[f"model.layers.{i}.mlp.gate_proj.weight"] = gate
+            out[f"model.layers.{i}.mlp.up_proj.weight"] = up
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in out.items()}
+
+
+def megatron_weights(hf: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The inverse of ``hf_weights``: checkpoint names -> a GPTModel state dict (without ``_extra_state``).
+    A name the model needs and ``hf`` lacks, or one it has and the model does not use, is an error."""
+    tr = config["transformer"]
+    groups, per_group, d = _qkv_shape(tr)
+    used: set[str] = set()
+
+    def get(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise MegatronTrainerError(f"the checkpoint weights lack {name!r}")
+        used.add(name)
+        return hf[name]
+
+    out = {"embedding.word_embeddings.weight": get("model.embed_tokens.weight"),
+           "decoder.final_layernorm.weight": get("model.norm.weight")}
+    if not config["gpt_model"].get("share_embeddings_and_output_weights", True):
+        out["output_layer.weight"] = get("lm_head.weight")
+    for i in range(tr["num_layers"]):
+        for m, h in _layer_map(tr):
+            out[m.format(i=i)] = get(h.format(i=i))
+        for kind in ("weight", "bias") if tr.get("add_qkv_bias") or tr.get("add_bias_linear") else ("weight",):
+            q, k, v = (get(f"model.layers.{i}.self_attn.{p}_proj.{kind}") for p in "qkv")
+            rest = q.shape[1:]
+            blocks = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
+                                v.reshape(groups, 1, d, *rest)], dim=1)
+            out[f"decoder.layers.{i}.self_attention.linear_qkv.{kind}"] = blocks.reshape(-1, *rest)
+        if tr.get("gated_linear_unit"):
+            out[f"decoder.layers.{i}.mlp.linear_fc1.weight"] = torch.cat(
+                [get(f"model.layers.{i}.mlp.gate_proj.weight"), get(f"model.layers.{i}.mlp.up_proj.weight")])
+    unused = sorted(set(hf) - used)
+    if unused:
+        raise MegatronTrainerError(f"the checkpoint weights hold names this model does not use: {unused[:4]}")
+    return out
+
+
+def _weights_only(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def _load(model: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Every weight of ``model`` from ``weights`` (``_extra_state`` entries, which hold no weights, may be absent)."""
+    result = model.load_state_dict(weights, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise MegatronTrainerError(f"weights do not match the model: missing {missing[:4]}, "
+                                   f"unexpected {result.unexpected_keys[:4]}")
+
+
+class MegatronTrainer:
+    """Implements ``Trainer`` (see ``base.py``) on megatron-core; see the module docstring."""
+
+    def __init__(self, config: MegatronTrainerConfig, *,
+                 initial_weights: dict[str, torch.Tensor] | None = None) -> None:
+        self.config = config
+        self.model = build_gpt_model(config.megatron, device=config.device, seed=config.seed)
+        if initial_weights is not None:
+            _load(self.model, megatron_weights(initial_weights, config.megatron))
+        opt = config.megatron["optimizer"]
+        self.on_gpu = config.device.startswith("cuda")
+        if self.on_gpu:
+            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+            from dora.lower.megatron import to_megatron_kwargs
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Falling back to Torch optimizers": intended without Apex/TE
+                self.ddp = DistributedDataParallel(config=self.model.config,
+                                                   ddp_config=DistributedDataParallelConfig(**config.megatron["ddp"]),
+                                                   module=self.model)
+                self.optimizer: Any = get_megatron_optimizer(OptimizerConfig(**to_megatron_kwargs(opt)), [self.ddp])
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=opt["lr"], betas=(opt["adam_beta1"], opt["adam_beta2"]),
+                eps=opt["adam_eps"], weight_decay=opt["weight_decay"])
+        self.clip_grad = float(opt["clip_grad"])
+        self.version = 0
+        self.step = 0
+
+    def logprobs(self, packed: PackedRows) -> torch.Tensor:
+        """``[N]`` log-probs of ``packed``'s trained tokens at the configured temperature."""
+        return trained_token_logprobs(self.model, packed, self.config.grpo.temperature)
+
+    def zero_grad(self) -> None:
+        if self.on_gpu:
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def apply_gradients(self) -> float:
+        if self.on_gpu:
+            self.ddp.finish_grad_sync()
+            ok, grad_norm, _ = self.optimizer.step()
+            if not ok:
+                raise FloatingPointError("the Megatron optimizer skipped its step (non-finite gradients)")
+            return float(grad_norm)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad))
+        self.optimizer.step()
+        return grad_norm
+
+    def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
+        self.model.train()
+        try:
+            metrics = grpo_step(batch, self.config.grpo, self.version, self.logprobs, self)
+        finally:
+            self.model.eval()
+        self.version += 1
+        self.step += 1
+        return metrics
+
+    def export_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """``(version, weights)`` under the checkpoint's names (``hf_weights``)."""
+        return self.version, hf_weights(_weights_only(self.model), self.config.megatron)
+
+    def state_dict(self) -> dict[str, object]:
+        return {"model": {k: v.detach().to("cpu").clone() for k, v in _weights_only(self.model).items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()), "step": self.step, "version": self.version}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        _load(self.model, state["model"])  # type: ignore[arg-type]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])  # type: ignore[call-overload]
+        self.version = int(state["version"])  # type: ignore[call-overload]

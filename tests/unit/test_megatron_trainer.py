@@ -1,0 +1,243 @@
+"""The Megatron trainer on CPU: megatron-core's real GPTModel built from dora's lowered config.json, packed
+forward, GRPO steps, and the export to checkpoint (Hugging Face) names checked against an independent forward.
+
+The GPU half (bf16, megatron-core's optimiser, transformers' own model classes) is tests/gpu/test_megatron_gpu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from test_lower_plans import example_plan, load_example
+
+pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
+
+from dora.lower.megatron import megatron_config  # noqa: E402
+from dora.runtime.engines.base import FinishedTrajectory, ScoredTrajectory  # noqa: E402
+from dora.runtime.engines.megatron_trainer import (  # noqa: E402
+    MegatronTrainer,
+    MegatronTrainerConfig,
+    MegatronTrainerError,
+    build_gpt_model,
+    cu_seqlens,
+    hf_weights,
+    megatron_weights,
+    packed_logits,
+    trained_token_logprobs,
+    unsupported,
+)
+from dora.runtime.engines.torch_trainer import GRPOSettings, pack, target_logprobs  # noqa: E402
+from planner.architecture import arch_from_hf_config  # noqa: E402
+
+VOCAB = 97
+
+
+def tiny_hf_config(model_type: str = "qwen3", *, tied: bool = False) -> dict:
+    return {"model_type": model_type, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB,
+            "max_position_embeddings": 4096, "rope_theta": 10_000.0, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": tied, "hidden_act": "silu"}
+
+
+def lowered(model_type: str = "qwen3", *, tied: bool = False, **train_changes: int) -> dict:
+    """megatron/config.json of the dense-8b example re-planned onto one device with a tiny architecture."""
+    resolved = load_example("dense-8b-h800x64")
+    plan = example_plan(resolved, "dense-8b-h800x64")
+    plan = dataclasses.replace(plan, train=dataclasses.replace(
+        plan.train, **({"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "accelerators": 1} | train_changes)))
+    arch = arch_from_hf_config(tiny_hf_config(model_type, tied=tied), name=f"tiny-{model_type}")
+    return megatron_config(dataclasses.replace(resolved, arch=arch), plan)
+
+
+SETTINGS = GRPOSettings(off_policy_correction="tis", is_weight_cap=2.0, ppo_clip_eps=0.2, num_minibatches=1,
+                        temperature=1.0, pack_len=64)
+
+
+def trainer(config: dict, **changes) -> MegatronTrainer:
+    return MegatronTrainer(MegatronTrainerConfig(megatron=config, grpo=SETTINGS, device="cpu", seed=3), **changes)
+
+
+# ---- an independent forward in Hugging Face Llama/Qwen3 terms, over the exported names ----
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def reference_logits(w: dict[str, torch.Tensor], hf: dict, ids: list[int]) -> torch.Tensor:
+    heads, kv, d, eps = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"], hf["rms_norm_eps"]
+    n = len(ids)
+    x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+    inv = 1.0 / hf["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv
+    cos, sin = torch.cat([ang, ang], -1).cos().float(), torch.cat([ang, ang], -1).sin().float()
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = _rms(x, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(n, heads, d)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(n, kv, d)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(n, kv, d)
+        if hf["model_type"] == "qwen3":
+            q, k = _rms(q, w[p + "self_attn.q_norm.weight"], eps), _rms(k, w[p + "self_attn.k_norm.weight"], eps)
+        q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
+        k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+        k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, heads * d)
+        x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+    x = _rms(x, w["model.norm.weight"], eps)
+    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+
+
+SEQS = [((5, 6, 7), (8, 9, 10, 11)), ((12,), (13, 14)), ((1, 2, 3, 4, 5, 6), (7, 8, 9)), ((40,), (41,))]
+
+
+@pytest.mark.parametrize(("model_type", "tied"), [("qwen3", False), ("llama", True)])
+def test_exported_weights_compute_the_same_logits_under_checkpoint_names(model_type: str, tied: bool) -> None:
+    config = lowered(model_type, tied=tied)
+    model = build_gpt_model(config, device="cpu", seed=1)
+    exported = hf_weights({k: v for k, v in model.state_dict().items() if "_extra_state" not in k}, config)
+    assert ("lm_head.weight" in exported) is not tied
+    assert ("model.layers.0.self_attn.q_norm.weight" in exported) is (model_type == "qwen3")
+    hf = tiny_hf_config(model_type, tied=tied)
+    for prompt, response in SEQS:
+        ids = list(prompt + response)
+        with torch.no_grad():
+            ours = packed_logits(model, pack([(prompt, response)], 64))[0, : len(ids)]
+        torch.testing.assert_close(ours, reference_logits(exported, hf, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_checkpoint_names_round_trip_and_load_as_version_zero() -> None:
+    config = lowered()
+    first = trainer(config)
+    _, exported = first.export_weights()
+    assert torch.equal(torch.stack([exported[k].sum() for k in sorted(exported)]),
+                       torch.stack([hf_weights(megatron_weights(exported, config), config)[k].sum()
+                                    for k in sorted(exported)]))
+    other = MegatronTrainer(MegatronTrainerConfig(megatron=config, grpo=SETTINGS, device="cpu", seed=99),
+                            initial_weights=exported)
+    assert all(torch.equal(exported[k], v) for k, v in other.export_weights()[1].items())
+    assert other.export_weights()[0] == 0
+    with pytest.raises(MegatronTrainerError, match="lack .model.layers.1"):
+        trainer(config, initial_weights={k: v for k, v in exported.items() if "layers.1." not in k})
+
+
+def test_the_same_seed_builds_the_same_version_zero() -> None:
+    config = lowered()
+    a, b = trainer(config).export_weights()[1], trainer(config).export_weights()[1]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_packed_row_computes_what_each_sequence_computes_alone() -> None:
+    model = build_gpt_model(lowered(), device="cpu", seed=2)
+    packed = pack(list(SEQS), 16)
+    assert packed.token_ids.shape[0] < len(SEQS)  # some row holds several sequences
+    with torch.no_grad():
+        together = packed_logits(model, packed).reshape(-1, VOCAB)[packed.logit_index]
+        alone = torch.cat([packed_logits(model, pack([s], 16)).reshape(-1, VOCAB)[pack([s], 16).logit_index]
+                           for s in SEQS])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def _batch(version: int = 0) -> list[ScoredTrajectory]:
+    """Two groups; in each the first response is rewarded. Behaviour log-probs are set equal to the trainer's own
+    so the step is on-policy (IS weight 1)."""
+    out = []
+    for g, (prompt, responses) in enumerate([((3, 4), [(10, 11, 12), (20, 21)]), ((5,), [(30, 31), (40, 41, 42)])]):
+        for j, response in enumerate(responses):
+            traj = FinishedTrajectory(request_id=f"{g}-{j}", prompt_ids=prompt, response_ids=response,
+                                      behaviour_logprobs=(-math.log(VOCAB),) * len(response),
+                                      version_spans=((version, len(response)),), finish_reason="stop")
+            out.append(ScoredTrajectory(trajectory=traj, reward=1.0 if j == 0 else 0.0, group_id=str(g)))
+    return out
+
+
+def test_grpo_steps_raise_the_rewarded_responses_and_publish_versions() -> None:
+    config = lowered()
+    config["optimizer"]["lr"] = 1e-2  # the example's 1e-6 suits an 8B checkpoint, not 5 steps of a tiny model
+    t = trainer(config)
+    batch = _batch()
+    rewarded = pack([(s.trajectory.prompt_ids, s.trajectory.response_ids) for s in batch if s.reward], 64)
+    with torch.no_grad():
+        before = float(t.logprobs(rewarded).mean())
+    weights_before = t.export_weights()[1]
+    metrics = [t.train_step(batch) for _ in range(5)]
+    assert [m.version for m in metrics] == [1, 2, 3, 4, 5] and t.export_weights()[0] == 5
+    assert metrics[0].num_trained_tokens == 10 and metrics[0].num_forward_tokens == 16
+    assert all(math.isfinite(m.loss) and m.grad_norm > 0 for m in metrics)
+    with torch.no_grad():
+        assert float(t.logprobs(rewarded).mean()) > before + 0.5
+    assert any(not torch.equal(weights_before[k], v) for k, v in t.export_weights()[1].items())
+
+
+def next_step_after_restore(make, config: dict) -> tuple[dict, dict]:
+    """Weights after a second step, of a trainer and of a fresh one restored from its state after the first."""
+    a = make(config)
+    a.train_step(_batch())
+    b = make(config)
+    b.load_state_dict(a.state_dict())
+    a.train_step(_batch(1))
+    b.train_step(_batch(1))
+    assert a.version == b.version == 2
+    return a.export_weights()[1], b.export_weights()[1]
+
+
+def test_a_restored_trainer_takes_the_same_next_step() -> None:
+    wa, wb = next_step_after_restore(trainer, lowered())
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_what_the_trainer_does_not_run_is_refused_before_anything_is_built() -> None:
+    config = lowered(tp=2, accelerators=2)
+    assert unsupported(config) == ["tensor_model_parallel_size = 2 (this trainer runs one rank; multi-rank "
+                                   "training needs torchrun and megatron-core's pipeline schedules, which dora "
+                                   "does not launch yet)"]
+    with pytest.raises(MegatronTrainerError, match="tensor_model_parallel_size = 2"):
+        trainer(config)
+    moe = megatron_config(load_example("moe-235b-h800x512"), dataclasses.replace(
+        example_plan(load_example("moe-235b-h800x512"), "moe-235b-h800x512")))
+    assert any("num_moe_experts" in p for p in unsupported(moe))
+
+
+def test_microbatches_accumulate_to_the_same_step_as_one_forward() -> None:
+    """Gradients accumulated over microbatches of one packed row each give the step one forward of the whole
+    minibatch gives (the loss is the token mean over the batch either way)."""
+    config = lowered()
+    config["optimizer"]["lr"] = 1e-2
+    whole = trainer(config)
+    micro = MegatronTrainer(MegatronTrainerConfig(
+        megatron=config, grpo=dataclasses.replace(SETTINGS, pack_len=8, microbatch_rows=1), device="cpu", seed=3))
+    w0 = whole.export_weights()[1]
+    a, b = whole.train_step(_batch()), micro.train_step(_batch())
+    assert a.loss == pytest.approx(b.loss, rel=1e-5) and a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+    wa, wb = whole.export_weights()[1], micro.export_weights()[1]
+    # Adam's first step moves each weight by about lr * sign(g), so a gradient element near zero may round
+    # either way: compare the updates as a whole.
+    apart = math.sqrt(sum(float((wa[k] - wb[k]).pow(2).sum()) for k in wa))
+    moved = math.sqrt(sum(float((wa[k] - w0[k]).pow(2).sum()) for k in wa))
+    assert moved > 0.1 and apart < 1e-3 * moved
+
+
+def test_trained_token_log_probs_are_the_full_logits_log_softmax_at_the_trained_positions() -> None:
+    model = build_gpt_model(lowered(), device="cpu", seed=4)
+    packed = pack(list(SEQS), 16)
+    with torch.no_grad():
+        full = target_logprobs(packed_logits(model, packed), packed, 0.7)
+        torch.testing.assert_close(trained_token_logprobs(model, packed, 0.7), full, rtol=1e-5, atol=1e-5)
+
+
+def test_cu_seqlens_mark_where_each_packed_sequence_and_row_tail_starts() -> None:
+    packed = pack([((1, 2), (3,)), ((4,), (5, 6, 7)), ((8,), (9,))], 5)  # rows: [4 tokens, tail 1], [3 + 2]
+    assert packed.segment_ids.tolist() == [[0, 0, 0, 0, -1], [0, 0, 0, 1, 1]]
+    assert cu_seqlens(packed).tolist() == [0, 4, 5, 8, 10]
