@@ -1,0 +1,114 @@
+"""The Megatron trainer on a GPU: bf16 weights, megatron-core's DDP and optimizer (fp32 main weights), and the
+exported weights loaded into transformers' own model classes (where transformers is installed).
+
+The CPU half (the same model in fp32, an independent reference forward, packing, microbatches, restore) is
+tests/unit/test_megatron_trainer.py, which runs everywhere megatron-core is installed.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
+
+from test_megatron_trainer import (  # noqa: E402
+    SEQS,
+    SETTINGS,
+    _batch,
+    lowered,
+    next_step_after_restore,
+    tiny_hf_config,
+)
+
+from dora.runtime.engines.megatron_trainer import (  # noqa: E402
+    MegatronTrainer,
+    MegatronTrainerConfig,
+    build_gpt_model,
+    packed_logits,
+)
+from dora.runtime.engines.torch_trainer import pack  # noqa: E402
+
+
+def gpu_trainer(config: dict, **changes) -> MegatronTrainer:
+    return MegatronTrainer(MegatronTrainerConfig(megatron=config, grpo=SETTINGS, device="cuda", seed=3), **changes)
+
+
+def test_the_gpu_model_in_bf16_computes_what_the_cpu_model_computes_in_fp32() -> None:
+    config = lowered()
+    cpu = build_gpt_model(config, device="cpu", seed=5)
+    gpu = build_gpt_model(config, device="cuda", seed=5)
+    assert next(gpu.parameters()).dtype == torch.bfloat16
+    packed = pack(list(SEQS), 16)
+    with torch.no_grad():
+        a = torch.log_softmax(packed_logits(cpu, packed).float(), -1)
+        b = torch.log_softmax(packed_logits(gpu, packed).float().cpu(), -1)
+    real = packed.segment_ids >= 0  # not the unfilled row tails, whose attention differs by design
+    torch.testing.assert_close(b[real], a[real], rtol=0.0, atol=0.05)
+
+
+def test_variable_length_flash_attention_computes_what_the_masked_attention_computes(monkeypatch) -> None:
+    from dora.runtime.engines import megatron_trainer
+
+    assert megatron_trainer._varlen_attention() is not None, "torch.nn.attention.varlen missing"
+    gpu = build_gpt_model(lowered(), device="cuda", seed=6)
+    packed = pack(list(SEQS), 16)
+    with torch.no_grad():
+        flash = torch.log_softmax(packed_logits(gpu, packed).float(), -1)
+        monkeypatch.setattr(megatron_trainer, "_varlen_attention", lambda: None)
+        masked = torch.log_softmax(packed_logits(gpu, packed).float(), -1)
+    real = packed.segment_ids >= 0  # the unfilled row tails differ (masked: each attends to itself)
+    torch.testing.assert_close(flash[real.cuda()], masked[real.cuda()], rtol=0.0, atol=0.03)
+
+
+@pytest.mark.parametrize(("model_type", "tied"), [("qwen3", False), ("llama", True)])
+def test_transformers_loads_the_export_and_computes_the_same_logits(model_type: str, tied: bool) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = lowered(model_type, tied=tied)
+    trainer = MegatronTrainer(MegatronTrainerConfig(megatron=config, grpo=SETTINGS, device="cpu", seed=7))
+    _, weights = trainer.export_weights()
+    hf = tiny_hf_config(model_type, tied=tied)
+    cls = transformers.Qwen3ForCausalLM if model_type == "qwen3" else transformers.LlamaForCausalLM
+    conf_cls = transformers.Qwen3Config if model_type == "qwen3" else transformers.LlamaConfig
+    model = cls(conf_cls(**{k: v for k, v in hf.items() if k != "model_type"}, attention_bias=False)).eval()
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and all("rotary" in k or (tied and k == "lm_head.weight") for k in missing)
+    for prompt, response in SEQS:
+        ids = list(prompt + response)
+        with torch.no_grad():
+            theirs = model(torch.tensor([ids])).logits[0]
+            ours = packed_logits(trainer.model, pack([(prompt, response)], 64))[0, : len(ids)]
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_megatron_optimizer_steps_raise_the_rewarded_responses() -> None:
+    config = lowered()
+    config["optimizer"]["lr"] = 1e-2
+    t = gpu_trainer(config)
+    batch = _batch()
+    rewarded = pack([(s.trajectory.prompt_ids, s.trajectory.response_ids) for s in batch if s.reward], 64)
+    with torch.no_grad():
+        before = float(t.logprobs(rewarded).mean())
+    metrics = [t.train_step(batch) for _ in range(5)]
+    assert [m.version for m in metrics] == [1, 2, 3, 4, 5]
+    assert all(math.isfinite(m.loss) and m.grad_norm > 0 for m in metrics)
+    with torch.no_grad():
+        assert float(t.logprobs(rewarded).mean()) > before + 0.5
+    version, weights = t.export_weights()
+    assert version == 5 and all(w.device.type == "cpu" and w.dtype == torch.bfloat16 for w in weights.values())
+
+
+def test_a_restored_gpu_trainer_takes_the_same_next_step() -> None:
+    config = lowered()
+    config["optimizer"]["lr"] = 1e-3
+    wa, wb = next_step_after_restore(gpu_trainer, config)
+    for k in wa:
+        torch.testing.assert_close(wa[k].float(), wb[k].float(), rtol=0, atol=1e-2)
