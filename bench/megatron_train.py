@@ -20,9 +20,12 @@ Needs a CUDA GPU and megatron-core (the device machine); elsewhere it says so an
      trainer's effective MFU as the cost model counts FLOPs.
    Also prints peak GPU memory against the cost model's training memory.
 
+``--calibration-out FILE`` writes the planned variant's fitted ``train_mfu_dense`` as a calibration file for
+``dora plan SPEC --calibration FILE`` (``bench/specs/qwen3-1.7b-h100x1.calibration.json`` came from an H100).
+
 The catalog's ``train_mfu_dense`` (0.50) describes Megatron with Transformer Engine's fused kernels. This
-trainer runs megatron-core's local layers: torch SDPA attention under a mask, no fused norms or rotary, and no
-THD packing. So the fitted value measures dora's trainer, not the best Megatron can do.
+trainer runs megatron-core's local layers: torch's variable-length flash attention, torch norms, unfused rotary,
+and no THD packing. So the fitted value measures dora's trainer, not the best Megatron can do.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_lower_plans import example_plan, load_example
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
@@ -26,6 +27,7 @@ from dora.runtime.engines.megatron_trainer import (  # noqa: E402
     hf_weights,
     megatron_weights,
     packed_logits,
+    token_logprob,
     trained_token_logprobs,
     unsupported,
 )
@@ -241,3 +243,22 @@ def test_cu_seqlens_mark_where_each_packed_sequence_and_row_tail_starts() -> Non
     packed = pack([((1, 2), (3,)), ((4,), (5, 6, 7)), ((8,), (9,))], 5)  # rows: [4 tokens, tail 1], [3 + 2]
     assert packed.segment_ids.tolist() == [[0, 0, 0, 0, -1], [0, 0, 0, 1, 1]]
     assert cu_seqlens(packed).tolist() == [0, 4, 5, 8, 10]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_one_copy_log_softmax_matches_autograd_cross_entropy(dtype: torch.dtype, temperature: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(6, 50, generator=gen) * 3).to(dtype).requires_grad_()
+    targets = torch.tensor([0, 7, 49, 3, 3, 20])
+    weights = torch.randn(6, generator=gen)
+    before = logits.detach().clone()
+    ours = token_logprob(logits, targets, temperature)
+    assert torch.equal(logits.detach(), before)  # the fp32 copy is its own, even when the logits are fp32
+    (ours * weights).sum().backward()
+    ours_grad, logits.grad = logits.grad, None
+    ref = -F.cross_entropy(logits.float() / temperature, targets, reduction="none")
+    (ref * weights).sum().backward()
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    assert ours_grad is not None and ours_grad.dtype == dtype
+    torch.testing.assert_close(ours_grad, logits.grad)

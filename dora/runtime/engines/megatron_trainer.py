@@ -26,6 +26,11 @@ This is the trainer role of ``base.Trainer`` on megatron-core (0.16.1) instead o
   ``gate_proj``/``up_proj`` (gate first), norms and embeddings renamed. ``megatron_weights`` is the inverse,
   for starting from a checkpoint.
 
+- **Memory.** The output layer runs only where a trained token is predicted, and the log-softmax keeps one fp32
+  copy of those logits (``token_logprob``). On a GPU, SwiGLU is megatron-core's compiled one, which keeps only
+  its input. ``bench/megatron_train.py`` measured the planned Qwen3-1.7B layout on an H100 within the plan's
+  memory.
+
 Not written (refused with ``MegatronTrainerError`` before anything is built): more than one rank (tensor,
 pipeline, context, expert or data parallel > 1: a launcher with ``torchrun`` and megatron-core's pipeline
 schedules), MoE layers, multi-latent attention, and configs with lowering limitations or extra attributes
@@ -192,6 +197,9 @@ def _transformer_config(config: dict[str, Any], device: str) -> Any:
                   apply_rope_fusion=False)
     if device == "cpu":
         kwargs.update(params_dtype=torch.float32, bf16=False, fp16=False, pipeline_dtype=None)
+    elif kwargs.get("gated_linear_unit") and kwargs.get("activation_func") is F.silu:
+        # megatron-core's own SwiGLU (torch.compile'd; keeps only its input for the backward)
+        kwargs["bias_activation_fusion"] = True
     return TransformerConfig(**kwargs)
 
 
@@ -243,16 +251,52 @@ def packed_logits(model: Any, packed: PackedRows) -> torch.Tensor:
     return _output_layer(model, _decoder_output(model, packed)).transpose(0, 1)
 
 
+class _TokenLogProb(torch.autograd.Function):
+    """``log softmax(logits / T)[target]`` per row, keeping one fp32 ``[N, vocab]`` tensor (the softmax, which the
+    backward turns into the gradient in place), as Megatron's vocab-parallel cross entropy does. The autograd
+    composition keeps two (log-softmax's input and output); at a 150K-token vocabulary these are a step's largest
+    tensors. Backward runs once (the graph is not retained)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        x = logits.float()
+        if x.data_ptr() == logits.data_ptr():
+            x = x.clone()  # fp32 logits: do not overwrite the caller's tensor
+        if temperature != 1.0:
+            x.div_(temperature)
+        x.sub_(x.amax(dim=-1, keepdim=True))
+        picked = x.gather(1, targets[:, None]).squeeze(1)
+        x.exp_()
+        total = x.sum(dim=-1, keepdim=True)
+        x.div_(total)  # the softmax
+        ctx.save_for_backward(x, targets)
+        ctx.temperature, ctx.in_dtype = temperature, logits.dtype
+        return picked - total.squeeze(1).log()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        softmax, targets = ctx.saved_tensors
+        g = softmax.mul_(-grad[:, None])  # d logp / d x = onehot - softmax
+        g.scatter_add_(1, targets[:, None], grad[:, None])
+        if ctx.temperature != 1.0:
+            g.div_(ctx.temperature)
+        return g.to(ctx.in_dtype), None, None
+
+
+def token_logprob(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``[N]`` ``log softmax(logits / temperature)[targets]`` for ``logits [N, vocab]``, computed in fp32."""
+    out: torch.Tensor = _TokenLogProb.apply(logits, targets, temperature)
+    return out
+
+
 def trained_token_logprobs(model: Any, packed: PackedRows, temperature: float) -> torch.Tensor:
     """``[N]`` log-probs of ``packed``'s trained tokens under ``softmax(logits / temperature)``. The output layer
-    runs only at the positions that predict a trained token (a 150K-token vocabulary makes logits the largest
-    tensor of a step), and log-softmax with the pick is one fused cross-entropy, in fp32."""
+    runs only at the positions that predict a trained token, and the log-softmax keeps one fp32 copy of the
+    logits (``token_logprob``)."""
     hidden = _decoder_output(model, packed)
     flat = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1])[packed.logit_index.to(hidden.device)]
     logits = _output_layer(model, flat[:, None, :])[:, 0]
-    targets = packed.target_ids.to(logits.device)
-    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
-    return -F.cross_entropy(logits, targets, reduction="none")
+    return token_logprob(logits, packed.target_ids.to(logits.device), temperature)
 
 
 def _layer_map(tr: dict[str, Any]) -> list[tuple[str, str]]:
