@@ -77,6 +77,11 @@ def unsupported(config: dict[str, Any]) -> list[str]:
                          "expert_model_parallel_size") if mp.get(field, 1) != 1]
     if config["transformer_class"] != "TransformerConfig":
         out.append(f"transformer_class {config['transformer_class']} (multi-latent attention is not written)")
+    if tr.get("add_bias_linear"):
+        out.append("add_bias_linear (biases on every linear layer: no Llama/Qwen checkpoint has them; the export "
+                   "maps q/k/v biases only)")
+    if tr.get("normalization", "LayerNorm") != "RMSNorm":
+        out.append(f"normalization {tr.get('normalization', 'LayerNorm')!r} (the export maps RMSNorm weights only)")
     if tr.get("num_moe_experts"):
         out.append(f"num_moe_experts = {tr['num_moe_experts']} (MoE layers are not written)")
     if config.get("transformer_attributes"):
@@ -332,7 +337,7 @@ def hf_weights(state: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[s
     for i in range(tr["num_layers"]):
         for m, h in _layer_map(tr):
             out[h.format(i=i)] = state[m.format(i=i)]
-        for kind in ("weight", "bias") if tr.get("add_qkv_bias") or tr.get("add_bias_linear") else ("weight",):
+        for kind in ("weight", "bias") if tr.get("add_qkv_bias") else ("weight",):
             fused = state[f"decoder.layers.{i}.self_attention.linear_qkv.{kind}"]
             blocks = fused.reshape(groups, per_group + 2, d, *fused.shape[1:])
             out[f"model.layers.{i}.self_attn.q_proj.{kind}"] = blocks[:, :per_group].reshape(-1, *fused.shape[1:])
@@ -365,7 +370,7 @@ def megatron_weights(hf: dict[str, torch.Tensor], config: dict[str, Any]) -> dic
     for i in range(tr["num_layers"]):
         for m, h in _layer_map(tr):
             out[m.format(i=i)] = get(h.format(i=i))
-        for kind in ("weight", "bias") if tr.get("add_qkv_bias") or tr.get("add_bias_linear") else ("weight",):
+        for kind in ("weight", "bias") if tr.get("add_qkv_bias") else ("weight",):
             q, k, v = (get(f"model.layers.{i}.self_attn.{p}_proj.{kind}") for p in "qkv")
             rest = q.shape[1:]
             blocks = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
