@@ -4,7 +4,7 @@ trained with GRPO on packed sequences; weights go out under Hugging Face names.
 This is the trainer role of ``base.Trainer`` on megatron-core (0.16.1) instead of the tiny CPU model:
 
 - **The model** is ``GPTModel`` with megatron-core's own layers (the local layer spec: column/row-parallel
-  linears, RMSNorm or LayerNorm, optional per-head q/k norm, SwiGLU or plain MLP), configured field for field
+  linears, RMSNorm, optional per-head q/k norm, SwiGLU or plain MLP), configured field for field
   by the lowered ``transformer``/``model_parallel``/``gpt_model`` sections (``to_megatron_kwargs``). So a
   lowering that names a field megatron-core lacks, or a shape it refuses, fails here as it would on a cluster.
   Weights are initialised on the host from ``seed`` (``use_cpu_initialization``), so a CPU and a GPU trainer
@@ -25,16 +25,16 @@ This is the trainer role of ``base.Trainer`` on megatron-core (0.16.1) instead o
   query group: the group's query heads, then its key head, then its value head), ``linear_fc1`` ->
   ``gate_proj``/``up_proj`` (gate first), norms and embeddings renamed. ``megatron_weights`` is the inverse,
   for starting from a checkpoint.
-
 - **Memory.** The output layer runs only where a trained token is predicted, and the log-softmax keeps one fp32
   copy of those logits (``token_logprob``). On a GPU, SwiGLU is megatron-core's compiled one, which keeps only
   its input. ``bench/megatron_train.py`` measured the planned Qwen3-1.7B layout on an H100 within the plan's
   memory.
 
-Not written (refused with ``MegatronTrainerError`` before anything is built): more than one rank (tensor,
-pipeline, context, expert or data parallel > 1: a launcher with ``torchrun`` and megatron-core's pipeline
-schedules), MoE layers, multi-latent attention, and configs with lowering limitations or extra attributes
-(YaRN). Transformer Engine kernels (fused attention, THD packing, FP8) are not used.
+Not written (refused with ``MegatronTrainerError`` before anything is built): tensor, pipeline, context or
+expert parallelism (a launcher with ``torchrun`` and megatron-core's pipeline schedules), MoE layers,
+multi-latent attention, biases on every linear, LayerNorm, and configs with lowering limitations or extra
+attributes (YaRN). Data parallelism is not launched either: the trainer is one rank, whatever dp the plan chose.
+Transformer Engine kernels (fused attention, THD packing, FP8) are not used.
 """
 
 from __future__ import annotations
