@@ -296,7 +296,9 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
                             f"{sequences} / {minibatches} must be a whole multiple of dp ({t.dp})")
     notes.append(f"microbatches: the plan prices sequences packed into microbatches of {t.micro_batch_tokens} "
                  f"tokens (about {t.num_microbatches} per step); this config is megatron-core's unpacked form, one "
-                 f"sequence of up to seq_length per microbatch, so a trainer must pack sequences (THD) to match it")
+                 f"sequence of up to seq_length per microbatch, so a trainer must pack sequences to match it "
+                 f"(Megatron-LM: THD with Transformer Engine; dora's MegatronTrainer packs rows of "
+                 f"{t.micro_batch_tokens} tokens under variable-length attention)")
     training = {"seq_length": plan.rollout.max_model_len, "max_position_embeddings": plan.rollout.max_model_len,
                 "micro_batch_size": 1, "global_batch_size": sequences // minibatches,
                 "train_iters": spec.workload.steps * minibatches * spec.algorithm.ppo_epochs,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -270,3 +271,17 @@ def test_the_one_copy_log_softmax_matches_autograd_cross_entropy(dtype: torch.dt
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     assert ours_grad is not None and ours_grad.dtype == dtype
     torch.testing.assert_close(ours_grad, logits.grad)
+
+
+@pytest.mark.parametrize("stem", ["qwen3-1.7b-h100x1", "qwen3-1.7b-short-h100x1"])
+def test_the_gpu_bench_specs_plan_a_layout_this_trainer_runs(stem: str) -> None:
+    """bench/megatron_train.py trains what these specs plan; the planner must keep giving it one rank."""
+    from dora.planning import make_plan
+    from dora.spec import load_spec
+
+    resolved = load_spec(str(Path(__file__).resolve().parents[2] / "bench" / "specs" / f"{stem}.yaml"))
+    plan = make_plan(resolved).plan
+    config = megatron_config(resolved, plan)
+    assert unsupported(config) == []
+    assert config["transformer"]["qk_layernorm"] and config["gpt_model"]["share_embeddings_and_output_weights"]
+    assert next(m for m in plan.memory if m.side == "train").need_bytes < 80e9
