@@ -26,6 +26,7 @@ from test_megatron_trainer import (  # noqa: E402
     _batch,
     lowered,
     next_step_after_restore,
+    randomize_biases,
     tiny_hf_config,
 )
 
@@ -69,16 +70,19 @@ def test_variable_length_flash_attention_computes_what_the_masked_attention_comp
     torch.testing.assert_close(flash[real.cuda()], masked[real.cuda()], rtol=0.0, atol=0.03)
 
 
-@pytest.mark.parametrize(("model_type", "tied"), [("qwen3", False), ("llama", True)])
+@pytest.mark.parametrize(("model_type", "tied"), [("qwen3", False), ("llama", True), ("qwen2", False)])
 def test_transformers_loads_the_export_and_computes_the_same_logits(model_type: str, tied: bool) -> None:
     transformers = pytest.importorskip("transformers")
     config = lowered(model_type, tied=tied)
     trainer = MegatronTrainer(MegatronTrainerConfig(megatron=config, grpo=SETTINGS, device="cpu", seed=7))
+    randomize_biases(trainer.model)
     _, weights = trainer.export_weights()
     hf = tiny_hf_config(model_type, tied=tied)
-    cls = transformers.Qwen3ForCausalLM if model_type == "qwen3" else transformers.LlamaForCausalLM
-    conf_cls = transformers.Qwen3Config if model_type == "qwen3" else transformers.LlamaConfig
-    model = cls(conf_cls(**{k: v for k, v in hf.items() if k != "model_type"}, attention_bias=False)).eval()
+    classes = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Config"), "llama": ("LlamaForCausalLM", "LlamaConfig"),
+               "qwen2": ("Qwen2ForCausalLM", "Qwen2Config")}
+    cls, conf_cls = (getattr(transformers, name) for name in classes[model_type])
+    extra = {} if model_type == "qwen2" else {"attention_bias": False}  # Qwen2 always has q/k/v biases
+    model = cls(conf_cls(**{k: v for k, v in hf.items() if k != "model_type"}, **extra)).eval()
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and all("rotary" in k or (tied and k == "lm_head.weight") for k in missing)
     for prompt, response in SEQS:

@@ -106,15 +106,20 @@ def reference_logits(w: dict[str, torch.Tensor], hf: dict, ids: list[int]) -> to
 SEQS = [((5, 6, 7), (8, 9, 10, 11)), ((12,), (13, 14)), ((1, 2, 3, 4, 5, 6), (7, 8, 9)), ((40,), (41,))]
 
 
+def randomize_biases(model) -> None:
+    """megatron-core starts biases at zero, which would hide a misplaced one."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name))))
+
+
 @pytest.mark.parametrize(("model_type", "tied"), [("qwen3", False), ("llama", True), ("qwen2", False)])
 def test_exported_weights_compute_the_same_logits_under_checkpoint_names(model_type: str, tied: bool) -> None:
     config = lowered(model_type, tied=tied)
     model = build_gpt_model(config, device="cpu", seed=1)
     assert config["transformer"]["add_qkv_bias"] is (model_type == "qwen2")
-    with torch.no_grad():  # megatron-core starts biases at zero, which would hide a misplaced one
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name))))
+    randomize_biases(model)
     exported = hf_weights({k: v for k, v in model.state_dict().items() if "_extra_state" not in k}, config)
     assert ("lm_head.weight" in exported) is not tied
     assert ("model.layers.0.self_attn.q_norm.weight" in exported) is (model_type == "qwen3")
