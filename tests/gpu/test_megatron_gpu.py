@@ -72,7 +72,7 @@ def test_variable_length_flash_attention_computes_what_the_masked_attention_comp
 
 @pytest.mark.parametrize(("model_type", "tied"), [("qwen3", False), ("llama", True), ("qwen2", False)])
 def test_transformers_loads_the_export_and_computes_the_same_logits(model_type: str, tied: bool) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="transformers not installed (the reference model classes)")
     config = lowered(model_type, tied=tied)
     trainer = MegatronTrainer(MegatronTrainerConfig(megatron=config, grpo=SETTINGS, device="cpu", seed=7))
     randomize_biases(trainer.model)

@@ -87,9 +87,12 @@ def pack_rows(lengths: list[int], pack_len: int) -> list[list[int]]:
     return rows
 
 
-def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int) -> PackedRows:
-    """Pack ``(prompt_ids, response_ids)`` pairs; the response tokens are the trained ones."""
-    rows = pack_rows([len(p) + len(r) for p, r in sequences], pack_len)
+def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int,
+         rows: list[list[int]] | None = None) -> PackedRows:
+    """Pack ``(prompt_ids, response_ids)`` pairs; the response tokens are the trained ones. ``rows`` (indices
+    into ``sequences`` per row) skips the packing when the caller has already done it (``pack_rows``)."""
+    if rows is None:
+        rows = pack_rows([len(p) + len(r) for p, r in sequences], pack_len)
     fill = [sum(len(sequences[i][0]) + len(sequences[i][1]) for i in row) for row in rows]
     width = max(max(fill), 1) if fill else 1
     tokens = torch.zeros(len(rows), width, dtype=torch.int64)
@@ -169,13 +172,23 @@ class GradientSteps(Protocol):
     def apply_gradients(self) -> float: ...
 
 
-def _microbatches(batch: list[ScoredTrajectory], chunk: list[int], settings: GRPOSettings) -> list[list[int]]:
-    """``chunk`` (indices into ``batch``) split into microbatches of ``microbatch_rows`` packed rows each."""
-    if settings.microbatch_rows <= 0:
-        return [chunk]
+def _microbatches(batch: list[ScoredTrajectory], chunk: list[int],
+                  settings: GRPOSettings) -> list[tuple[list[int], PackedRows]]:
+    """``chunk`` (indices into ``batch``) packed, and split into microbatches of ``microbatch_rows`` rows each
+    (all rows at once when 0): ``(indices into batch, their packed rows)`` per microbatch, packed once."""
     rows = pack_rows([batch[i].trajectory.num_tokens for i in chunk], settings.pack_len)
-    return [[chunk[j] for row in rows[r : r + settings.microbatch_rows] for j in row]
-            for r in range(0, len(rows), settings.microbatch_rows)]
+    step = settings.microbatch_rows if settings.microbatch_rows > 0 else max(len(rows), 1)
+    out = []
+    for r in range(0, len(rows), step):
+        group = rows[r : r + step]
+        members = [chunk[j] for row in group for j in row]
+        local, n = [], 0
+        for row in group:
+            local.append(list(range(n, n + len(row))))
+            n += len(row)
+        seqs = [(batch[i].trajectory.prompt_ids, batch[i].trajectory.response_ids) for i in members]
+        out.append((members, pack(seqs, settings.pack_len, rows=local)))
+    return out
 
 
 def grpo_step(
@@ -197,8 +210,7 @@ def grpo_step(
     cfg = settings
     advantages = group_advantages([s.reward for s in batch], [s.group_id for s in batch])
     chunks = [list(range(len(batch)))[m :: cfg.num_minibatches] for m in range(cfg.num_minibatches)]
-    plan = [[(micro, pack([(batch[i].trajectory.prompt_ids, batch[i].trajectory.response_ids) for i in micro],
-                          cfg.pack_len)) for micro in _microbatches(batch, chunk, cfg)] for chunk in chunks if chunk]
+    plan = [_microbatches(batch, chunk, cfg) for chunk in chunks if chunk]
     proximal: list[list[torch.Tensor | None]] = [[None] * len(m) for m in plan]
     if len(plan) > 1:
         with torch.no_grad():
