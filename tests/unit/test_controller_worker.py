@@ -288,12 +288,20 @@ def test_ctrl_c_is_held_while_an_event_is_handled_and_a_second_one_goes_through(
 
     from dora.runtime.controller import _CtrlC
 
+    def wait_for(done) -> None:
+        """Until ``done()``, up to 5 s: a signal sent to this process may reach another of its threads, and Python
+        runs the handler in the main thread at its next check, not necessarily before ``os.kill`` returns."""
+        for _ in range(500):
+            if done():
+                return
+            time.sleep(0.01)
+
     ctrl_c, reached = _CtrlC(), []
     ctrl_c.install()
     try:
         ctrl_c.holding = True
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.01)  # the handler runs at once; only the KeyboardInterrupt waits
+        wait_for(lambda: ctrl_c.pending)  # noted; only the KeyboardInterrupt waits
         reached.append("end of the event")
         with pytest.raises(KeyboardInterrupt):
             ctrl_c.release()
@@ -301,15 +309,15 @@ def test_ctrl_c_is_held_while_an_event_is_handled_and_a_second_one_goes_through(
         ctrl_c.holding = True
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.01)
+            wait_for(lambda: ctrl_c.pending)
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.01)
+            wait_for(lambda: False)  # the second one raises while this waits
             reached.append("after the second")
         assert reached == ["end of the event"]
         ctrl_c.release()  # the second went through: nothing left to deliver
         with pytest.raises(KeyboardInterrupt):  # not holding: at once
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.01)
+            wait_for(lambda: False)
     finally:
         ctrl_c.restore()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
