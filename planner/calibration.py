@@ -93,9 +93,27 @@ class Calibration:
     """Fraction of expert-parallel all-to-all hidden behind compute (Megatron MoE a2a overlap is partial).
     Prior."""
 
-    rollout_reserved_bytes_per_device: float = 2.0 * _GIB
-    """Non-KV, non-weight memory per rollout device (bytes): activation peak, CUDA graphs, NCCL buffers.  Prior:
-    vLLM start-up logs for 8B-class models on H100 report about 1-2 GiB of activation + non-torch memory."""
+    rollout_reserved_bytes_per_device: float = 0.51 * _GIB
+    """The fixed part of a rollout device's non-KV, non-weight memory (bytes), which vLLM's start-up profiling
+    takes before it sizes the KV cache (``rollout_cost.vllm_reserved_bytes`` adds the parts that depend on the
+    engine): the activation peak's base, 0.24 GiB, plus the CUDA/NCCL memory outside torch of a one-device engine,
+    0.27 GiB.  Measured: vLLM 0.19.0 start-up logs on H100 80GB, 50 runs over 29 models (llm-d-incubation/
+    llm-d-planner, accuracy/results/v0.19.0/accuracy_report.md): non-torch memory 0.27 GiB mean at TP 1; the
+    activation peak is 0.24 GiB + ``rollout_sampler_bytes_per_logit`` x max_num_seqs x vocabulary, a least-squares
+    fit to Granite-3.1, CodeLlama-7B, Phi-4 and Gemma-2 (the README lists the held-out checks).  CUDA graphs are
+    captured after the KV cache is sized, inside the 1 - gpu_memory_utilization margin, so they are not counted."""
+
+    rollout_tp_comm_bytes_per_device: float = 1.85 * _GIB
+    """Extra memory outside torch on each device of a multi-device rollout engine (bytes): NCCL channels and vLLM's
+    custom all-reduce buffers.  Measured (same report): non-torch memory 2.08 GiB at TP 2 and 2.17 GiB at TP 4 for
+    Llama-3.1-8B and Qwen2.5-7B, against 0.27 GiB at TP 1."""
+
+    rollout_sampler_bytes_per_logit: float = 13.9
+    """vLLM's profiling run ends with a dummy sampler pass over max_num_seqs rows of fp32 logits (logits,
+    probabilities, log-probabilities: about 3.5 copies of 4 bytes), which sets the activation peak of every dense
+    model measured: bytes per row per vocabulary entry.  Fitted as described under
+    ``rollout_reserved_bytes_per_device``; predicts the held-out Llama-3.1-8B (1.93 vs 1.89 GiB), Qwen2.5-7B and
+    Qwen3-8B (2.25 vs 2.21 GiB) and Mistral-Small-3.1 (1.97 vs 2.03-2.18 GiB)."""
 
     train_reserved_bytes_per_device: float = 4.0 * _GIB
     """Memory per training device that the model cannot use (bytes): CUDA context, NCCL buffers, allocator
@@ -318,6 +336,8 @@ class Calibration:
             weight_reload_fixed_s=reload_s,
             # The local runtime holds one copy of the tiny model; there is no sizeable reserve to keep.
             rollout_reserved_bytes_per_device=min(self.rollout_reserved_bytes_per_device, 0.25 * _GIB),
+            rollout_tp_comm_bytes_per_device=0.0,  # one thread per replica: no collectives
+            rollout_sampler_bytes_per_logit=0.0,  # the torch engine samples in place, from its step's logits
             train_reserved_bytes_per_device=min(self.train_reserved_bytes_per_device, 0.25 * _GIB),
         )
 

@@ -38,6 +38,13 @@ equal)."""
 VLLM_BLOCK_SIZE_TOKENS = 16
 """vLLM's default KV page (block) size in tokens: a sequence occupies ceil(len / 16) pages."""
 
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+"""Tokens in one vLLM forward (``max_num_batched_tokens``): ``vllm serve``'s default on 80 GB-class GPUs, which dora's
+lowering writes into every engine's arguments, so the profiling run the memory model follows is the one that runs."""
+
+DEFAULT_MAX_NUM_SEQS = 256
+"""The engine's ``max_num_seqs`` where a caller does not give one (dora's cap on a GPU engine's slots)."""
+
 
 def _check_parallel(arch: ModelArch, tp: int, ep: int) -> None:
     if tp < 1:
@@ -48,6 +55,35 @@ def _check_parallel(arch: ModelArch, tp: int, ep: int) -> None:
         raise ValueError(f"ep={ep} needs an MoE model; {arch.name} is dense")
     if ep > 1 and arch.num_experts % ep:
         raise ValueError(f"{arch.name}: {arch.num_experts} experts do not split evenly over ep={ep}")
+
+
+def vllm_reserved_bytes(arch: ModelArch, *, tp: int, ep: int = 1, max_num_seqs: int,
+                        max_num_batched_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS,
+                        calib: Calibration = DEFAULT_CALIBRATION) -> float:
+    """Per-device memory a vLLM engine takes before its KV cache, beyond the weights (bytes): what its start-up
+    profiling run measures (activation peak) plus the memory outside torch (CUDA context, NCCL):
+
+        reserve = R0 + [t * e > 1] * R_comm + s_logit * max_num_seqs * V + moe_workspace
+        moe_workspace = M * k / e * (2 * I_moe / (t / e) + h) * 2          (MoE models; M = max_num_batched_tokens)
+
+    R0, R_comm and s_logit are the calibration's ``rollout_reserved_bytes_per_device``,
+    ``rollout_tp_comm_bytes_per_device`` and ``rollout_sampler_bytes_per_logit``. The sampler term is the dummy
+    sampler pass over ``max_num_seqs`` rows of fp32 logits that ends the profiling run. The MoE term is the fused-MoE
+    kernel's bf16 buffers for the profiling forward of M tokens: each token's k routed copies of the gate/up output
+    (2 I_moe, split over the experts' TP shards) and of the expert output (h); with expert parallelism a device
+    receives 1/e of the copies. On vLLM 0.19.0 logs (the calibration fields' source) it accounts for the MoE models'
+    activation peak above the dense fit: Qwen3-30B-A3B +0.44 GiB (measured +0.44), DeepSeek-V2-Lite +0.45 (+0.34),
+    Mixtral-8x7B at TP 2 +0.56 (+0.55).
+    """
+    c = calib
+    reserve = c.rollout_reserved_bytes_per_device + c.rollout_sampler_bytes_per_logit * max_num_seqs * arch.vocab_size
+    if tp > 1:
+        reserve += c.rollout_tp_comm_bytes_per_device
+    if arch.is_moe:
+        shard = max(1, tp // ep)  # TP shards of each expert's intermediate dimension
+        copies = max_num_batched_tokens * arch.experts_top_k / ep
+        reserve += copies * (2 * arch.moe_ffn_hidden_size / shard + arch.hidden_size) * 2
+    return reserve
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +120,7 @@ def rollout_instance_memory(
     gpu_memory_utilization: float = 0.9,
     extra_versions: int = 0,
     context_tokens: int = 4096,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     calib: Calibration = DEFAULT_CALIBRATION,
 ) -> RolloutMemory:
     """Per-device memory of an instance and its KV capacity.
@@ -91,6 +128,8 @@ def rollout_instance_memory(
     usable   = util * M                                   (vLLM gpu_memory_utilization, default 0.9)
     weights  = N * b_w / t                                (every weight sharded over the t devices)
     extra    = versions * weights
+    reserve  = vllm_reserved_bytes(...)                   (profiling peak and memory outside torch; ``max_num_seqs``
+                                                           sizes the sampler's share: pass the engine's cap)
     kv_bytes = usable - weights - extra - reserve
     capacity = floor(kv_bytes / kv_tok_dev) tokens;  seqs = floor(capacity/16 / ceil(ctx/16)) (16-token pages)
     Bytes throughout; kv_tok_dev from `ModelArch.kv_bytes_per_token_per_device`.
@@ -105,7 +144,7 @@ def rollout_instance_memory(
     usable = gpu_memory_utilization * acc.hbm_bytes
     weights = arch.total_params * dtype_bytes / tp
     extra = extra_versions * weights
-    reserve = calib.rollout_reserved_bytes_per_device
+    reserve = vllm_reserved_bytes(arch, tp=tp, ep=ep, max_num_seqs=max_num_seqs, calib=calib)
     kv_tok = arch.kv_bytes_per_token_per_device(kv_b, tp=tp)
     kv_bytes = max(0.0, usable - weights - extra - reserve)
     capacity = int(kv_bytes // kv_tok)

@@ -16,6 +16,7 @@ from typing import Any
 from dora.lower.errors import LoweringError
 from dora.spec.loader import ResolvedSpec
 from planner.plan import Plan
+from planner.rollout_cost import VLLM_MAX_NUM_BATCHED_TOKENS
 
 VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
 """vLLM's --dtype for the spec's dtype; fp8 runs bf16 activations with fp8 weights (``quantization: fp8``)."""
@@ -52,6 +53,8 @@ def engine_args(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
         "max_model_len": r.max_model_len,
         "gpu_memory_utilization": r.gpu_memory_utilization,
         "max_num_seqs": r.max_num_seqs,
+        # the profiling forward's size, which the planner's memory model assumes (rollout_cost.vllm_reserved_bytes)
+        "max_num_batched_tokens": VLLM_MAX_NUM_BATCHED_TOKENS,
     }
     if spec.model.dtype == "fp8":
         args["quantization"] = "fp8"

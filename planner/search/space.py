@@ -174,7 +174,8 @@ class Space:
                     mem = rollout_instance_memory(
                         arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
                         gpu_memory_utilization=inp.gpu_memory_utilization, extra_versions=versions - 1,
-                        context_tokens=inp.max_context_tokens, calib=inp.calibration)
+                        context_tokens=inp.max_context_tokens, max_num_seqs=inp.max_num_seqs_cap,
+                        calib=inp.calibration)
                     if not mem.fits:
                         ratio = mem.needed_bytes_per_device / max(mem.usable_bytes_per_device, 1.0)
                         self.rejections.append(Rejection(what=f"rollout tp{tp}" + (f"ep{ep}" if ep > 1 else ""),

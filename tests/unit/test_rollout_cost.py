@@ -13,6 +13,7 @@ from planner.rollout_cost import (
     make_rollout_cost_model,
     prefill_time_s,
     rollout_instance_memory,
+    vllm_reserved_bytes,
 )
 
 # Toy model: per layer q/k/v/o = 64 + 32 + 32 + 64 = 192, FFN 3*8*16 = 384; norms 2*2*8 + 8 = 40; embeddings
@@ -24,7 +25,8 @@ DEV = dataclasses.replace(get_accelerator("h100"), name="toy-dev", bf16_flops=1e
                           hbm_bandwidth_bytes_per_s=1e4, scale_up_bandwidth_bytes_per_s=1e3)
 IDEAL = Calibration(hbm_bandwidth_efficiency=1.0, decode_compute_efficiency=1.0, prefill_compute_efficiency=1.0,
                     scale_up_efficiency=1.0, collective_latency_s=0.0, decode_step_overhead_s=0.0,
-                    rollout_reserved_bytes_per_device=0.0, moe_imbalance_factor=1.0)
+                    rollout_reserved_bytes_per_device=0.0, rollout_tp_comm_bytes_per_device=0.0,
+                    rollout_sampler_bytes_per_logit=0.0, moe_imbalance_factor=1.0)
 
 
 def test_toy_shape_constants():
@@ -90,8 +92,41 @@ def test_extra_versions_shrink_kv_capacity():
 
 def test_qwen3_8b_on_h100_kv_capacity_is_realistic():
     mem = rollout_instance_memory(get_preset("qwen3-8b"), get_accelerator("h100"), tp=1, dtype_bytes=2)
-    # 0.9 * 79.6 GiB - 15.3 GiB weights - 2 GiB reserve ~ 54.4 GiB / 144 KiB per token ~ 396k tokens.
+    # 0.9 * 79.6 GiB - 15.3 GiB weights - 1.0 GiB reserve (0.51 + 13.9 B x 256 seqs x 151,936 vocab) ~ 55.4 GiB
+    # / 144 KiB per token ~ 403k tokens.
     assert 380_000 < mem.kv_capacity_tokens < 410_000
+
+
+def test_vllm_reserve_hand_computed():
+    """The three engine-dependent parts of vLLM's reserve, each on its own (module docstring's formula)."""
+    base = Calibration(rollout_reserved_bytes_per_device=100.0, rollout_tp_comm_bytes_per_device=1000.0,
+                       rollout_sampler_bytes_per_logit=2.0)
+    # dense, one device: base + 2 B x 4 seqs x 10 vocab
+    assert vllm_reserved_bytes(TOY, tp=1, max_num_seqs=4, calib=base) == pytest.approx(100 + 80)
+    # several devices add the communication buffers; the sampler's logits are whole on every device
+    assert vllm_reserved_bytes(TOY, tp=2, max_num_seqs=4, calib=base) == pytest.approx(100 + 1000 + 80)
+    moe = ModelArch(name="moe", num_layers=1, hidden_size=8, num_attention_heads=2, num_kv_heads=2, head_dim=4,
+                    ffn_hidden_size=0, vocab_size=10, num_experts=4, experts_top_k=2, moe_ffn_hidden_size=6)
+    # experts split by TP 2: 100 tokens x 2 copies x (2 x 6 / 2 + 8) x 2 bytes = 5600
+    assert vllm_reserved_bytes(moe, tp=2, max_num_seqs=4, max_num_batched_tokens=100, calib=base) == \
+        pytest.approx(100 + 1000 + 80 + 5600)
+    # expert parallel over 2: whole experts, half of the copies: 100 x 2 / 2 x (2 x 6 + 8) x 2 = 4000
+    assert vllm_reserved_bytes(moe, tp=2, ep=2, max_num_seqs=4, max_num_batched_tokens=100, calib=base) == \
+        pytest.approx(100 + 1000 + 80 + 4000)
+
+
+def test_vllm_reserve_matches_the_measured_start_up_logs():
+    """vLLM 0.19.0 on H100 (llm-d-planner's report): activation peak + non-torch memory, GiB. Qwen2.5-7B was held
+    out of the activation fit; the non-torch constants come from these runs."""
+    gib = 1024**3
+    qwen = get_preset("qwen2.5-7b")
+    for tp, measured in ((1, 2.21 + 0.24), (2, 2.21 + 2.06), (4, 2.21 + 2.13)):
+        assert vllm_reserved_bytes(qwen, tp=tp, max_num_seqs=1024) / gib == pytest.approx(measured, rel=0.05)
+    # the MoE workspace carries Qwen3-30B-A3B's peak above the dense fit (2.68 GiB + about 0.27 outside torch)
+    assert vllm_reserved_bytes(get_preset("qwen3-30b-a3b"), tp=1, max_num_seqs=1024) / gib == \
+        pytest.approx(2.68 + 0.27, rel=0.05)
+    # fewer sequences, a smaller sampler pass: dora's engines run at most 256
+    assert vllm_reserved_bytes(qwen, tp=1, max_num_seqs=256) < vllm_reserved_bytes(qwen, tp=1, max_num_seqs=1024)
 
 
 def test_does_not_fit_message_shows_the_arithmetic():
