@@ -112,8 +112,8 @@ class Calibration:
     """vLLM's profiling run ends with a dummy sampler pass over max_num_seqs rows of fp32 logits (logits,
     probabilities, log-probabilities: about 3.5 copies of 4 bytes), which sets the activation peak of every dense
     model measured: bytes per row per vocabulary entry.  Fitted as described under
-    ``rollout_reserved_bytes_per_device``; predicts the held-out Llama-3.1-8B (1.93 vs 1.89 GiB), Qwen2.5-7B and
-    Qwen3-8B (2.25 vs 2.21 GiB) and Mistral-Small-3.1 (1.97 vs 2.03-2.18 GiB)."""
+    ``rollout_reserved_bytes_per_device``; predicts the held-out Llama-3.1-8B (1.94 vs 1.89 GiB), Qwen2.5-7B and
+    Qwen3-8B (2.26 and 2.25 vs 2.21 GiB) and Mistral-Small-3.1 (1.98 vs 2.03-2.18 GiB)."""
 
     train_reserved_bytes_per_device: float = 4.0 * _GIB
     """Memory per training device that the model cannot use (bytes): CUDA context, NCCL buffers, allocator

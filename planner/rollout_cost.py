@@ -63,7 +63,7 @@ def vllm_reserved_bytes(arch: ModelArch, *, tp: int, ep: int = 1, max_num_seqs: 
     """Per-device memory a vLLM engine takes before its KV cache, beyond the weights (bytes): what its start-up
     profiling run measures (activation peak) plus the memory outside torch (CUDA context, NCCL):
 
-        reserve = R0 + [t * e > 1] * R_comm + s_logit * max_num_seqs * V + moe_workspace
+        reserve = R0 + [t > 1] * R_comm + s_logit * max_num_seqs * V + moe_workspace
         moe_workspace = M * k / e * (2 * I_moe / (t / e) + h) * 2          (MoE models; M = max_num_batched_tokens)
 
     R0, R_comm and s_logit are the calibration's ``rollout_reserved_bytes_per_device``,
