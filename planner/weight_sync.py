@@ -9,7 +9,9 @@ Notation:
 t_sync = t_gather + t_convert + t_transfer + t_buckets + t_reload, with
     t_gather   trainer-side all-gather that turns t_s/e_s shards into the rollout layout (skipped when the
                layouts already match on colocated devices): ring all-gather of N*b_s/p_s over t_s (and of the
-               routed experts over e_s) on scale-up links
+               routed experts over e_s) on scale-up links, plus the walk over the named tensors a device assembles
+               (one gather and one bucket copy each): n_tensors * share * weight_publish_per_tensor_s, share = 1/p_s
+               (broadcast) or t_s/n_s (point-to-point)
     t_convert  dtype change on the trainer (e.g. BF16 -> FP8): read W_s, write W_d per device, (W_s + W_d)/n_s
                / (eta_mem BW)
     t_transfer colocated: device-local copy of W_d/t_d at eta_mem*BW (CUDA IPC).
@@ -92,7 +94,8 @@ def weight_sync_time_s(
         dense_share = 1 / src_pp if broadcast else src_tp / src_devices
         expert_share = 1 / src_pp if broadcast else src_ep / src_devices
         gather = (ring_all_gather_s((w_src - expert_bytes) * dense_share, group_size=src_tp, **kw)
-                  + ring_all_gather_s(expert_bytes * expert_share, group_size=src_ep, **kw))
+                  + ring_all_gather_s(expert_bytes * expert_share, group_size=src_ep, **kw)
+                  + arch.num_weight_tensors * dense_share * calib.weight_publish_per_tensor_s)
     memory_rate = calib.hbm_bandwidth_efficiency * src_acc.hbm_bandwidth_bytes_per_s
     convert = (w_src + w_dst) / src_devices / memory_rate if src_dtype_bytes != dst_dtype_bytes else 0.0
 

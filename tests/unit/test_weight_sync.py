@@ -16,7 +16,7 @@ DEV = dataclasses.replace(get_accelerator("h100"), name="toy-dev", hbm_bandwidth
                           scale_up_bandwidth_bytes_per_s=1e3, scale_out_bandwidth_bytes_per_s=100.0)
 IDEAL = Calibration(hbm_bandwidth_efficiency=1.0, scale_up_efficiency=1.0, scale_out_efficiency=1.0,
                     collective_latency_s=0.0, weight_sync_bucket_overhead_s=0.0, weight_reload_fixed_s=0.0,
-                    weight_reload_per_tensor_s=0.0)
+                    weight_reload_per_tensor_s=0.0, weight_publish_per_tensor_s=0.0)
 
 
 def test_disaggregated_broadcast_hand_computed():
@@ -26,6 +26,23 @@ def test_disaggregated_broadcast_hand_computed():
     assert r.transfer_s == pytest.approx(13.52)
     assert r.gather_s == 0 and r.convert_s == 0  # src_tp = src_ep = 1: nothing to gather
     assert r.total_s == pytest.approx(13.52)
+
+
+def test_publishing_walks_the_named_tensors_each_sender_assembles():
+    walk = dataclasses.replace(IDEAL, weight_publish_per_tensor_s=0.01)
+    n = TOY.num_weight_tensors
+    # broadcast: each of 2 pipeline stages assembles its half of the tensors, in parallel
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=2, dst_devices=4, dst_tp=2, src_pp=2, colocated=False,
+                           calib=walk)
+    assert r.gather_s == pytest.approx(n / 2 * 0.01)
+    # point to point: each of 4 senders assembles the tensors it sends itself, a quarter
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=4, dst_devices=4, dst_tp=1, colocated=False,
+                           broadcast=False, calib=walk)
+    assert r.gather_s == pytest.approx(n / 4 * 0.01)
+    # colocated in the same layout: nothing is assembled (the engine maps the trainer's own tensors)
+    r = weight_sync_time_s(TOY, src_acc=DEV, src_devices=2, dst_devices=2, dst_tp=2, src_tp=2, colocated=True,
+                           calib=walk)
+    assert r.gather_s == 0
 
 
 def test_point_to_point_is_sender_bound():
