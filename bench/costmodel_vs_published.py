@@ -30,6 +30,9 @@ class Row:
     published: float
     predicted: float
     note: str = ""
+    group: str = "single published figures"
+    """Rows that share a source and a method (the summary gives each group's mean, so six similar rows from one
+    sweep do not stand for the rest)."""
 
     @property
     def rel_error(self) -> float:
@@ -72,7 +75,8 @@ def _vllm_kv_pool_rows(calib: Calibration) -> list[Row]:
                        source="llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/accuracy_report.md",
                        published=published, predicted=mem.kv_bytes_per_device / _GIB,
                        note="catalog HBM 79.65 GiB (nvidia-smi) vs 79.19 CUDA sees: +0.44 GiB of it; non-torch "
-                            "constants come from these runs, the activation fit does not"))
+                            "constants come from these runs, the activation fit does not",
+                       group="vLLM 0.19.0 KV pools (one sweep)"))
     return out
 
 
@@ -134,6 +138,9 @@ def main() -> None:
         print(f"{'':<52}   source: {r.source}")
     tests = [abs(r.rel_error) for r in table if r.kind == "test"]
     print(f"\n{len(tests)} test rows: mean |rel.err| {sum(tests) / len(tests):.1%}, max {max(tests):.1%}")
+    for group in dict.fromkeys(r.group for r in table):
+        errors = [abs(r.rel_error) for r in table if r.kind == "test" and r.group == group]
+        print(f"  {group}: {len(errors)} rows, mean |rel.err| {sum(errors) / len(errors):.1%}, max {max(errors):.1%}")
 
 
 if __name__ == "__main__":
