@@ -75,8 +75,8 @@ def ray_head():
         else:
             os.environ["RAY_AUTH_MODE"] = previous_auth
         # SIGTERM to `ray start --block` alone: it stops the processes it started, in about 2 s. The same signal
-        # to its whole group took 33 s (every Ray process shutting down at once), so the group only gets SIGKILL,
-        # for whatever is left.
+        # to its whole group took 33 s (measured; the cause was not traced), so the group only gets SIGKILL, for
+        # whatever is left.
         try:
             head.terminate()
             head.wait(timeout=30)
