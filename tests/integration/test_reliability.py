@@ -8,6 +8,7 @@ head it started (its process group).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -77,15 +78,11 @@ def ray_head():
         # SIGTERM to `ray start --block` alone: it stops the processes it started, in about 2 s. The same signal
         # to its whole group took 33 s (measured; the cause was not traced), so the group only gets SIGKILL, for
         # whatever is left.
-        try:
-            head.terminate()
+        head.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
             head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group is empty once the head stopped everything
             os.killpg(head.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         head.wait(timeout=30)
         for pid in _pids_using(temp):  # any of this head's processes that left its group, by PID
             try:
