@@ -65,8 +65,7 @@ def _predictions_table(plan: Plan) -> Table:
         ("speedup vs best sync plan", f"{p.speedup_vs_sync:.2f}x"),
         *([("overlap ceiling", f"{format_rate(p.overlap_ceiling_tokens_per_s)} trained tokens/s "
             f"({p.speedup_vs_sync * p.overlap_ceiling_tokens_per_s / p.trained_tokens_per_s:.2f}x best sync); "
-            + ("it bounds the disaggregated placements, and this plan is colocated" if plan.colocated else
-               f"this plan reaches {100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}%"))]
+            f"this plan reaches {100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}%")]
           if p.overlap_ceiling_tokens_per_s and p.trained_tokens_per_s else []),
         ("bubble fraction", f"{100 * p.bubble_fraction:.0f}%"),
         ("rollout slot occupancy", f"{100 * p.rollout_occupancy:.0f}%"),

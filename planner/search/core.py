@@ -77,8 +77,12 @@ class SearchOutcome:
     modes_not_allowed: tuple[tuple[str, str], ...]
     """(mode, why) for modes the spec's constraints exclude."""
     overlap_ceiling: tuple[float, str] | None = None
-    """(trained tokens/s, placement label): the best ``Screen.overlap_ceiling`` over the disaggregated placements
-    searched, what a perfect asynchronous schedule would reach (None when every placement is colocated)."""
+    """(trained tokens/s, placement label): the best ``Screen.overlap_ceiling`` over every placement searched, what a
+    perfect schedule would reach under the cost model: no simulated plan should beat it (``ceiling_by_kind`` splits
+    it)."""
+    ceiling_by_kind: tuple[tuple[str, float, str], ...] = ()
+    """(``colocated`` or ``disaggregated``, trained tokens/s, placement label): the best ceiling of each kind of
+    placement searched."""
     one_more_version: Simulated | None = None
     """When the chosen plan's trainer stalls on the oldest version's tail (``tail_stall``) and the spec's budget
     stops at its k: the same placement and mode at k + 1, simulated as long, to say what a larger budget buys."""
@@ -448,7 +452,12 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     if inputs.max_version_lag == 0:
         excluded.extend((m, "violates staleness: needs k >= 1, the budget is 0")
                         for m in ("one-step-off", "bounded-async", "streaming"))
-    ceiling = max(((screen.overlap_ceiling(p), p.label) for p in placements if not p.colocated), default=None)
+    kinds: dict[str, tuple[float, str]] = {}
+    for p in placements:
+        kind = "colocated" if p.colocated else "disaggregated"
+        kinds[kind] = max(kinds.get(kind, (0.0, "")), (screen.overlap_ceiling(p), p.label))
+    by_kind = tuple((kind, *kinds[kind]) for kind in ("colocated", "disaggregated") if kind in kinds)
+    ceiling = max(kinds.values(), default=None)
     # A chosen plan that stalls on the oldest version's tail: what would one more version of staleness buy? Within the
     # budget, that candidate competes (the screen may have ranked it too low to be simulated); beyond it, it is a
     # what-if for the report.
@@ -471,4 +480,4 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         sims.sort(key=lambda s: _rank_key(s, best))
     return SearchOutcome(chosen=sims[0], best_sync=syncs[0] if syncs else None, finalists=tuple(sims),
                          screened=tuple(screened), rejections=rejections, modes_not_allowed=tuple(excluded),
-                         overlap_ceiling=ceiling, one_more_version=one_more)
+                         overlap_ceiling=ceiling, ceiling_by_kind=by_kind, one_more_version=one_more)

@@ -21,6 +21,12 @@ with Pbar the mean prompt: prompt and response tokens, the simulator's definitio
     streaming   T = max(T_thr, T_train + T_pub, Lmax * t(S) / (k+1)) + T_load / R
     ceiling     T = max(T_thr + T_prefill, T_train + T_pub)   (``overlap_ceiling``: every slot always busy, training fully
                 overlapped, no tail, no exposed load: what no schedule on the placement beats, under this model)
+                T = T_thr + T_prefill + T_train + T_pub        on a colocated placement, where rollout and training take
+                turns on the same devices (every slot busy while it rolls out, no tail, no exposed load)
+                with T_thr at min(S, (k+1) N / R) sequences per replica: no schedule within the budget k holds more
+                than (k+1) N trajectories in flight (``ceiling_batch``); and, unless the spec allows version mixing,
+                T >= (Lmax * t(1) + T_train + T_pub) / (k+1) (colocated: T_train + T_pub + Lmax * t(1) / (k+1)):
+                the longest response, decoded alone, is trained within k+1 steps of its version (``tail_bound``)
 The last streaming term is the staleness bound: a tail trajectory of the oldest live version must finish within
 k+1 steps or the trainer waits for it. Streaming loads weights peer to peer onto a few replicas at a time, so
 only a 1/R share of a load is exposed. The screen only ranks candidates; the simulator measures the best few.
@@ -106,12 +112,12 @@ class Screen:
         """The batch's longest response (``Space.expected_longest_response``)."""
         return self.space.expected_longest_response(self.space.inp.batch_samples)
 
-    def _full_occupancy(self, p: Placement) -> tuple[float, float, float]:
+    def _full_occupancy(self, p: Placement, batch: int | None = None) -> tuple[float, float, float]:
         """(t(S), T_thr, T_prefill) of placement ``p``: a decode step at full slots, and the batch's generation and
-        prefill at full occupancy (module docstring)."""
+        prefill at full occupancy (module docstring); at ``batch`` sequences per replica instead of S if given."""
         sp, n = self.space, self.space.inp.batch_samples
         model = self.rollout_model(p.rollout)
-        slots = p.rollout.slots
+        slots = p.rollout.slots if batch is None else batch
         t_full = model.decode_step_s(slots, slots * sp.ctx_avg)
         prompt = round(sp.prompt_mean)
         if self.space.inp.accelerator.name == "cpu" and prompt <= CPU_DECODE_INGEST_MAX_TOKENS:
@@ -125,10 +131,38 @@ class Screen:
         return t_full, t_thr, model.prefill_s(prompt) * groups / p.replicas
 
     def overlap_ceiling(self, p: Placement) -> float:
-        """Trained tokens/s of a perfect asynchronous schedule on disaggregated placement ``p`` (module docstring)."""
-        _, t_thr, prefill = self._full_occupancy(p)
+        """Trained tokens/s of a perfect schedule on placement ``p`` (module docstring): on a disaggregated one,
+        rollout at full occupancy fully overlapped with training; on a colocated one, the two in turn."""
+        _, t_thr, prefill = self._full_occupancy(p, self.ceiling_batch(p))
         sync = self.weight_sync(p)
-        return self.space.step_tokens / max(t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s)
+        rollout, train = t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s
+        return self.space.step_tokens / max(rollout + train if p.colocated else max(rollout, train), self.tail_bound(p))
+
+    def tail_bound(self, p: Placement) -> float:
+        """The least step time the staleness budget k allows with the batch's longest response, which decodes alone
+        at best, t_L = Lmax * t(1), on the weights of one version v, and must be trained by step v + k + 1.
+
+        It starts once step v has trained and v is published, and step v + k + 1 starts (k + 1) T after step v did,
+        so t_L <= (k + 1) T - W, with W = T_train + T_pub: T >= (t_L + W) / (k + 1). Colocated, it decodes only
+        while the devices roll out, and the window holds k more steps' training: t_L <= (k + 1)(T - W), so
+        T >= W + t_L / (k + 1). 0 when the spec allows version mixing (a tail may finish on newer weights)."""
+        inp = self.space.inp
+        if inp.allow_version_mixing:
+            return 0.0
+        l_max = self.expected_max_response()
+        alone = l_max * self.rollout_model(p.rollout).decode_step_s(1, self.space.prompt_mean + l_max / 2)
+        sync = self.weight_sync(p)
+        train = p.train.step_s + sync.gather_s + sync.convert_s
+        k1 = inp.max_version_lag + 1
+        return train + alone / k1 if p.colocated else (alone + train) / k1
+
+    def ceiling_batch(self, p: Placement) -> int:
+        """Sequences per replica in the ceiling's full occupancy: every slot, S, unless the staleness budget k holds
+        fewer in flight. A trajectory in flight when V versions are published has version >= V - k (else it would
+        have had to be trained already), so one of steps V + 1 .. V + k + 1 consumes it: at most (k + 1) * N are in
+        flight at once, N = samples per step, whatever the schedule."""
+        in_flight = (self.space.inp.max_version_lag + 1) * self.space.inp.batch_samples
+        return max(1, min(p.rollout.slots, in_flight // p.replicas))
 
     def evaluate(self, p: Placement, mode: Mode, k: int) -> Screened:
         sp, inp = self.space, self.space.inp

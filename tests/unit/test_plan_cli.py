@@ -103,17 +103,37 @@ def test_report_gives_the_overlap_ceiling_against_the_best_sync_plan() -> None:
     assert found.group(3) == f"{100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}"
 
 
-def test_report_does_not_hold_a_colocated_plan_to_the_disaggregated_ceiling() -> None:
-    # The ceiling is over the disaggregated placements; a colocated plan may exceed it ("reaches 122%" read as nonsense).
-    import dataclasses
+def test_report_holds_a_colocated_plan_to_the_same_ceiling() -> None:
+    # The ceiling is over every placement, colocated ones included (rollout and training in turn), so it bounds a
+    # colocated plan too; it once covered the disaggregated placements only and a colocated plan could read "122%".
+    import re
 
+    from dora.planning import make_plan
     from dora.report import plan_report_text
-    from planner.plan import Plan
+    from dora.spec import load_spec_text
 
-    plan = Plan.from_dict(json.loads((GOLDEN / "dense-32b-h800x128.plan.json").read_text()))
-    text = " ".join(plan_report_text(dataclasses.replace(plan, colocated=True), width=200).split())
-    assert "it bounds the disaggregated placements, and this plan is colocated" in text
-    assert "this plan reaches" not in text
+    text = """
+name: small-colocated
+model: {preset: qwen3-8b}
+cluster: {accelerator: h100, nodes: 1, accelerators_per_node: 8}
+workload:
+  prompts_per_step: 16
+  samples_per_prompt: 8
+  prompt_length: {median_tokens: 200, p99_tokens: 600, max_tokens: 1024}
+  response_length: {median_tokens: 600, p99_tokens: 6000, max_tokens: 8192}
+  steps: 20
+staleness: {max_version_lag: 2}
+placement: {colocated: true}
+runtime: {rollout_engine: vllm, trainer: megatron}
+"""
+    plan = make_plan(load_spec_text(text, "colocated.yaml", REPO / "specs")).plan
+    assert plan.colocated
+    report = " ".join(plan_report_text(plan, width=200).split())
+    found = re.search(r"overlap ceiling \S+ trained tokens/s \([\d.]+x best sync\); this plan reaches (\d+)%", report)
+    assert found, report
+    p = plan.predictions
+    assert found.group(1) == f"{100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}"
+    assert 0 < p.trained_tokens_per_s <= p.overlap_ceiling_tokens_per_s
 
 
 def test_plan_out_names_a_directory_it_cannot_write(tmp_path: Path) -> None:

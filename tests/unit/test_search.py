@@ -138,10 +138,16 @@ def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
     best = {m: max(c.trained_tokens_per_s for c in simulated if c.mode == m) for m in ("sync", "one-step-off")}
     assert best["sync"] < best["one-step-off"] < chosen[0].trained_tokens_per_s
     assert not any("slower by -" in c.reason for c in plan.considered)
-    # a perfect asynchronous schedule on any placement bounds streaming, which reaches most of it (the rest: partial
-    # batches while old versions' tails drain, and the trainer's waits at the staleness bound)
+    # a perfect schedule on any placement bounds streaming, which reaches most of the disaggregated ceiling (the rest:
+    # partial batches while old versions' tails drain, and the trainer's waits at the staleness bound); the colocated
+    # one, rollout and training in turn on all 128 devices at full occupancy, is higher: no schedule reaches 2x here
     ceiling = plan.predictions.overlap_ceiling_tokens_per_s
-    assert ceiling is not None and 0.85 * ceiling < chosen[0].trained_tokens_per_s <= ceiling
+    assert ceiling is not None and chosen[0].trained_tokens_per_s <= ceiling
+    outcome = search(search_inputs(load_spec(str(SPECS / "dense-32b-h800x128.yaml"))))
+    by_kind = {kind: rate for kind, rate, _ in outcome.ceiling_by_kind}
+    assert ceiling == max(by_kind.values()) == by_kind["colocated"] > by_kind["disaggregated"]
+    assert 0.9 * by_kind["disaggregated"] < chosen[0].trained_tokens_per_s
+    assert ceiling < 2 * outcome.best_sync.trained_tokens_per_s
 
 
 def test_memory_reports_fit() -> None:
@@ -200,18 +206,54 @@ def test_overlap_ceiling_bounds_every_screened_mode_and_the_simulation(prompts: 
     inputs = search_inputs(_resolved(SMALL_GPU, **(LONG_PROMPTS if prompts == "long" else {})))
     space = Space(inputs)
     screen = Screen(space)
-    placements = [p for p in _placements(space, screen) if not p.colocated]
-    assert placements
+    placements = _placements(space, screen)
+    assert {p.colocated for p in placements} == {True, False}
     for p in placements:
         ceiling = screen.overlap_ceiling(p)
-        for mode in ("one-step-off", "bounded-async", "streaming"):
+        modes = ("sync",) if p.colocated else ("sync", "one-step-off", "bounded-async", "streaming")
+        for mode in modes:
             for k in (1, 2):
                 assert screen.evaluate(p, mode, k).trained_tokens_per_s <= ceiling * (1 + 1e-12)
     # the simulator, with real tails and occupancy, stays below the ceiling of its placement, in every mode
-    finalists = [f for f in search(inputs).finalists if not f.screened.placement.colocated]
-    assert {f.screened.mode for f in finalists} >= {"sync", "streaming"}
-    for f in finalists:
+    outcome = search(inputs)
+    assert {f.screened.mode for f in outcome.finalists} >= {"sync", "streaming"}
+    assert any(f.screened.placement.colocated for f in outcome.finalists)
+    for f in outcome.finalists:
         assert f.trained_tokens_per_s <= 1.05 * screen.overlap_ceiling(f.screened.placement), f.screened.label
+    # the reported ceiling is the best over every placement, and bounds every finalist
+    assert outcome.overlap_ceiling == max((screen.overlap_ceiling(p), p.label) for p in placements)
+    assert all(f.trained_tokens_per_s <= 1.05 * outcome.overlap_ceiling[0] for f in outcome.finalists)
+
+
+def test_ceiling_keeps_the_staleness_budget() -> None:
+    """No schedule within budget k holds more than (k + 1) batches in flight, nor trains the longest response later
+    than k + 1 steps after its version: the ceiling counts both, and only the second goes with version mixing."""
+    import dataclasses
+
+    from planner.search.core import Space, _placements
+    from planner.search.screen import Screen
+
+    inputs = search_inputs(_resolved(SMALL_GPU))  # 32 x 8 = 256 samples a step, k = 2
+    screen = Screen(Space(inputs))
+    placements = _placements(screen.space, screen)
+    wide = [p for p in placements if p.replicas * p.rollout.slots > 3 * 256]
+    assert wide and {p.colocated for p in placements} == {True, False}
+    for p in wide:
+        assert screen.ceiling_batch(p) == 3 * 256 // p.replicas < p.rollout.slots
+    for p in placements:
+        sync = screen.weight_sync(p)
+        train = p.train.step_s + sync.gather_s + sync.convert_s
+        l_max = screen.expected_max_response()
+        alone = l_max * screen.rollout_model(p.rollout).decode_step_s(1, screen.space.prompt_mean + l_max / 2)
+        expect = train + alone / 3 if p.colocated else (alone + train) / 3
+        assert screen.tail_bound(p) == pytest.approx(expect)
+        assert screen.space.step_tokens / screen.overlap_ceiling(p) >= screen.tail_bound(p) * (1 - 1e-12)
+    # a larger budget only raises the ceiling; mixing drops the tail's bound
+    for k, mixing in ((4, False), (2, True)):
+        looser = Screen(Space(dataclasses.replace(inputs, max_version_lag=k, allow_version_mixing=mixing)))
+        for p in placements:
+            assert looser.overlap_ceiling(p) >= screen.overlap_ceiling(p) * (1 - 1e-12)
+            assert (looser.tail_bound(p) == 0) == mixing
 
 
 def test_screen_and_ceiling_count_trained_tokens_as_the_simulator_does() -> None:
@@ -228,9 +270,10 @@ def test_screen_and_ceiling_count_trained_tokens_as_the_simulator_does() -> None
     # the simulation's steady steps train the mean sample's tokens, within sampling noise
     assert chosen.trained_tokens_per_s * chosen.sim.step_time_s == pytest.approx(space.step_tokens, rel=0.08)
     p, screen = s.placement, Screen(space)
-    _, t_thr, prefill = screen._full_occupancy(p)
+    _, t_thr, prefill = screen._full_occupancy(p, screen.ceiling_batch(p))
     sync = screen.weight_sync(p)
-    bound = max(t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s)
+    assert not p.colocated
+    bound = max(t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s, screen.tail_bound(p))
     assert screen.overlap_ceiling(p) * bound == pytest.approx(space.step_tokens)
 
 
