@@ -6,9 +6,10 @@ depends on the cluster size, on the response-length tail, on how fast an engine 
 per-step cost, ``Calibration.decode_step_overhead_s``), and on the staleness budget k (the trainer may not run ahead of
 the oldest tail by more than k versions). This replans one spec (default: the dense 32B example), restricted to sync
 and streaming, varying one knob at a time from the spec's values, and prints the best sync plan, the chosen streaming
-plan, their ratio, the overlap ceiling over the best sync (``SearchOutcome.overlap_ceiling``: a perfect asynchronous
-schedule, every slot busy and training overlapped, with no tail and no staleness bound) and the streaming plan's
-simulated slot occupancy. The k sweep runs at the largest cluster size of the first sweep.
+plan, their ratio, the overlap ceiling over the best sync (``SearchOutcome.overlap_ceiling``: a perfect schedule on
+the best placement, every slot busy up to the staleness budget, training overlapped with rollout or, colocated, in turn
+with it, and the longest response trained within k + 1 steps of its version) and the streaming plan's simulated slot
+occupancy. The k sweep runs at the largest cluster size of the first sweep.
 
 Rows other than the spec's own are what-ifs, not claims about the example.
 
