@@ -117,10 +117,10 @@ class Predictions:
     speedup_vs_sync: float
     """Trained tokens/s of this plan over the best synchronous plan's."""
     overlap_ceiling_tokens_per_s: float | None
-    """Trained tokens/s of a perfect schedule (every slot busy, no tail; training overlapped with rollout on a
-    disaggregated placement, in turn with it on a colocated one) on the best placement searched: a bound on any
-    schedule under the cost model, up to its mean-context averaging (``Screen.overlap_ceiling``). None if nothing was
-    searched."""
+    """Trained tokens/s of a perfect schedule (every slot busy up to the staleness budget, the longest response trained
+    within k + 1 steps of its version; training overlapped with rollout on a disaggregated placement, in turn with it
+    on a colocated one) on the best placement searched: a bound on any schedule under the cost model, up to its
+    mean-context averaging (``Screen.overlap_ceiling``). None if nothing was searched."""
 
 
 @dataclass(frozen=True, kw_only=True)
