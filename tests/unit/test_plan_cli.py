@@ -112,20 +112,8 @@ def test_report_holds_a_colocated_plan_to_the_same_ceiling() -> None:
     from dora.report import plan_report_text
     from dora.spec import load_spec_text
 
-    text = """
-name: small-colocated
-model: {preset: qwen3-8b}
-cluster: {accelerator: h100, nodes: 1, accelerators_per_node: 8}
-workload:
-  prompts_per_step: 16
-  samples_per_prompt: 8
-  prompt_length: {median_tokens: 200, p99_tokens: 600, max_tokens: 1024}
-  response_length: {median_tokens: 600, p99_tokens: 6000, max_tokens: 8192}
-  steps: 20
-staleness: {max_version_lag: 2}
-placement: {colocated: true}
-runtime: {rollout_engine: vllm, trainer: megatron}
-"""
+    text = (REPO / "specs" / "local-tiny.yaml").read_text().replace("placement:\n", "placement:\n  colocated: true\n")
+    assert "colocated: true" in text
     plan = make_plan(load_spec_text(text, "colocated.yaml", REPO / "specs")).plan
     assert plan.colocated
     report = " ".join(plan_report_text(plan, width=200).split())
