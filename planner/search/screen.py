@@ -134,9 +134,13 @@ class Screen:
         """Trained tokens/s of a perfect schedule on placement ``p`` (module docstring): on a disaggregated one,
         rollout at full occupancy fully overlapped with training; on a colocated one, the two in turn."""
         _, t_thr, prefill = self._full_occupancy(p, self.ceiling_batch(p))
-        sync = self.weight_sync(p)
-        rollout, train = t_thr + prefill, p.train.step_s + sync.gather_s + sync.convert_s
+        rollout, train = t_thr + prefill, self._trainer_s(p)
         return self.space.step_tokens / max(rollout + train if p.colocated else max(rollout, train), self.tail_bound(p))
+
+    def _trainer_s(self, p: Placement) -> float:
+        """W = T_train + T_pub: the trainer's work per step on placement ``p``."""
+        sync = self.weight_sync(p)
+        return p.train.step_s + sync.gather_s + sync.convert_s
 
     def tail_bound(self, p: Placement) -> float:
         """The least step time the staleness budget k allows with the batch's longest response, which decodes alone
@@ -151,8 +155,7 @@ class Screen:
             return 0.0
         l_max = self.expected_max_response()
         alone = l_max * self.rollout_model(p.rollout).decode_step_s(1, self.space.prompt_mean + l_max / 2)
-        sync = self.weight_sync(p)
-        train = p.train.step_s + sync.gather_s + sync.convert_s
+        train = self._trainer_s(p)
         k1 = inp.max_version_lag + 1
         return train + alone / k1 if p.colocated else (alone + train) / k1
 
