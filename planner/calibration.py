@@ -66,6 +66,12 @@ class Calibration:
     """eta_out.  Prior: NCCL over 400 Gb/s InfiniBand/RoCE typically reaches ~80-90% of line rate at large
     message sizes (nccl-tests); 0.8 leaves room for imperfect rail alignment."""
 
+    host_link_efficiency: float = 0.60
+    """eta_host.  Achieved / peak device <-> host (PCIe) bandwidth when every accelerator of a node moves data to or
+    from host memory at once (colocated streaming suspending its engines).  Prior: pinned-memory copies on one PCIe
+    Gen5 x16 link reach roughly 80-85% of its 64 GB/s per direction; all eight GPUs of a node at once share the
+    host's PCIe switches and memory, so the prior is lower.  Not measured here."""
+
     collective_latency_s: float = 20e-6
     """Fixed latency per collective call (s).  Prior: NCCL small-message latency is on the order of 10-30 us
     inside a node."""

@@ -1,7 +1,8 @@
 """Accelerator catalog: the peak rates the cost model divides by.
 
 Every entry stores *dense* (no structured-sparsity) BF16 peak FLOP/s, the device memory a framework can actually
-allocate, peak HBM bandwidth, scale-up bandwidth (NVLink / xGMI) and scale-out bandwidth (NIC) per accelerator.
+allocate, peak HBM bandwidth, scale-up bandwidth (NVLink / xGMI), scale-out bandwidth (NIC) and the host link (PCIe)
+per accelerator.
 
 Units: FLOP/s, bytes, bytes/s.  Link bandwidths are **per accelerator, one direction** (a data sheet's
 "900 GB/s NVLink" is the bidirectional sum, so 450e9 here).  NIC figures are line rate / 8 (400 Gb/s -> 50e9 B/s).
@@ -41,12 +42,17 @@ class Accelerator:
     default_accelerators_per_node: int
     source: str
     """Citations for the numbers above."""
+    host_link_bandwidth_bytes_per_s: float | None = None
+    """Device <-> host memory link (PCIe) per accelerator, one direction, bytes/s; None where device memory is host
+    memory (``cpu``). Colocated streaming moves suspended engines' weights and KV cache over it."""
 
     def __post_init__(self) -> None:
         for field in ("bf16_flops", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
                       "scale_up_bandwidth_bytes_per_s", "scale_out_bandwidth_bytes_per_s"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"Accelerator {self.name!r}: {field} must be > 0")
+        if self.host_link_bandwidth_bytes_per_s is not None and not self.host_link_bandwidth_bytes_per_s > 0:
+            raise ValueError(f"Accelerator {self.name!r}: host_link_bandwidth_bytes_per_s must be > 0 or None")
         if self.default_accelerators_per_node < 1:
             raise ValueError(f"Accelerator {self.name!r}: default_accelerators_per_node must be >= 1")
 
@@ -74,6 +80,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_up_bandwidth_bytes_per_s=450e9,
         # DGX H100 user guide: 8x ConnectX-7 400 Gb/s compute NICs, one per GPU -> 50 GB/s.
         scale_out_bandwidth_bytes_per_s=50e9,
+        # H100 data sheet: PCIe Gen5 128 GB/s (x16, bidirectional) -> 64 GB/s per direction.
+        host_link_bandwidth_bytes_per_s=64e9,
         default_accelerators_per_node=8,
         source="NVIDIA H100 data sheet (nvidia.com/en-us/data-center/h100); DGX H100 user guide (8x CX-7 400G); "
         "verl flops_counter._DEVICE_FLOPS uses 989e12",
@@ -90,6 +98,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_up_bandwidth_bytes_per_s=200e9,
         # DeepSeek-V3 report: 400 Gb/s InfiniBand per GPU (~50 GB/s).
         scale_out_bandwidth_bytes_per_s=50e9,
+        # H800 spec sheet: PCIe Gen5 128 GB/s bidirectional -> 64 GB/s per direction.
+        host_link_bandwidth_bytes_per_s=64e9,
         default_accelerators_per_node=8,
         source="NVIDIA H800 spec sheet (NVLink 400 GB/s); DeepSeek-V3 technical report arXiv 2412.19437 "
         "(H800 cluster, IB 50 GB/s per GPU); verl flops_counter (989e12)",
@@ -107,6 +117,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_up_bandwidth_bytes_per_s=450e9,
         # Typical HGX H20 build with one 400 Gb/s NIC per GPU (uncertain: varies by vendor).
         scale_out_bandwidth_bytes_per_s=50e9,
+        # H20 spec: PCIe Gen5 x16, 128 GB/s bidirectional -> 64 GB/s per direction.
+        host_link_bandwidth_bytes_per_s=64e9,
         default_accelerators_per_node=8,
         source="NVIDIA H20 spec (148 TFLOPS BF16, 96 GB, 4.0 TB/s, NVLink 900 GB/s); verl flops_counter (148e12); "
         "NIC per GPU assumed 400 Gb/s (vendor-dependent)",
@@ -123,6 +135,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_up_bandwidth_bytes_per_s=450e9,
         # DGX H200: 8x ConnectX-7 400 Gb/s.
         scale_out_bandwidth_bytes_per_s=50e9,
+        # H200 data sheet: PCIe Gen5 128 GB/s bidirectional -> 64 GB/s per direction.
+        host_link_bandwidth_bytes_per_s=64e9,
         default_accelerators_per_node=8,
         source="NVIDIA H200 data sheet (nvidia.com/en-us/data-center/h200); DGX H200 (8x CX-7 400G)",
     ),
@@ -139,6 +153,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_up_bandwidth_bytes_per_s=300e9,
         # DGX A100: 8x ConnectX-6 200 Gb/s HDR compute NICs -> 25 GB/s per GPU.
         scale_out_bandwidth_bytes_per_s=25e9,
+        # A100 data sheet: PCIe Gen4 64 GB/s bidirectional -> 32 GB/s per direction.
+        host_link_bandwidth_bytes_per_s=32e9,
         default_accelerators_per_node=8,
         source="NVIDIA A100 data sheet (312 TFLOPS BF16 dense, 2,039 GB/s, NVLink 600 GB/s); DGX A100 user guide "
         "(8x 200 Gb/s HDR)",
@@ -157,6 +173,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_up_bandwidth_bytes_per_s=900e9,
         # DGX B200: 8x ConnectX-7 400 Gb/s (newer builds ship ConnectX-8 800 Gb/s; override when so).
         scale_out_bandwidth_bytes_per_s=50e9,
+        # HGX B200: PCIe Gen5 x16 to the host, 128 GB/s bidirectional -> 64 GB/s per direction.
+        host_link_bandwidth_bytes_per_s=64e9,
         default_accelerators_per_node=8,
         source="NVIDIA DGX B200 data sheet (72 PF FP8 / 8 GPUs, 1.44 TB HBM3e, 8x CX-7 400G); NVLink5 1.8 TB/s; "
         "verl flops_counter (2.25e15); usable HBM from secondary reports",
@@ -175,6 +193,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_up_bandwidth_bytes_per_s=448e9,
         # Typical MI300X platform with one 400 Gb/s NIC per GPU (uncertain: varies by vendor).
         scale_out_bandwidth_bytes_per_s=50e9,
+        # MI300X data sheet: PCIe Gen5 x16, 128 GB/s bidirectional -> 64 GB/s per direction.
+        host_link_bandwidth_bytes_per_s=64e9,
         default_accelerators_per_node=8,
         source="AMD Instinct MI300X data sheet (amd.com: 1307.4 TFLOPS BF16, 192 GB, 5.3 TB/s, 896 GB/s IF); "
         "NIC per GPU assumed 400 Gb/s",

@@ -132,3 +132,28 @@ def extra_version_bytes_per_device(arch: ModelArch, *, tp: int, dtype_bytes: flo
     if extra_versions < 0 or tp < 1:
         raise ValueError("extra_versions must be >= 0 and tp >= 1")
     return extra_versions * arch.total_params * dtype_bytes / tp
+
+
+def host_link_s(acc: Accelerator, *, bytes_per_device: float, calib: Calibration = DEFAULT_CALIBRATION) -> float:
+    """``bytes_per_device`` over the device <-> host link at ``host_link_efficiency``, every device of a group in
+    parallel; 0 on an accelerator whose device memory is host memory (``cpu``)."""
+    if acc.host_link_bandwidth_bytes_per_s is None:
+        return 0.0
+    calib = calib.resolved_for(acc.name)
+    return bytes_per_device / (calib.host_link_efficiency * acc.host_link_bandwidth_bytes_per_s)
+
+
+def host_swap_s(acc: Accelerator, *, bytes_per_device: float, calib: Calibration = DEFAULT_CALIBRATION) -> float:
+    """One way of a suspended engine's move to or from host memory (colocated streaming): the engine's pause/resume,
+    ``weight_reload_fixed_s``, plus ``bytes_per_device`` (its weights and KV cache) over the host link
+    (``host_link_s``). On ``cpu`` nothing moves: the pause only."""
+    return calib.resolved_for(acc.name).weight_reload_fixed_s + host_link_s(acc, bytes_per_device=bytes_per_device,
+                                                                           calib=calib)
+
+
+def trainer_swap_s(acc: Accelerator, *, state_bytes_per_device: float,
+                   calib: Calibration = DEFAULT_CALIBRATION) -> float:
+    """Colocated placements, per training step: the trainer's parameters, gradients and optimizer state
+    (``state_bytes_per_device``) move to host memory after the step, which gives the engines their memory, and back
+    before the next one, both over the host link (``host_link_s``): what verl's parameter/optimizer offload does."""
+    return 2 * host_link_s(acc, bytes_per_device=state_bytes_per_device, calib=calib)

@@ -22,6 +22,10 @@ peer, resume_in_flight, keep_loaded)``              (``keep_loaded``: add ``vers
                                                     before any later action on ``src``
 ``StartTrainStep(step, group_ids)``                 ``TrainStepFinished(step)``
 ``PublishWeights(version)``                         ``WeightsPublished(version)``
+``SuspendRollout()`` (colocated streaming)          ``RolloutSuspended()`` once every engine stopped
+                                                    (after any load or transfer in progress); finishes
+                                                    from before the stop may still follow
+``ResumeRollout()``                                 ``RolloutResumed()`` once every engine serves again
 ==================================================  ===============================================
 
 Driver rules:
@@ -51,7 +55,11 @@ from planner.policies.vocabulary import (
     MigrateRequests,
     PublishWeights,
     RequestsMigrated,
+    ResumeRollout,
+    RolloutResumed,
+    RolloutSuspended,
     StartTrainStep,
+    SuspendRollout,
     TrainStepFinished,
     TrajectoryFinished,
     WeightsLoaded,
@@ -86,8 +94,12 @@ __all__ = [
     "due_consolidation_batch",
     "PublishWeights",
     "RequestsMigrated",
+    "ResumeRollout",
+    "RolloutResumed",
+    "RolloutSuspended",
     "StartTrainStep",
     "StreamingPolicy",
+    "SuspendRollout",
     "TrainStepFinished",
     "TrajectoryFinished",
     "WeightsLoaded",

@@ -13,6 +13,8 @@ more unconsumed groups of versions <= v than steps s+1 .. v+k+1 can take, ``U(<=
 (v + k + 1 - s) * P`` -- in particular step s needs every group of version s - k - 1 finished.
 Admission is bounded so that this is always satisfiable (AReaL's rule): groups admitted so far
 <= (latest_version + k + 1) * P, hence U(<=v) <= (v + k + 1 - (s - 1)) * P before step s.
+Colocated (rollout and training take turns on the same accelerators): once a step is ready the policy first
+suspends rollout (``SuspendRollout``), and chooses and starts the step when every engine has stopped.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from planner.policies.vocabulary import (
     Event,
     PublishWeights,
     RequestsMigrated,
+    RolloutResumed,
+    RolloutSuspended,
     StartTrainStep,
+    SuspendRollout,
     TrainStepFinished,
     TrajectoryFinished,
     WeightsLoaded,
@@ -60,6 +65,12 @@ class PolicyBase:
         self.next_step = 1
         self.training = False
         self.steps_done = 0
+        self.colocated = config.colocated
+        """Rollout and training take turns on the same accelerators (see ``_try_train_oldest_first``)."""
+        self.suspended = False
+        """Colocated: rollout is stopped, or stopping (from ``SuspendRollout`` until ``RolloutResumed``)."""
+        self.devices_free = False
+        """Colocated: every engine has stopped (``RolloutSuspended``): the trainer may run."""
 
     # ------------------------------------------------------------------ driver entry points
     def start(self) -> Sequence[Action]:
@@ -78,6 +89,10 @@ class PolicyBase:
             return self.on_weights_published(event.version)
         if isinstance(event, RequestsMigrated):
             return self.on_requests_migrated(event.src, event.moves)
+        if isinstance(event, RolloutSuspended):
+            return self.on_rollout_suspended()
+        if isinstance(event, RolloutResumed):
+            return self.on_rollout_resumed()
         raise TypeError(f"unknown event {event!r}")
 
     # Hot-path handlers; ``handle`` calls exactly these, so a driver may call them directly.
@@ -101,6 +116,17 @@ class PolicyBase:
 
     def on_requests_migrated(self, src: int, moves: tuple[tuple[int, int], ...]) -> Sequence[Action]:
         raise TypeError(f"{type(self).__name__} never migrates requests")
+
+    def on_rollout_suspended(self) -> Sequence[Action]:
+        if not self.suspended:
+            raise ValueError("RolloutSuspended without a SuspendRollout")
+        self.devices_free = True
+        out: list[Action] = []
+        self._try_train_oldest_first(out)
+        return out
+
+    def on_rollout_resumed(self) -> Sequence[Action]:
+        raise TypeError(f"{type(self).__name__} never suspends rollout")
 
     def on_train_step_finished(self, step: int) -> Sequence[Action]:
         if not self.training or step != self.next_step - 1:
@@ -171,6 +197,11 @@ class PolicyBase:
             if finished_upto < must_take:
                 return  # the only allowed stall: waiting for an old version's tail at the bound
         if finished_upto < per_step:
+            return
+        if self.colocated and not self.devices_free:
+            if not self.suspended:  # the step is ready: the trainer needs the accelerators first
+                self.suspended = True
+                out.append(SuspendRollout())
             return
         need = per_step
         chosen: list[int] = []

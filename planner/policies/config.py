@@ -32,7 +32,8 @@ class PolicyConfig:
     max_versions_per_engine: int = 1
     """Versions one engine can hold at once (streaming only; 1 on GPUs, DORA's design; more for small models)."""
     colocated: bool = False
-    """Rollout and training time-share the same accelerators (sync only)."""
+    """Rollout and training time-share the same accelerators (sync and streaming). Streaming then suspends rollout
+    for each training step, in-flight requests and all, and resumes it after the publish (``SuspendRollout``)."""
     admission_queue: int = 0
     """Requests an engine may hold waiting beyond its ``slots_per_group`` running ones (streaming only; see
     ``admission_queue_for``). Queued requests start in the engine the moment a slot frees, on the version
@@ -75,8 +76,8 @@ class PolicyConfig:
             raise ValueError("one-step-off consumes data one version old: needs max_version_lag (k) >= 1")
         if self.mode in ("bounded-async", "partial-rollout", "streaming") and self.max_version_lag < 1:
             raise ValueError(f"{self.mode} with max_version_lag (k) = 0 is synchronous: use mode 'sync'")
-        if self.colocated and self.mode != "sync":
-            raise ValueError(f"colocated rollout/training only time-shares in mode 'sync', not {self.mode!r}")
+        if self.colocated and self.mode not in ("sync", "streaming"):
+            raise ValueError(f"colocated rollout/training time-shares in modes 'sync' and 'streaming', not {self.mode!r}")
         interrupts = self.mode == "partial-rollout" or (self.mode == "bounded-async" and self.update == "interrupt")
         if interrupts and not self.allow_version_mixing:
             raise ValueError(

@@ -35,6 +35,14 @@ them drains. New groups start only on the newest version, each trajectory still 
 version, and a version is dropped from an engine (``DropVersion``) once no request of it remains
 there. No migration: the old versions drain in place, next to the new one.
 
+Colocated (``PolicyConfig.colocated``: rollout and training take turns on the same accelerators): rollout streams
+as above until a training step is ready; then every engine stops with its in-flight requests, which keep their
+tokens, KV cache and version (``SuspendRollout``); the step trains on all the accelerators and publishes; then
+rollout resumes (``ResumeRollout``) and what a publish does on separate accelerators happens: empty engines load the
+newest version, older versions shrink. No request is drained, dropped or regenerated at a step: the tails that stall
+a colocated sync step continue on their own version in the next rollout turn. If enough groups finished for the
+next step too, it trains at once and rollout stays stopped.
+
 Admission queue (``PolicyConfig.admission_queue``, two groups on the ``cpu`` accelerator): an engine is
 given up to ``slots + admission_queue`` requests; the engine runs ``slots`` of them and starts a queued
 one as soon as a slot frees, without waiting for the controller (see ``admission_queue_for``).
@@ -46,7 +54,7 @@ from collections.abc import Sequence
 
 from planner.policies.base import NO_ACTIONS, PolicyBase
 from planner.policies.config import PolicyConfig, due_consolidation_batch
-from planner.policies.vocabulary import Action, DropVersion, LoadWeights, MigrateRequests
+from planner.policies.vocabulary import Action, DropVersion, LoadWeights, MigrateRequests, ResumeRollout
 
 
 class StreamingPolicy(PolicyBase):
@@ -90,6 +98,8 @@ class StreamingPolicy(PolicyBase):
             return self._after_finish_multi(group_id, r, group_done)
         w = self.engine_version[r]  # the trajectory's version: a single-version engine only holds its own
         self.version_active[w] -= 1
+        if self.suspended:
+            return NO_ACTIONS  # stopped engines take no action; ``on_rollout_resumed`` looks at every one
         out: list[Action] | None = None
         if w == self.latest_version:
             if self.engine_ready[r] and self.slots - self.engine_active[r] - self.engine_reserved[r] >= self.spp:
@@ -110,12 +120,43 @@ class StreamingPolicy(PolicyBase):
 
     def on_weights_published(self, version: int) -> Sequence[Action]:
         self.latest_version = version
+        if self.colocated:
+            self.version_active.setdefault(version, 0)
+            self.version_engines.setdefault(version, set())
+            out_coloc: list[Action] = []
+            self._try_train_oldest_first(out_coloc)  # enough finished already: train again, rollout stays stopped
+            if not self.training:
+                self.devices_free = False
+                out_coloc.append(ResumeRollout())
+            return out_coloc
+        return self._published(version, train=True)
+
+    def on_rollout_resumed(self) -> Sequence[Action]:
+        """Colocated: the engines serve again; what a publish does on separate accelerators happens now."""
+        if not self.suspended or self.devices_free:
+            raise ValueError("RolloutResumed without a ResumeRollout")
+        self.suspended = False
+        out = self._published(self.latest_version, train=False)
+        for r in range(self.num_engines):  # engines that finished requests while stopped have room again
+            if self.engine_ready[r] and r not in self.migrating:
+                if self.multi:
+                    self._add_newest(r, out)
+                else:
+                    self._fill(r, out)
+        if not self.training and not self.suspended:
+            self._try_train_oldest_first(out)
+        return out
+
+    def _published(self, version: int, *, train: bool) -> list[Action]:
+        """Version ``version`` is the newest: point empty engines at it and shrink the older versions' share; then
+        start the next step if ``train`` and it is ready."""
         if self.multi:
             out_multi: list[Action] = []
             for r in range(self.num_engines):
                 if self.engine_ready[r]:
                     self._add_newest(r, out_multi)
-            self._try_train_oldest_first(out_multi)
+            if train:
+                self._try_train_oldest_first(out_multi)
             return out_multi
         self.version_active.setdefault(version, 0)
         self.version_engines.setdefault(version, set())
@@ -128,7 +169,8 @@ class StreamingPolicy(PolicyBase):
                 self.recheck_below.pop(w, None)
                 while self._over_target(w) and self._shrink(w, out):
                     pass
-        self._try_train_oldest_first(out)
+        if train:
+            self._try_train_oldest_first(out)
         return out
 
     def on_requests_migrated(self, src: int, moves: tuple[tuple[int, int], ...]) -> Sequence[Action]:
@@ -140,6 +182,8 @@ class StreamingPolicy(PolicyBase):
             self.engine_active[src] -= count
         if self.engine_active[src] != 0:
             raise ValueError(f"engine {src} still has {self.engine_active[src]} requests after migration")
+        if self.suspended:
+            return NO_ACTIONS  # the empty engine is pointed at the newest version on resume
         out: list[Action] = []
         self._switch(src, out)
         return out
@@ -150,6 +194,8 @@ class StreamingPolicy(PolicyBase):
         hint = self.peer_hint.get(version, -1)
         if hint < 0 or r < hint:
             self.peer_hint[version] = r
+        if self.suspended:
+            return NO_ACTIONS  # a load that was in progress when rollout stopped; ``on_rollout_resumed`` fills it
         out: list[Action] = []
         if self.multi and version != self.latest_version:
             self._add_newest(r, out)
@@ -165,7 +211,7 @@ class StreamingPolicy(PolicyBase):
 
     def _fill(self, r: int, out: list[Action]) -> None:
         v = self.latest_version
-        if not self.engine_ready[r] or self.engine_version[r] != v:
+        if not self.engine_ready[r] or self.engine_version[r] != v or self.suspended:
             return
         budget = self._admission_budget()
         counts = self.hosted[r] if self.multi else self.version_active
@@ -183,6 +229,8 @@ class StreamingPolicy(PolicyBase):
         if hosted[w] == 0 and w != self.engine_version[r]:
             del hosted[w]
             out.append(DropVersion(rollout_group=r, version=w))
+        if self.suspended:
+            return out
         if self.engine_ready[r]:
             if self.engine_version[r] != self.latest_version:
                 self._add_newest(r, out)

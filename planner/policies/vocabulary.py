@@ -98,7 +98,25 @@ class PublishWeights:
     version: int
 
 
-Action = Admit | LoadWeights | DropVersion | MigrateRequests | StartTrainStep | PublishWeights
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SuspendRollout:
+    """Colocated streaming: stop every engine so the trainer can have the accelerators.
+
+    Each engine finishes a weight load or KV transfer in progress, stops decoding, and moves its in-flight
+    requests' KV cache and its weights to host memory (on ``cpu`` they already are: it only stops). Requests keep
+    their generated tokens and their version. Driver reports ``RolloutSuspended`` once every engine has; a
+    ``TrajectoryFinished`` that happened before an engine stopped may still arrive after it.
+    """
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResumeRollout:
+    """Colocated streaming: every engine reloads the weights and KV cache it moved to host memory and continues its
+    in-flight requests on the version they started with. Driver reports ``RolloutResumed`` once every engine has."""
+
+
+Action = Admit | LoadWeights | DropVersion | MigrateRequests | StartTrainStep | PublishWeights | SuspendRollout | \
+    ResumeRollout
 
 # ----------------------------------------------------------------------------- events
 
@@ -137,7 +155,18 @@ class WeightsPublished:
     version: int
 
 
-Event = TrajectoryFinished | RequestsMigrated | WeightsLoaded | TrainStepFinished | WeightsPublished
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RolloutSuspended:
+    """Every engine stopped for a ``SuspendRollout``: the trainer has the accelerators."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RolloutResumed:
+    """Every engine serves again after a ``ResumeRollout``."""
+
+
+Event = TrajectoryFinished | RequestsMigrated | WeightsLoaded | TrainStepFinished | WeightsPublished | \
+    RolloutSuspended | RolloutResumed
 
 
 def trajectory_id(group_id: int, sample: int) -> str:

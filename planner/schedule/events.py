@@ -25,6 +25,8 @@ regenerated            traj, version  (earlier tokens dropped; generation restar
 unfinished_at_end      traj, finished: bool  (admitted, not consumed when the run ended)
 resumed                step  (a new attempt continues the trace from its checkpoint after step ``step``)
 worker_restarted       rollout_group, version  (the engine process died and was restarted on version)
+rollout_suspended      (none)  colocated streaming: every engine has stopped, its in-flight requests kept
+rollout_resumed        (none)  every engine serves again
 =====================  ======================================================================
 
 A run that stops and resumes keeps one append-only trace: the new attempt writes ``resumed``, then
@@ -58,6 +60,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     "unfinished_at_end": {"traj": _TRAJ, "finished": _BOOL},
     "resumed": {"step": _INT},
     "worker_restarted": {"rollout_group": _INT, "version": _INT},
+    "rollout_suspended": {},
+    "rollout_resumed": {},
 }
 
 

@@ -2,7 +2,7 @@
 
 All functions return strings (no I/O here); ``dora`` or a bench script writes them to files.
 The timeline has one row per rollout group (colour = version served, opacity = slot occupancy,
-grey = loading weights) plus a trainer row (one box per training step) and dashed lines where a
+grey = loading weights, or suspended for a colocated training step) plus a trainer row (one box per training step) and dashed lines where a
 version was published. It reads only the trace, so it draws simulated and real runs alike.
 """
 
@@ -62,7 +62,9 @@ def graph_to_dot(graph: nx.DiGraph, *, max_trajectories: int = 2000) -> str:
 
 
 def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, columns: int):
-    """Per rollout group and column: (time-averaged running sequences, version, loading fraction)."""
+    """Per rollout group and column: (time-averaged running sequences, version, loading fraction). While rollout is
+    suspended for training (colocated streaming: ``rollout_suspended`` to ``rollout_resumed``) every group counts as
+    loading, its requests kept but not running."""
     width = end / columns
     area = [[0.0] * columns for _ in range(groups)]
     loading = [[0.0] * columns for _ in range(groups)]
@@ -71,6 +73,7 @@ def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, colum
     last_t = [0.0] * groups
     served = [0] * groups
     load_start: dict[int, float] = {}
+    stopped_at: float | None = None
 
     def spread(grid: list[list[float]], r: int, t0: float, t1: float, weight: float) -> None:
         while t0 < t1 and weight:
@@ -82,7 +85,8 @@ def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, colum
             t0 = edge
 
     def move(r: int, t: float, delta: int) -> None:
-        spread(area, r, last_t[r], t, active[r])
+        if stopped_at is None:
+            spread(area, r, last_t[r], t, active[r])
         last_t[r] = t
         active[r] += delta
 
@@ -104,6 +108,15 @@ def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, colum
             for col in range(first, columns):
                 version[r][col] = e["version"]
             served[r] = e["version"]
+        elif etype == "rollout_suspended":
+            for r in range(groups):
+                move(r, t, 0)
+            stopped_at = t
+        elif etype == "rollout_resumed" and stopped_at is not None:
+            for r in range(groups):
+                spread(loading, r, stopped_at, t, 1.0)
+                last_t[r] = t
+            stopped_at = None
     for r in range(groups):
         move(r, end, 0)
     return area, version, loading
@@ -164,7 +177,8 @@ def timeline_html(events: list[dict[str, Any]], *, title: str = "dora schedule",
     return (
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + head + "</title></head>"
         "<body style=\"font-family:Helvetica\"><h3>" + head + f" — mode {mode}</h3>"
-        "<p>Rows: rollout groups (colour = version served, opacity = slot occupancy, grey = loading weights); "
+        "<p>Rows: rollout groups (colour = version served, opacity = slot occupancy, grey = loading weights or "
+        "suspended while a colocated step trains); "
         "bottom: training steps; dashed: version published.</p><p>" + legend + "</p>"
         + "".join(out) + "</body></html>\n"
     )

@@ -8,6 +8,11 @@ Weight sync is split between the trainer and the engines (``planner.weight_sync`
                              parallel (DORA moves weights peer to peer between rollout groups)
 KV migration: each of the t_d devices of a replica sends its KV shard over its own NIC,
     kv_migration_s_per_token = kv_bytes_per_token_per_device / (eta_out * B_out).
+Suspending a colocated streaming replica (each way): swap_fixed_s = reload fixed, swap_s_per_version =
+    (W_d / t_d) / (eta_host B_host), swap_s_per_token = kv_bytes_per_token_per_device / (eta_host B_host)
+    (``weight_sync.host_swap_s``).
+Colocated (sync or streaming), each training step also moves the trainer's state to host memory and back,
+    train_swap_s = 2 (params + grads + optimizer per device) / (eta_host B_host) (``weight_sync.trainer_swap_s``).
 MoE expert imbalance is charged inside ``RolloutCostModel.decode_step_s`` (calibration's
 ``moe_imbalance_factor``). Prefill of a prompt group is charged once (the samples share the prompt).
 """
@@ -21,7 +26,7 @@ from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import Accelerator
 from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS, RolloutCostModel, make_rollout_cost_model
 from planner.train_cost import TrainCostModel
-from planner.weight_sync import weight_sync_time_s
+from planner.weight_sync import host_swap_s, trainer_swap_s, weight_sync_time_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +50,15 @@ class CostModelTiming:
     engine_contention: float = 1.0
     """A decode step takes this many times longer while another replica decodes (`Calibration.engine_contention`;
     1 with one replica)."""
+    train_swap_s: float = 0.0
+    """Colocated placements: the trainer's state to host memory and back, charged on every training step
+    (``weight_sync.trainer_swap_s``)."""
+    swap_fixed_s: float = 0.0
+    """Colocated streaming: one replica's pause or resume around a move to or from host memory (``host_swap_s``)."""
+    swap_s_per_version: float = 0.0
+    """One hosted version's weights over the host link, one way."""
+    swap_s_per_token: float = 0.0
+    """The same per context token of KV cache."""
     prompt_ingest_max_tokens: int = 0
     """Prompts up to this many tokens enter the decode batch directly (``CPU_DECODE_INGEST_MAX_TOKENS``), one token
     per step, instead of getting a prefill forward (the simulator charges those steps)."""
@@ -73,7 +87,7 @@ class CostModelTiming:
         return self.rollout.prefill_s(num_tokens) if num_tokens > 0 else 0.0
 
     def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:
-        return self.train.train_step_s(num_tokens, sum_sq_seq_len, num_seqs)
+        return self.train.train_step_s(num_tokens, sum_sq_seq_len, num_seqs) + self.train_swap_s
 
 
 def cost_model_timing(
@@ -98,10 +112,12 @@ def cost_model_timing(
     longest_seq_tokens: float = 0.0,
     calib: Calibration = DEFAULT_CALIBRATION,
     accelerators_per_node: int | None = None,
+    train_state_bytes_per_device: float = 0.0,
 ) -> CostModelTiming:
     """Timing for ``num_rollout_groups`` replicas of ``rollout_tp`` devices and a ``tp x pp x dp`` trainer.
 
-    ``extra_forward_passes=1`` charges the old-logprob forward pass of GRPO-style training.
+    ``extra_forward_passes=1`` charges the old-logprob forward pass of GRPO-style training. Colocated, every training
+    step also moves ``train_state_bytes_per_device`` (parameters, gradients, optimizer state) to host memory and back.
     """
     rollout = make_rollout_cost_model(arch, rollout_acc, tp=rollout_tp, ep=rollout_ep, dtype_bytes=dtype_bytes,
                                       calib=calib, accelerators_per_node=accelerators_per_node)
@@ -125,6 +141,10 @@ def cost_model_timing(
     shared_host = rollout_acc.name == train_acc.name
     rollout_contention, train_contention = (
         calib.contention(rollout_acc.name, colocated=colocated) if shared_host else (1.0, 1.0))
+    swap_fixed_s = host_swap_s(rollout_acc, bytes_per_device=0.0, calib=calib)
+    swap_s_per_version = host_swap_s(rollout_acc, bytes_per_device=bytes_per_device, calib=calib) - swap_fixed_s
+    swap_s_per_token = (host_swap_s(rollout_acc, bytes_per_device=rollout.kv_bytes_per_token_per_device, calib=calib)
+                        - swap_fixed_s)
     return CostModelTiming(
         rollout=rollout,
         train=train,
@@ -138,4 +158,9 @@ def cost_model_timing(
         train_contention=train_contention,
         engine_contention=calib.engine_contention(rollout_acc.name) if num_rollout_groups > 1 else 1.0,
         prompt_ingest_max_tokens=CPU_DECODE_INGEST_MAX_TOKENS if rollout_acc.name == "cpu" else 0,
+        train_swap_s=trainer_swap_s(train_acc, state_bytes_per_device=train_state_bytes_per_device, calib=calib)
+        if colocated else 0.0,
+        swap_fixed_s=swap_fixed_s,
+        swap_s_per_version=swap_s_per_version,
+        swap_s_per_token=swap_s_per_token,
     )

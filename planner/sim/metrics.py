@@ -119,6 +119,10 @@ class RunMetrics:
             ev[version] += 1
         self.max_engine_versions = max(self.max_engine_versions, len(ev))
 
+    def hosted_versions(self, engine: int) -> int:
+        """Versions whose weights ``engine`` holds now."""
+        return len(self._hosted[engine])
+
     def engine_dropped(self, engine: int, version: int) -> None:
         """A multi-version engine freed ``version``'s weights."""
         hosted = self._hosted[engine]
@@ -144,6 +148,7 @@ class RunMetrics:
         migrated_trajectories: int,
         unfinished_at_end: int,
         events: tuple[dict[str, Any], ...] | None,
+        swap_s_total: float = 0.0,
     ) -> SimResult:
         steps: list[StepStats] = []
         prev_end = 0.0
@@ -199,6 +204,7 @@ class RunMetrics:
             unfinished_at_end=unfinished_at_end,
             num_sim_events=self.num_events,
             events=events,
+            swap_s_total=swap_s_total,
         )
 
 

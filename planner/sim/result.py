@@ -69,6 +69,8 @@ class SimResult:
     num_sim_events: int
     events: tuple[dict[str, Any], ...] | None
     """The trace (``planner.schedule`` schema), or None when recording was off."""
+    swap_s_total: float = 0.0
+    """Colocated streaming: replica-seconds moving weights and KV cache to host memory and back (both ways)."""
 
     def summary(self) -> dict[str, Any]:
         """Scalar metrics as a plain dict (no per-step rows, no events)."""
@@ -83,6 +85,7 @@ class SimResult:
             "bubble_fraction": self.bubble_fraction,
             "max_live_versions": self.max_live_versions,
             "weight_load_s_total": self.weight_load_s_total,
+            "swap_s_total": self.swap_s_total,
             "mixed_trajectories": self.mixed_trajectories,
             "unfinished_at_end": self.unfinished_at_end,
         }

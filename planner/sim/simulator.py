@@ -31,6 +31,11 @@ when a step starts and ends), and a training step started while some replica dec
 ``train_contention`` times longer; while two or more replicas decode at once, their steps take
 ``engine_contention`` times longer (re-evaluated whenever that starts or stops being so). All three are 1 on
 separate devices.
+Colocated streaming: ``SuspendRollout`` stops every replica once its load or KV send in progress ends, and moves its
+weights and its sequences' KV cache to host memory, ``swap_fixed_s + swap_s_per_version * versions hosted +
+swap_s_per_token * context``; the trainer gets the accelerators when the slowest replica is done. ``ResumeRollout``
+moves them back the same way; each replica decodes again as soon as its own copy is back (``RolloutResumed`` is
+reported when the slowest one is).
 Migration moves sequences with their generated tokens; the source replica is busy for
 ``kv_migration_s_per_token * moved context`` before it can load new weights (the destination is
 not slowed: an optimistic simplification).
@@ -51,7 +56,9 @@ from planner.policies import (
     MigrateRequests,
     PolicyConfig,
     PublishWeights,
+    ResumeRollout,
     StartTrainStep,
+    SuspendRollout,
     make_policy,
 )
 from planner.sim.metrics import RunMetrics
@@ -63,6 +70,8 @@ _EV_ENGINE = 0  # a = engine, b = generation
 _EV_LOADED = 1  # a = engine, b = version
 _EV_TRAINED = 2  # a = step
 _EV_PUBLISHED = 3  # a = version
+_EV_SUSPENDED = 4  # every replica stopped (colocated streaming)
+_EV_RESUMED = 5  # every replica serves again
 _EPS = 1e-9
 _LENGTH_BLOCK = 4096
 """Most response lengths drawn ahead at once (see ``Simulator.t_len``)."""
@@ -131,6 +140,11 @@ class Simulator:
         self.e_sum_start = [0.0] * n
         self.e_gen = [0] * n
         self.e_paused = [False] * n
+        self.suspended = False
+        """Colocated streaming: every replica is stopped (from ``SuspendRollout`` until ``ResumeRollout``)."""
+        self.e_stage_end = [0.0] * n
+        """When a weight load staged beside a running batch (``keep_loaded``) ends: a suspension waits for it."""
+        self.swap_s_total = 0.0
         self.e_version = [0] * n
         self.multi = config.max_versions_per_engine > 1
         self.e_vcount: list[dict[int, int]] = [{} for _ in range(n)]
@@ -170,7 +184,7 @@ class Simulator:
         if dt <= 0.0:
             return
         b = len(self.e_heap[r])
-        if b and not self.e_paused[r]:
+        if b and not self.e_paused[r] and not self.suspended:
             self.e_pos[r] += dt / self.e_step_s[r]
             self.m.e_busy[r] += dt
             self.m.e_slot_time[r] += b * dt
@@ -180,7 +194,7 @@ class Simulator:
         """Schedule replica ``r``'s next finish (superseding any pending one). ``_loop`` inlines this: keep in step."""
         self.e_gen[r] += 1
         h = self.e_heap[r]
-        if self.e_paused[r] or not h:
+        if self.e_paused[r] or not h or self.suspended:
             return
         b = len(h)
         pos = self.e_pos[r]
@@ -246,8 +260,16 @@ class Simulator:
                     self._loaded(r, b)
                 elif kind == _EV_TRAINED:
                     self._trained(r)
-                else:
+                elif kind == _EV_PUBLISHED:
                     self._published(r)
+                elif kind == _EV_SUSPENDED:
+                    if self.record:
+                        self.trace.append({"t": t, "type": "rollout_suspended"})
+                    self._execute(policy.on_rollout_suspended())
+                else:
+                    if self.record:
+                        self.trace.append({"t": t, "type": "rollout_resumed"})
+                    self._execute(policy.on_rollout_resumed())
                 self._flush()
                 if policy.done:  # only a finished training step changes it
                     break
@@ -297,7 +319,7 @@ class Simulator:
                 dirty.clear()
             # _reschedule(r)
             gen = e_gen[r] = e_gen[r] + 1
-            if e_paused[r] or not h:
+            if e_paused[r] or not h or self.suspended:
                 heappop(heap)
                 continue
             nb = len(h)
@@ -374,8 +396,51 @@ class Simulator:
                 self._migrate(act)
             elif isinstance(act, DropVersion):
                 self._drop(act)
+            elif isinstance(act, SuspendRollout):
+                self._suspend()
+            elif isinstance(act, ResumeRollout):
+                self._resume()
             else:
                 raise TypeError(f"unknown action {act!r}")
+
+    def _swap_s(self, r: int) -> float:
+        """Moving replica ``r``'s weights and its sequences' KV cache between device and host memory, one way."""
+        h, pos = self.e_heap[r], self.e_pos[r]
+        ctx = len(h) * (self.prompt + pos) - self.e_sum_start[r]  # running: prompt + tokens generated so far
+        ctx += sum(self.prompt + generated for _, generated in self.e_wait[r])
+        timing = self.timing
+        return (timing.swap_fixed_s + timing.swap_s_per_version * self.m.hosted_versions(r)
+                + timing.swap_s_per_token * max(0.0, ctx))
+
+    def _suspend(self) -> None:
+        """Stop every replica (after its load or KV send in progress) and move it to host memory (module doc)."""
+        if self.suspended:
+            raise ValueError("SuspendRollout while rollout is suspended")
+        now, end = self.now, self.now
+        for r in range(len(self.e_heap)):
+            self._advance(r, now)
+            self.e_gen[r] += 1  # supersede its pending finish: it decodes no more until resumed
+            swap = self._swap_s(r)
+            self.swap_s_total += swap
+            end = max(end, max(self.e_t[r], self.e_stage_end[r], now) + swap)
+        self.suspended = True
+        if self.engine_contention != 1.0:
+            self._check_concurrency()
+        self._push(end, _EV_SUSPENDED, 0)
+
+    def _resume(self) -> None:
+        """Every replica moves its weights and KV cache back and decodes again as soon as it has (module doc)."""
+        if not self.suspended:
+            raise ValueError("ResumeRollout while rollout runs")
+        now, end = self.now, self.now
+        self.suspended = False
+        for r in range(len(self.e_heap)):
+            swap = self._swap_s(r)
+            self.swap_s_total += swap
+            self.e_t[r] = max(self.e_t[r], now) + swap
+            end = max(end, self.e_t[r])
+            self.dirty.add(r)
+        self._push(end, _EV_RESUMED, 0)
 
     def _drop(self, act: DropVersion) -> None:
         r, v = act.rollout_group, act.version
@@ -460,6 +525,7 @@ class Simulator:
                  "source": act.source}
             )
         if keep:  # staged while the replica decodes; served from the end of the load
+            self.e_stage_end[r] = now + duration
             self.m.load_started(r, now, duration)
             self._push(now + duration, _EV_LOADED, r, act.version)
             return
@@ -548,7 +614,8 @@ class Simulator:
                 tokens += prompt + length
                 sq += (prompt + length) ** 2  # whole numbers: exact in any order while below 2**53
         duration = self.timing.train_step_s(tokens, sq, len(gids) * spp)
-        if self.train_contention != 1.0 and any(h and not p for h, p in zip(self.e_heap, self.e_paused, strict=True)):
+        if self.train_contention != 1.0 and not self.suspended and any(
+                h and not p for h, p in zip(self.e_heap, self.e_paused, strict=True)):
             duration *= self.train_contention
         self._set_training(True)
         versions = [self.policy.group_version[g] for g in gids]
@@ -572,9 +639,10 @@ class Simulator:
     def _check_concurrency(self) -> None:
         """Note whether two or more replicas decode now (they slow each other by ``engine_contention``)."""
         decoding = 0
-        for h, paused in zip(self.e_heap, self.e_paused, strict=True):
-            if h and not paused:
-                decoding += 1
+        if not self.suspended:
+            for h, paused in zip(self.e_heap, self.e_paused, strict=True):
+                if h and not paused:
+                    decoding += 1
         if (decoding > 1) != self.concurrent:
             self.concurrent = decoding > 1
             self._set_slowdown()
@@ -638,4 +706,5 @@ class Simulator:
             migrated_trajectories=self.migrated,
             unfinished_at_end=unfinished,
             events=tuple(self.trace) if self.record else None,
+            swap_s_total=self.swap_s_total,
         )

@@ -15,6 +15,9 @@ from architecture, accelerator, placement and calibration):
     train_contention     factor on a training step started while rollout runs (1: separate devices)
     engine_contention    factor on a decode step while another replica decodes too (1: separate devices)
     prompt_ingest_max_tokens  prompts up to this long are fed through the decode batch, one token per step
+    swap_fixed_s         colocated streaming: one replica's pause or resume when it moves to or from host memory, s
+    swap_s_per_version   moving one hosted version's weights between device and host memory, s (each way)
+    swap_s_per_token     the same for one context token of KV cache, s
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ class StepTiming(Protocol):
     @property
     def prompt_ingest_max_tokens(self) -> int: ...
 
+    @property
+    def swap_fixed_s(self) -> float: ...
+
+    @property
+    def swap_s_per_version(self) -> float: ...
+
+    @property
+    def swap_s_per_token(self) -> float: ...
+
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
 
     def prefill_s(self, num_tokens: int) -> float: ...
@@ -92,6 +104,9 @@ class LinearTiming:
     train_contention: float = 1.0
     engine_contention: float = 1.0
     prompt_ingest_max_tokens: int = 0
+    swap_fixed_s: float = 0.0
+    swap_s_per_version: float = 0.0
+    swap_s_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         if self.decode_base_s <= 0:

@@ -44,6 +44,28 @@ def test_one_step_off_by_hand():
     assert r.staleness_histogram == ((0, 2), (1, 4))
 
 
+def test_colocated_streaming_by_hand():
+    """Rollout stops for each step with its requests kept, and resumes only when no step is ready.
+
+    t=0 groups g0, g1 start (the budget at k=1: two groups); all four samples reach 100 tokens at t=1. g0 finishes
+    first, step 1 is ready: suspend, moving g1's KV (2 x 110 tokens) and the weights, 0.1 + 0.2 + 0.22 s -> 1.52;
+    step 1 trains 1.52-6.52, publishes to 7.52. g1 finished before the stop: step 2 trains at once, rollout stays
+    stopped, 7.52-12.52, publish to 13.52. Nothing left: resume the empty engine (0.1 + 0.2 s -> 13.82), load v2 from
+    the trainer (2 s -> 15.82), g2 and g3 run to 16.82, suspend again (0.52 s -> 17.34), step 3 17.34-22.34."""
+    timing = dataclasses.replace(HAND, swap_fixed_s=0.1, swap_s_per_version=0.2, swap_s_per_token=0.001)
+    r = simulate(cfg("streaming", colocated=True), FIXED, timing, seed=0)
+    assert [s.start_s for s in r.steps] == pytest.approx([1.52, 7.52, 17.34])
+    assert [s.end_s for s in r.steps] == pytest.approx([6.52, 12.52, 22.34])
+    assert r.swap_s_total == pytest.approx(0.52 + 0.3 + 0.52)
+    assert r.staleness_histogram == ((0, 4), (1, 2))
+    kinds = [(e["type"], round(e["t"], 6)) for e in r.events if e["type"].startswith("rollout_")]
+    assert kinds == [("rollout_suspended", 1.52), ("rollout_resumed", 13.82), ("rollout_suspended", 17.34)]
+    assert check_trace(list(r.events), k=1, allow_version_mixing=False).ok
+    # the trainer's accelerators are the engines': the same run on separate ones overlaps them instead
+    apart = simulate(cfg("streaming"), FIXED, HAND, seed=0)
+    assert apart.swap_s_total == 0.0 and not any(e["type"].startswith("rollout_") for e in apart.events)
+
+
 def test_prefill_and_batch_dependent_step_time():
     timing = LinearTiming(decode_base_s=0.01, decode_per_seq_s=0.005, prefill_per_token_s=0.1, train_base_s=1.0)
     r = simulate(cfg("sync", max_version_lag=0, total_steps=1), FIXED, timing, seed=0)
@@ -262,6 +284,13 @@ def test_streaming_packs_the_version_the_trainer_waits_for_to_half_the_consolida
     # one destination ends up with 12
     assert len(peaks) >= 2 and max(peaks) == 6
     assert check_trace(list(r.events), k=1, allow_version_mixing=False).ok
+
+
+def test_only_sync_and_streaming_take_turns_with_the_trainer():
+    cfg("streaming", colocated=True)
+    for mode in ("one-step-off", "bounded-async"):
+        with pytest.raises(ValueError, match="time-shares in modes 'sync' and 'streaming'"):
+            cfg(mode, colocated=True)
 
 
 def test_consolidation_batch_is_validated():

@@ -112,3 +112,20 @@ def test_point_to_point_buckets_count_the_busiest_device():
     b = weight_sync_time_s(TOY, src_acc=DEV, src_devices=1, dst_devices=4, dst_tp=1, colocated=False,
                            bucket_bytes=1000, calib=IDEAL)
     assert b.num_buckets == 3
+
+
+def test_host_moves_go_over_the_host_link_and_cost_nothing_where_device_memory_is_host_memory():
+    from planner.weight_sync import host_link_s, host_swap_s, trainer_swap_s
+
+    link = dataclasses.replace(DEV, host_link_bandwidth_bytes_per_s=1000.0)
+    calib = dataclasses.replace(IDEAL, host_link_efficiency=0.5, weight_reload_fixed_s=0.25)
+    # 1000 B at 0.5 x 1000 B/s = 2 s; an engine's move adds its pause; the trainer's state goes out and back
+    assert host_link_s(link, bytes_per_device=1000.0, calib=calib) == pytest.approx(2.0)
+    assert host_swap_s(link, bytes_per_device=1000.0, calib=calib) == pytest.approx(2.25)
+    assert trainer_swap_s(link, state_bytes_per_device=1000.0, calib=calib) == pytest.approx(4.0)
+    cpu = get_accelerator("cpu")
+    assert cpu.host_link_bandwidth_bytes_per_s is None
+    assert host_link_s(cpu, bytes_per_device=1e12) == 0.0 == trainer_swap_s(cpu, state_bytes_per_device=1e12)
+    # every GPU entry has a host link: PCIe Gen5 x16 (Gen4 on A100), one direction
+    assert get_accelerator("h800").host_link_bandwidth_bytes_per_s == 64e9
+    assert get_accelerator("a100-80g").host_link_bandwidth_bytes_per_s == 32e9
