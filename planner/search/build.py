@@ -180,7 +180,7 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
     elif defaults:
         out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
     stall, step = tail_stall(c)
-    if c.screened.mode in ("streaming", "bounded-async") and c.sim.steps:
+    if c.screened.mode in ("streaming", "bounded-async") and c.sim.steps and not c.screened.placement.colocated:
         wait = trainer_wait(c)
         forced = forced_wait(c, wait)
         if forced > STALL_FRACTION * step:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from planner.policies import PolicyConfig, admission_queue_for
 from planner.policies.config import Mode
 from planner.search.inputs import SearchInputs
-from planner.search.screen import Placement, Screen, Screened
+from planner.search.screen import Placement, Screen, Screened, train_state_bytes
 from planner.search.space import Rejection, Space
 from planner.sim import SimResult, StepTiming, simulate
 from planner.sim.costmodel import cost_model_timing
@@ -106,7 +106,10 @@ def trainer_wait(c: Simulated) -> float:
 
 
 def forced_wait(c: Simulated, wait: float) -> float:
-    """The part of a trainer wait per step that rollout at full occupancy forces (``tail_stall``)."""
+    """The part of a trainer wait per step that rollout at full occupancy forces (``tail_stall``): what it needs beyond
+    the trainer's own work; colocated, where the two take turns, all of it."""
+    if c.screened.placement.colocated:
+        return min(wait, c.screened.rollout_full_s)
     return min(wait, max(0.0, c.screened.rollout_full_s - (c.sim.step_time_s - wait)))
 
 
@@ -124,8 +127,8 @@ def mode_ks(inputs: SearchInputs, colocated: bool) -> list[tuple[Mode, int]]:
     k = inputs.max_version_lag
     out: list[tuple[Mode, int]] = []
     for mode in inputs.modes:
-        if colocated and mode != "sync":
-            continue
+        if colocated and mode not in ("sync", "streaming"):
+            continue  # the other modes overlap rollout with training, which needs separate accelerators
         if mode == "sync":
             out.append((mode, 0))
         elif mode == "one-step-off":
@@ -286,7 +289,7 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         colocated=p.colocated, dtype_bytes=inp.dtype_bytes, micro_batch_tokens=p.train.micro_batch_tokens,
         extra_forward_passes=inp.extra_forward_passes, optimizer_steps=inp.optimizer_steps,
         longest_seq_tokens=space.longest_seq_tokens, calib=inp.calibration,
-        accelerators_per_node=inp.accelerators_per_node)
+        accelerators_per_node=inp.accelerators_per_node, train_state_bytes_per_device=train_state_bytes(p))
     scale = scale or Scaled(replicas=p.replicas, prompts_per_step=inp.prompts_per_step, factor=1.0)
     if scale.factor != 1.0:
         timing = _ScaledTrainTiming(inner=timing, scale=scale.factor)  # type: ignore[assignment]

@@ -4,7 +4,9 @@ Notation (seconds unless noted): N = samples per step, Lbar = mean response, Lma
 responses (the N/(N+1) quantile, capped at the generation limit; over the P prompt groups when a group's samples
 share one length), R = rollout replicas, S = slots each,
 t(B) = decode step time of one replica at batch B and the mean context, T_train = training step,
-T_pub = trainer-side publish (gather/convert), T_load = replica weight load. Trained tokens/s = N * (Pbar + Lbar) / T,
+T_pub = trainer-side publish (gather/convert), T_load = replica weight load. On a colocated placement T_train includes
+moving the trainer's state to host memory and back (``weight_sync.trainer_swap_s``): the engines have its memory
+while they roll out. Trained tokens/s = N * (Pbar + Lbar) / T,
 with Pbar the mean prompt: prompt and response tokens, the simulator's definition.
 
     T_thr   = N * Lbar / (R * S / t(S))             generation at full occupancy (no tail)
@@ -19,6 +21,9 @@ with Pbar the mean prompt: prompt and response tokens, the simulator's definitio
     bounded-async (drain)  T = max(T_thr + T_tail / (k+1), T_train + T_pub) + T_load
     partial-rollout / bounded-async (interrupt)  T = max(T_thr, T_train + T_pub) + T_load
     streaming   T = max(T_thr, T_train + T_pub, Lmax * t(S) / (k+1)) + T_load / R
+    streaming, colocated  T = max(T_thr + T_prefill, Lmax * t(S) / (k+1)) + T_train + T_pub + 2 T_swap + T_load / R
+                (rollout and training take turns; the tails continue in the next turns, so only the rollout turns
+                bound them; T_swap = ``host_swap_s`` of one replica's weights and full KV cache, suspend and resume)
     ceiling     T = max(T_thr + T_prefill, T_train + T_pub)   (``overlap_ceiling``: every slot always busy, training fully
                 overlapped, no tail, no exposed load: what no schedule on the placement beats, under this model)
                 T = T_thr + T_prefill + T_train + T_pub        on a colocated placement, where rollout and training take
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 from planner.policies.config import Mode
 from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS, RolloutCostModel, make_rollout_cost_model
 from planner.search.space import RolloutOption, Space, TrainOption
-from planner.weight_sync import WeightSyncTime, weight_sync_time_s
+from planner.weight_sync import WeightSyncTime, host_swap_s, trainer_swap_s, weight_sync_time_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +64,13 @@ class Placement:
         r = f"R{self.rollout_accelerators}({self.rollout.label}x{self.replicas})"
         t = f"T{self.train.accelerators}({self.train.label})"
         return f"{kind} {r} {t}"
+
+
+def train_state_bytes(p: Placement) -> float:
+    """The trainer's parameters, gradients and optimizer state per device on placement ``p`` (what a colocated
+    trainer moves to host memory and back every step)."""
+    m = p.train.memory
+    return m.params_bytes + m.grads_bytes + m.optimizer_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,10 +149,19 @@ class Screen:
         rollout, train = t_thr + prefill, self._trainer_s(p)
         return self.space.step_tokens / max(rollout + train if p.colocated else max(rollout, train), self.tail_bound(p))
 
+    def train_s(self, p: Placement) -> float:
+        """T_train on placement ``p``: a training step, and on a colocated one the trainer's state to host memory and
+        back (``weight_sync.trainer_swap_s``)."""
+        if not p.colocated:
+            return p.train.step_s
+        inp = self.space.inp
+        return p.train.step_s + trainer_swap_s(inp.accelerator, state_bytes_per_device=train_state_bytes(p),
+                                               calib=inp.calibration)
+
     def _trainer_s(self, p: Placement) -> float:
         """W = T_train + T_pub: the trainer's work per step on placement ``p``."""
         sync = self.weight_sync(p)
-        return p.train.step_s + sync.gather_s + sync.convert_s
+        return self.train_s(p) + sync.gather_s + sync.convert_s
 
     def tail_bound(self, p: Placement) -> float:
         """The least step time the staleness budget k allows with the batch's longest response, which decodes alone
@@ -167,6 +188,14 @@ class Screen:
         in_flight = (self.space.inp.max_version_lag + 1) * self.space.inp.batch_samples
         return max(1, min(p.rollout.slots, in_flight // p.replicas))
 
+    def swap_s(self, p: Placement, versions: int = 1) -> float:
+        """T_swap: one way of a suspended replica's weights (``versions`` hosted) and full KV cache to host memory
+        (colocated streaming)."""
+        sp, mem = self.space, p.rollout.memory
+        kv = min(mem.kv_bytes_per_device, p.rollout.slots * sp.ctx_avg * mem.kv_bytes_per_token_per_device)
+        return host_swap_s(sp.inp.accelerator, bytes_per_device=versions * mem.weights_bytes_per_device + kv,
+                           calib=sp.inp.calibration)
+
     def evaluate(self, p: Placement, mode: Mode, k: int) -> Screened:
         sp, inp = self.space, self.space.inp
         model = self.rollout_model(p.rollout)
@@ -182,7 +211,7 @@ class Screen:
         sync = self.weight_sync(p)
         t_pub = sync.gather_s + sync.convert_s
         t_load = sync.total_s - t_pub
-        t_train = p.train.step_s
+        t_train = self.train_s(p)
         if mode == "sync":
             step = t_gen + t_train + t_pub + t_load
         elif mode == "one-step-off":
@@ -194,6 +223,11 @@ class Screen:
                 step = max(t_thr + prefill + t_tail / (k + 1), t_train + t_pub) + t_load
         elif mode == "partial-rollout":
             step = max(t_thr + prefill, t_train + t_pub) + t_load
+        elif p.colocated:  # streaming, taking turns with the trainer
+            swap = 2 * self.swap_s(p, min(p.rollout.versions, k + 1))
+            step = max(t_thr + prefill, l_max * t_full / (k + 1)) + t_train + t_pub + swap + t_load / p.replicas
+            return Screened(placement=p, mode=mode, k=k, step_time_s=step, trained_tokens_per_s=sp.step_tokens / step,
+                            gen_s=t_gen, train_s=t_train, sync_s=t_pub + t_load, rollout_full_s=t_thr + prefill)
         else:  # streaming
             step = max(t_thr + prefill, t_train + t_pub, l_max * t_full / (k + 1)) + t_load / p.replicas
         return Screened(placement=p, mode=mode, k=k, step_time_s=step, trained_tokens_per_s=sp.step_tokens / step,

@@ -77,6 +77,13 @@ def test_placement_groups_match_the_plan(stem: str) -> None:
     resolved = load_example(stem)
     plan = example_plan(resolved, stem)
     groups = json.loads(render_launch(resolved, plan)["launch/placement_groups.json"])
+    assert len(groups["rollout_replicas"]) == plan.rollout.replicas
+    if plan.colocated:  # one group the replicas split and the trainer time-shares
+        (shared,) = groups["placement_groups"]
+        assert shared["role"] == "shared" and len(shared["bundles"]) == plan.rollout.accelerators
+        assert groups["trainer"]["bundle_indices"] == list(range(plan.train.accelerators))
+        assert set(groups["strategy_why"]) == {"shared"}
+        return
     rollout = [g for g in groups["placement_groups"] if g["role"] == "rollout"]
     train = [g for g in groups["placement_groups"] if g["role"] == "train"]
     assert len(rollout) == plan.rollout.replicas and len(train) == 1

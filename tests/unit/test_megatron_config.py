@@ -158,6 +158,11 @@ def _one_device(stem: str, **arch_changes):
     plan = example_plan(resolved, stem)
     plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, tp=1, pp=1, dp=1, cp=1, ep=1,
                                                                accelerators=1))
+    if plan.colocated:  # the trainer's one device is then not the rollout's set: give it one of its own
+        r = plan.rollout
+        replicas = (resolved.spec.total_accelerators - 1) // r.accelerators_per_replica
+        plan = dataclasses.replace(plan, colocated=False, rollout=dataclasses.replace(
+            r, replicas=replicas, accelerators=replicas * r.accelerators_per_replica))
     if arch_changes:
         resolved = dataclasses.replace(resolved, arch=arch_changes["arch"])
     return resolved, plan

@@ -53,9 +53,9 @@ def test_plan_is_deterministic() -> None:
 
 def test_pinned_fields_restrict_the_space() -> None:
     pinned = make_plan(_resolved(SMALL_GPU + "placement:\n  colocated: true\n  rollout: {tp: 2}\n")).plan
-    assert pinned.colocated and pinned.rollout.tp == 2 and pinned.mode == "sync"
+    assert pinned.colocated and pinned.rollout.tp == 2 and pinned.mode == "streaming"
     free = make_plan(_resolved(SMALL_GPU)).plan
-    assert not free.colocated
+    assert free.predictions.trained_tokens_per_s > pinned.predictions.trained_tokens_per_s
     assert any("pinned placement is" in w for w in pinned.warnings)
 
 
@@ -102,10 +102,13 @@ def test_the_speedup_baseline_is_the_best_of_several_sync_plans_simulated_as_lon
 
 
 def test_a_versions_per_engine_pin_the_chosen_mode_cannot_use_is_reported() -> None:
-    plan = make_plan(_resolved(SMALL_GPU + "placement:\n  colocated: true\n  rollout: {versions_per_engine: 3}\n")).plan
+    # responses of nearly one length and a batch that fills every slot: nothing for colocated streaming to hide, and
+    # colocated sync wins
+    sync = SMALL_GPU.replace("p99_tokens: 6000", "p99_tokens: 640").replace("prompts_per_step: 32", "prompts_per_step: 512")
+    plan = make_plan(_resolved(sync + "placement:\n  colocated: true\n  rollout: {versions_per_engine: 3}\n")).plan
     assert plan.mode == "sync" and plan.rollout.versions_per_engine == 1
     assert any("versions_per_engine pins 3, but the chosen sync k=0 hosts 1 per engine" in w for w in plan.warnings)
-    free = make_plan(_resolved(SMALL_GPU + "placement:\n  colocated: true\n")).plan
+    free = make_plan(_resolved(sync + "placement:\n  colocated: true\n")).plan
     assert not any("versions_per_engine" in w for w in free.warnings)
 
 
@@ -128,25 +131,31 @@ def test_infeasible_names_closest_candidate() -> None:
 def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
     planned = make_plan(load_spec(str(SPECS / "dense-32b-h800x128.yaml")))
     plan, outcome = planned.plan, planned.outcome
-    assert plan.mode == "streaming"
-    assert plan.predictions.speedup_vs_sync > 1.25
+    # colocated streaming: rollout and training take turns on all 128 devices, tails suspended across the turns
+    assert plan.mode == "streaming" and plan.colocated and plan.train.accelerators == 128
+    assert plan.predictions.speedup_vs_sync > 1.4
     chosen = [c for c in plan.considered if c.status == "chosen"]
     assert len(chosen) == 1 and chosen[0].mode == "streaming"
-    # Training on 32 is trainer-bound and on 64 rollout-bound; the balanced split between them needs an uneven
-    # pipeline (64 layers over pp=3: 21/22/21, with tp=2 and cp=8 for the 32K-token microbatches)
-    assert plan.train.accelerators == 48 and 64 % plan.train.pp != 0
+    # the best disaggregated streaming plan: training on 32 is trainer-bound and on 64 rollout-bound; the balanced
+    # split between them needs an uneven pipeline (64 layers over pp=3: 21/22/21, with tp=2 and cp=8 for the
+    # 32K-token microbatches)
+    disagg = max((s for s in outcome.finalists if s.screened.mode == "streaming" and not s.screened.placement.colocated),
+                 key=lambda s: s.trained_tokens_per_s)
+    assert disagg.screened.placement.train.accelerators == 48 and 64 % disagg.screened.placement.train.pp != 0
+    assert disagg.trained_tokens_per_s < chosen[0].trained_tokens_per_s
     simulated = [c for c in plan.considered if c.stage == "simulated"]
     best = {m: max(c.trained_tokens_per_s for c in simulated if c.mode == m) for m in ("sync", "one-step-off")}
     assert best["sync"] < best["one-step-off"] < chosen[0].trained_tokens_per_s
     assert not any("slower by -" in c.reason for c in plan.considered)
-    # a perfect schedule on any placement bounds streaming, which reaches most of the disaggregated ceiling (the rest:
-    # partial batches while old versions' tails drain, and the trainer's waits at the staleness bound); the colocated
-    # one, rollout and training in turn on all 128 devices at full occupancy, is higher: no schedule reaches 2x here
+    # a perfect schedule on any placement bounds streaming; the colocated one, rollout and training in turn on all 128
+    # devices at full occupancy, is the higher, and the chosen plan reaches most of it (the rest: engines of older
+    # versions below full while their tails finish, and the moves to and from host memory): no schedule reaches 2x
     ceiling = plan.predictions.overlap_ceiling_tokens_per_s
     assert ceiling is not None and chosen[0].trained_tokens_per_s <= ceiling
     by_kind = {kind: rate for kind, rate, _ in outcome.ceiling_by_kind}
     assert ceiling == max(by_kind.values()) == by_kind["colocated"] > by_kind["disaggregated"]
-    assert 0.9 * by_kind["disaggregated"] < chosen[0].trained_tokens_per_s
+    assert 0.85 * by_kind["colocated"] < chosen[0].trained_tokens_per_s
+    assert 0.9 * by_kind["disaggregated"] < disagg.trained_tokens_per_s
     assert ceiling < 2 * outcome.best_sync.trained_tokens_per_s
 
 
@@ -242,7 +251,8 @@ def test_ceiling_keeps_the_staleness_budget() -> None:
         assert screen.ceiling_batch(p) == 3 * 256 // p.replicas < p.rollout.slots
     for p in placements:
         sync = screen.weight_sync(p)
-        train = p.train.step_s + sync.gather_s + sync.convert_s
+        train = screen.train_s(p) + sync.gather_s + sync.convert_s  # colocated: with the trainer's state moves
+        assert (screen.train_s(p) > p.train.step_s) == p.colocated
         l_max = screen.expected_max_response()
         alone = l_max * screen.rollout_model(p.rollout).decode_step_s(1, screen.space.prompt_mean + l_max / 2)
         expect = train + alone / 3 if p.colocated else (alone + train) / 3
@@ -261,7 +271,7 @@ def test_screen_and_ceiling_count_trained_tokens_as_the_simulator_does() -> None
     from planner.search.core import Space
     from planner.search.screen import Screen
 
-    inputs = search_inputs(_resolved(SMALL_GPU))
+    inputs = search_inputs(_resolved(SMALL_GPU + "placement:\n  colocated: false\n"))
     space = Space(inputs)
     chosen = search(inputs).chosen
     s = chosen.screened
@@ -279,13 +289,14 @@ def test_screen_and_ceiling_count_trained_tokens_as_the_simulator_does() -> None
 
 def test_consolidation_batch_is_the_batching_knee_unless_pinned() -> None:
     streaming = SMALL_GPU.replace("staleness: {max_version_lag: 2}", "staleness: {max_version_lag: 2, mode: streaming}")
+    streaming += "placement:\n  colocated: false\n"
     plan = make_plan(_resolved(streaming)).plan
     knee = plan.rollout.consolidation_batch
     # 1.4K-token mean context on tp8: per-sequence costs stay below the fixed ones (4.2 ms) up to every slot
     assert plan.mode == "streaming" and knee == plan.rollout.max_num_seqs == 256
-    pinned = make_plan(_resolved(streaming + "placement:\n  rollout: {consolidation_batch: 7}\n")).plan
+    pinned = make_plan(_resolved(streaming + "  rollout: {consolidation_batch: 7}\n")).plan
     assert pinned.rollout.consolidation_batch == 7
-    full = make_plan(_resolved(streaming + "placement:\n  rollout: {consolidation_batch: 100000}\n")).plan
+    full = make_plan(_resolved(streaming + "  rollout: {consolidation_batch: 100000}\n")).plan
     assert full.rollout.consolidation_batch == full.rollout.max_num_seqs  # packs engines full
     sync = make_plan(_resolved(SMALL_GPU.replace("staleness: {max_version_lag: 2}",
                                                  "staleness: {max_version_lag: 2, mode: sync}"))).plan

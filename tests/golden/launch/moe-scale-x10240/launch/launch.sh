@@ -12,6 +12,6 @@ address="${RAY_ADDRESS:-$default_address}"
 exec ray job submit \
   --address "$address" \
   --runtime-env-json '{"env_vars": {"PYTHONUNBUFFERED": "1"}, "excludes": ["/runs/longcat-560b-h800x10240/"], "working_dir": "."}' \
-  --metadata-json '{"dora_max_version_lag": "3", "dora_mode": "streaming", "dora_spec_hash": "a4516e2bc10d9ec2d9dc4c83bf18a573ad4ca468ea5eeb3db65edf582c36c3d1", "dora_spec_name": "longcat-560b-h800x10240", "dora_version": "0.1.0"}' \
+  --metadata-json '{"dora_max_version_lag": "2", "dora_mode": "streaming", "dora_spec_hash": "a4516e2bc10d9ec2d9dc4c83bf18a573ad4ca468ea5eeb3db65edf582c36c3d1", "dora_spec_name": "longcat-560b-h800x10240", "dora_version": "0.1.0"}' \
   --entrypoint-num-cpus 1 \
   -- python -m dora.runtime.driver --config launch/runtime.json
