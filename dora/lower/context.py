@@ -112,6 +112,12 @@ def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: boo
     if has_vllm or has_megatron:
         lines.append("NOT RUNNABLE YET: launch.sh submits dora's driver, which stops before Ray starts: "
                      + GPU_ENGINES_MISSING)
+    if has_vllm and plan.colocated and plan.mode == "streaming":
+        lines.append("vllm note: colocated streaming suspends every engine for each training step with its in-flight "
+                     "requests kept: their KV cache and the engine's weights move to host memory and back (the cost "
+                     "model charges both moves over the host link); vLLM's sleep mode (enable_sleep_mode) offloads "
+                     "the weights but discards the KV cache, so the GPU rollout worker must move the KV cache itself "
+                     "or in-flight requests are recomputed on wake-up.")
     lines += [f"BLOCKED: {_one_line(b)}" for b in blocked]
     lines += [f"megatron limitation: {_one_line(m)}" for m in limits]
     lines += [f"megatron note: {_one_line(m)}" for m in megatron_notes]

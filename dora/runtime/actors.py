@@ -110,6 +110,8 @@ class RolloutWorker:
         self._outbox: list[FinishedTrajectory] = []
         self._seq = 0
         self._stopping = False
+        self._suspended = False
+        """Colocated streaming: the engine keeps its requests but takes no step (``set_suspended``)."""
         self._t0 = time.perf_counter()
         self._busy_s = 0.0
         self._busy_slot_s = 0.0
@@ -124,10 +126,10 @@ class RolloutWorker:
     def _loop(self) -> None:
         engine = self._engine
         while True:
-            self._run_commands(block=not (engine.num_active() or engine.num_waiting()))
+            self._run_commands(block=self._suspended or not (engine.num_active() or engine.num_waiting()))
             if self._stopping:
                 return
-            if not (engine.num_active() or engine.num_waiting()):
+            if self._suspended or not (engine.num_active() or engine.num_waiting()):
                 continue
             with self._cond:  # read the clock and mark the step under the lock _counters holds: snapshots stay ordered
                 start = self._step_start = time.perf_counter()
@@ -289,6 +291,17 @@ class RolloutWorker:
                 ))
 
         self._call(load, incarnation)
+
+    def set_suspended(self, suspended: bool, *, incarnation: str | None = None) -> None:
+        """Stop (or resume) taking engine steps, keeping every request with its KV cache and version: colocated
+        streaming hands the cores to the trainer meanwhile. Returns between two steps, so once it has the engine
+        is stopped; its finishes until then are in the outbox, for the next poll. On ``cpu`` the requests stay where
+        they are (device memory is host memory); a GPU engine would move them to host memory here."""
+
+        def set_flag() -> None:
+            self._suspended = suspended
+
+        self._call(set_flag, incarnation)
 
     def drop_version(self, version: int, *, incarnation: str | None = None) -> None:
         """Free ``version``'s weights (no request of it may remain; the engine checks)."""

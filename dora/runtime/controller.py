@@ -63,7 +63,11 @@ from planner.policies import (
     PolicyConfig,
     PublishWeights,
     RequestsMigrated,
+    ResumeRollout,
+    RolloutResumed,
+    RolloutSuspended,
     StartTrainStep,
+    SuspendRollout,
     TrainStepFinished,
     TrajectoryFinished,
     WeightsLoaded,
@@ -73,7 +77,8 @@ from planner.policies import (
 from planner.workload import LengthDistribution
 
 Command = tuple[str, Callable[[], Any], Callable[[Any], None]]
-"""``(kind, call, on_done)``; kind is ``load``, ``add``, ``import``, ``export`` or ``other`` (replay rules)."""
+"""``(kind, call, on_done)``; kind is ``load``, ``add``, ``import``, ``export``, ``suspend``, ``resume`` or ``drop``
+(replay rules: ``_worker_failed``)."""
 
 
 class PipelineStalled(RuntimeError):
@@ -209,6 +214,8 @@ class Controller:
         self._train_start_s = 0.0
         self._last_progress = 0.0
         self._last_event = time.perf_counter()
+        self._rollout_stopped = False
+        """Colocated streaming: the workers were told to stop (``SuspendRollout``) and not yet to resume."""
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -490,6 +497,8 @@ class Controller:
         if w.migration is None:  # a multi-version engine also held requests of older versions: host them again
             for v in sorted({r.version for r in lost} - {w.target}):
                 ray.get(w.actor.load_weights.remote(v, self._weights[v], keep_loaded=True, incarnation=w.incarnation))
+        if self._rollout_stopped:  # the trainer has the cores: the new process stays stopped too
+            ray.get(w.actor.set_suspended.remote(True, incarnation=w.incarnation))
         self.trace.event(self.now(), "worker_restarted", rollout_group=w.index, version=w.target or 0)
         if w.migration is not None:
             act, w.migration = w.migration, None
@@ -510,7 +519,7 @@ class Controller:
         self._progressed()
         self._poll(w)
         for kind, _, on_done in dropped:
-            if kind == "load":  # the reload above served it
+            if kind in ("load", "suspend", "resume"):  # the reload and the stop above served it
                 on_done(None)
 
     def _regenerate_on(self, w: _Worker, requests: list[GenerationRequest]) -> None:
@@ -543,8 +552,34 @@ class Controller:
                 self._train(act)
             elif isinstance(act, PublishWeights):
                 self._publish(act)
+            elif isinstance(act, SuspendRollout):
+                self._set_rollout_stopped(True)
+            elif isinstance(act, ResumeRollout):
+                self._set_rollout_stopped(False)
             else:
                 raise TypeError(f"unknown action {act!r}")
+
+    def _set_rollout_stopped(self, stop: bool) -> None:
+        """``SuspendRollout`` / ``ResumeRollout``: every worker stops (or resumes) stepping its engine, after the
+        commands queued before; the policy hears ``RolloutSuspended`` / ``RolloutResumed`` once all have. Finishes
+        from before a worker stopped still arrive through its polls, in order."""
+        self._rollout_stopped = stop
+        left = [len(self._workers)]
+
+        def acked(_: Any) -> None:
+            left[0] -= 1
+            if left[0]:
+                return
+            self.trace.event(self.now(), "rollout_suspended" if stop else "rollout_resumed")
+            self._progressed()
+            self._execute(self.policy.handle(RolloutSuspended() if stop else RolloutResumed()))
+
+        for w in self._workers:
+            # the default binds this iteration's worker; its incarnation is read when the command is sent
+            def send(w: _Worker = w) -> Any:
+                return w.actor.set_suspended.remote(stop, incarnation=w.incarnation)
+
+            self._command(w, "suspend" if stop else "resume", send, acked)
 
     def _admit(self, act: Admit) -> None:
         cfg = self.config

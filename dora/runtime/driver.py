@@ -61,7 +61,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     the task's, not the catalog preset's. Sequences fit ``4`` prompt tokens plus the response cap.
     The warm-up cache defaults to ``<output_dir>/cache``; runs that share a spec and seed can share it.
     Each engine runs one torch thread (one core); the trainer runs one per core of the plan's trainer
-    (``train_accelerators``: both cores in a colocated sync plan, whose engines idle while it trains).
+    (``train_accelerators``: both cores in a colocated plan, whose engines idle or stop while it trains).
     """
     from dora.runtime.checkpoint import config_key
     from dora.runtime.controller import ControllerConfig

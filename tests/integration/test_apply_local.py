@@ -193,3 +193,30 @@ def test_streaming_with_two_versions_per_engine_audits_clean(tmp_path):
     assert summary["audit"]["num_consumed"] == STEPS * PROMPTS * SAMPLES
     events = read_jsonl(out / "trace.jsonl")
     assert all(len({v for v, _ in e["spans"]}) == 1 for e in events if e["type"] == "finished")
+
+
+def test_colocated_streaming_suspends_rollout_for_every_step_and_audits_clean(tmp_path):
+    """Colocated streaming on the real CPU engines: rollout stops, in-flight requests kept, whenever a step trains on
+    both cores, and resumes after the publish; the same policy object the simulator drives decides when."""
+    spec = _short_spec(tmp_path)
+    yaml = YAML()
+    data = yaml.load(spec.read_text())
+    data["placement"] = {"colocated": True}
+    with spec.open("w") as f:
+        yaml.dump(data, f)
+    out = tmp_path / "coloc"
+    code, text = _apply(spec, "streaming", out)
+    assert code == 0, text
+    runtime = json.loads((out / "runtime.json").read_text())
+    assert runtime["colocated"] and runtime["mode"] == "streaming"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["audit"]["ok"], summary["audit"]["violations"]
+    assert summary["audit"]["num_consumed"] == STEPS * PROMPTS * SAMPLES
+    events = read_jsonl(out / "trace.jsonl")
+    suspended = [e["t"] for e in events if e["type"] == "rollout_suspended"]
+    resumed = [e["t"] for e in events if e["type"] == "rollout_resumed"]
+    steps = [e for e in events if e["type"] == "train_step"]
+    assert len(steps) == STEPS and 1 <= len(suspended) <= STEPS and len(resumed) in (len(suspended) - 1, len(suspended))
+    for e in steps:  # every step starts after a suspension with no resume since
+        last_stop = max(t for t in suspended if t <= e["start_t"])
+        assert not any(last_stop < t < e["start_t"] for t in resumed)
