@@ -40,6 +40,8 @@ from planner.policies.vocabulary import (
 )
 
 NO_ACTIONS: tuple[Action, ...] = ()
+RUNNING, CHANGING, STOPPED = 0, 1, 2
+"""``PolicyBase.suspended``: rollout runs; rollout is stopping or resuming; every engine has stopped."""
 
 
 class PolicyBase:
@@ -65,12 +67,12 @@ class PolicyBase:
         self.next_step = 1
         self.training = False
         self.steps_done = 0
-        self.colocated = config.colocated
-        """Rollout and training take turns on the same accelerators (see ``_try_train_oldest_first``)."""
-        self.suspended = False
-        """Colocated: rollout is stopped, or stopping (from ``SuspendRollout`` until ``RolloutResumed``)."""
-        self.devices_free = False
-        """Colocated: every engine has stopped (``RolloutSuspended``): the trainer may run."""
+        self.suspended = RUNNING
+        """Colocated (rollout and training take turns on the same accelerators, ``_try_train_oldest_first``):
+        ``RUNNING``; ``CHANGING`` from a ``SuspendRollout`` until ``RolloutSuspended``, and from a ``ResumeRollout``
+        until ``RolloutResumed``; ``STOPPED`` in between, when the trainer may run. Not ``RUNNING``: no admission.
+        (One attribute, not three: past 30 attributes CPython 3.11 stops sharing an instance's dict keys, and every
+        attribute read on the hot path gets slower, +3.6% simulator instructions measured.)"""
 
     # ------------------------------------------------------------------ driver entry points
     def start(self) -> Sequence[Action]:
@@ -118,9 +120,9 @@ class PolicyBase:
         raise TypeError(f"{type(self).__name__} never migrates requests")
 
     def on_rollout_suspended(self) -> Sequence[Action]:
-        if not self.suspended:
+        if self.suspended != CHANGING:
             raise ValueError("RolloutSuspended without a SuspendRollout")
-        self.devices_free = True
+        self.suspended = STOPPED
         out: list[Action] = []
         self._try_train_oldest_first(out)
         return out
@@ -198,9 +200,9 @@ class PolicyBase:
                 return  # the only allowed stall: waiting for an old version's tail at the bound
         if finished_upto < per_step:
             return
-        if self.colocated and not self.devices_free:
-            if not self.suspended:  # the step is ready: the trainer needs the accelerators first
-                self.suspended = True
+        if self.suspended != STOPPED and self.config.colocated:
+            if self.suspended == RUNNING:  # the step is ready: the trainer needs the accelerators first
+                self.suspended = CHANGING
                 out.append(SuspendRollout())
             return
         need = per_step

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.policies.base import NO_ACTIONS, PolicyBase
+from planner.policies.base import CHANGING, NO_ACTIONS, RUNNING, PolicyBase
 from planner.policies.config import PolicyConfig, due_consolidation_batch
 from planner.policies.vocabulary import Action, DropVersion, LoadWeights, MigrateRequests, ResumeRollout
 
@@ -120,22 +120,22 @@ class StreamingPolicy(PolicyBase):
 
     def on_weights_published(self, version: int) -> Sequence[Action]:
         self.latest_version = version
-        if self.colocated:
+        if self.config.colocated:
             self.version_active.setdefault(version, 0)
             self.version_engines.setdefault(version, set())
             out_coloc: list[Action] = []
             self._try_train_oldest_first(out_coloc)  # enough finished already: train again, rollout stays stopped
             if not self.training:
-                self.devices_free = False
+                self.suspended = CHANGING
                 out_coloc.append(ResumeRollout())
             return out_coloc
         return self._published(version, train=True)
 
     def on_rollout_resumed(self) -> Sequence[Action]:
         """Colocated: the engines serve again; what a publish does on separate accelerators happens now."""
-        if not self.suspended or self.devices_free:
+        if self.suspended != CHANGING:
             raise ValueError("RolloutResumed without a ResumeRollout")
-        self.suspended = False
+        self.suspended = RUNNING
         out = self._published(self.latest_version, train=False)
         for r in range(self.num_engines):  # engines that finished requests while stopped have room again
             if self.engine_ready[r] and r not in self.migrating:

@@ -290,6 +290,7 @@ class Simulator:
             # finish every sequence at this position (at least the first)
             e_pos[r] = pos = h[0][0]  # exact: the event was scheduled for this position
             limit = pos + eps
+            halted = False  # an action suspended rollout (colocated streaming): the replica decodes no more
             while True:
                 finish, idx = heappop(h)
                 length = t_len[idx]
@@ -303,6 +304,7 @@ class Simulator:
                 actions = on_finish(gid, r)
                 if actions:
                     execute(actions)
+                    halted = self.suspended
                 if not h or h[0][0] > limit:
                     break
             if e_wait[r]:
@@ -319,7 +321,7 @@ class Simulator:
                 dirty.clear()
             # _reschedule(r)
             gen = e_gen[r] = e_gen[r] + 1
-            if e_paused[r] or not h or self.suspended:
+            if e_paused[r] or not h or halted:
                 heappop(heap)
                 continue
             nb = len(h)
