@@ -10,12 +10,14 @@ tokens/s) are printed too, to show whether two trees simulate the same schedule.
 PYTHONHASHSEED=0: string hashing otherwise changes dict and set layouts, and the counts, from run to run.
 Instructions are not time: cache misses are not counted (run `simulate_scale.py` beside it).
 Needs valgrind. A tree whose planner cannot unpickle this checkout's candidate (a changed class) fails.
-Usage: python bench/sim_instructions.py [--spec moe-scale-x10240] [--steps 1 3] [--full] [--tree DIR ...]
+Usage: python bench/sim_instructions.py [--spec moe-scale-x10240] [--placement any|colocated|disaggregated]
+       [--steps 1 3] [--full] [--tree DIR ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pickle
 import re
 import shutil
@@ -52,6 +54,8 @@ def _run(tree: Path, job: Path, steps: int) -> tuple[int, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default="moe-scale-x10240")
+    ap.add_argument("--placement", choices=("any", "colocated", "disaggregated"), default="any",
+                    help="plan only this kind of placement (the chosen plan's kind changes with the cost model)")
     ap.add_argument("--steps", type=int, nargs=2, default=(1, 3), metavar=("A", "B"))
     ap.add_argument("--full", action="store_true", help="every replica and the whole batch (slower under callgrind)")
     ap.add_argument("--tree", type=Path, action="append", help="a source tree to measure (repeatable); default: this one")
@@ -67,6 +71,9 @@ def main() -> None:
     from planner.search.core import Scaled, Space, scale_for
 
     inputs = search_inputs(load_spec(str(REPO / "specs" / f"{args.spec}.yaml")))
+    if args.placement != "any":
+        inputs = dataclasses.replace(inputs, pins=dataclasses.replace(inputs.pins,
+                                                                      colocated=args.placement == "colocated"))
     chosen = search(inputs).chosen.screened
     replicas = chosen.placement.replicas
     scaled = (Scaled(replicas=replicas, prompts_per_step=inputs.prompts_per_step, factor=1.0) if args.full

@@ -6,12 +6,14 @@ for --steps steps, then the reduced-scale simulation the plan search uses for th
 times in this process (this machine's speed varies +-20% from minute to minute: the spread is part of the figure),
 and prints the wall time of each run, their median, simulated events, events/s and trajectories/s at the median,
 and the simulated step time (it should agree between the scales).
-Usage: python bench/simulate_scale.py [--steps 10] [--spec moe-scale-x10240] [--mode streaming] [--repeats 3]
+Usage: python bench/simulate_scale.py [--steps 10] [--spec moe-scale-x10240] [--placement any|colocated|disaggregated]
+       [--mode streaming] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -28,10 +30,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--spec", default="moe-scale-x10240")
+    ap.add_argument("--placement", choices=("any", "colocated", "disaggregated"), default="any",
+                    help="plan only this kind of placement (the chosen plan's kind changes with the cost model)")
     ap.add_argument("--mode", default=None, help="time the best simulated candidate of this mode instead")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     inputs = search_inputs(load_spec(str(REPO / "specs" / f"{args.spec}.yaml")))
+    if args.placement != "any":
+        inputs = dataclasses.replace(inputs, pins=dataclasses.replace(inputs.pins,
+                                                                      colocated=args.placement == "colocated"))
     outcome = search(inputs)
     if args.mode is None:
         chosen = outcome.chosen.screened
