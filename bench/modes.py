@@ -1,12 +1,12 @@
 """Every scheduling mode on every example spec, each on the placement the planner finds best for that mode.
 
-For each spec and mode, the search runs restricted to that mode (colocated sync is reported separately from
-disaggregated sync; partial-rollout is planned with version mixing allowed, which the example specs forbid, so its row
-is marked). Prints simulated step time, trained tokens/s, speedup over the best sync plan, bubble fraction, rollout
+For each spec and mode, the search runs restricted to that mode (colocated sync and streaming are reported apart from
+disaggregated ones; partial-rollout is planned with version mixing allowed, which the example specs forbid, so its
+row is marked). Prints simulated step time, trained tokens/s, speedup over the best sync plan, bubble fraction, rollout
 slot occupancy and mean staleness, then the overlap ceilings: what a perfect schedule would reach under the cost model
 on the spec's best disaggregated placement (training overlapped with rollout) and on its best colocated one (the two in
 turn), ``SearchOutcome.ceiling_by_kind``; no schedule dora can plan beats the higher of the two. With --timeline DIR,
-writes the simulated timelines of the best sync and the streaming plan of each spec as self-contained HTML.
+writes the simulated timelines of the best sync and the two streaming plans of each spec as self-contained HTML.
 
 Usage: python bench/modes.py [--only NAME] [--timeline DIR]
 """
@@ -28,7 +28,7 @@ from planner.search.inputs import Pins
 REPO = Path(__file__).resolve().parent.parent
 ROWS = (("sync (colocated)", "sync", True), ("sync", "sync", False), ("one-step-off", "one-step-off", False),
         ("bounded-async", "bounded-async", False), ("partial-rollout*", "partial-rollout", False),
-        ("streaming", "streaming", False))
+        ("streaming", "streaming", False), ("streaming (colocated)", "streaming", True))
 
 
 def _mean_staleness(sim) -> float:
@@ -59,15 +59,15 @@ def main() -> None:
                         if lab.startswith("sync") and not isinstance(r, Exception))
         print(f"\n{path.stem}  ({resolved.spec.total_accelerators} x {resolved.spec.cluster.accelerator}, "
               f"k={base.max_version_lag}, searched in {time.perf_counter() - t0:.1f} s)")
-        print(f"  {'mode':18} {'step':>9} {'trained tok/s':>14} {'x best sync':>11} {'bubble':>7} {'occupancy':>9} "
+        print(f"  {'mode':21} {'step':>9} {'trained tok/s':>14} {'x best sync':>11} {'bubble':>7} {'occupancy':>9} "
               f"{'staleness':>9}  placement")
         for label, _, _ in ROWS:
             r = results[label]
             if isinstance(r, Exception):
-                print(f"  {label:18} infeasible: {r}")
+                print(f"  {label:21} infeasible: {r}")
                 continue
             c, sim = r.chosen, r.chosen.sim
-            print(f"  {label:18} {sim.step_time_s:8.1f}s {c.trained_tokens_per_s:14,.0f} "
+            print(f"  {label:21} {sim.step_time_s:8.1f}s {c.trained_tokens_per_s:14,.0f} "
                   f"{c.trained_tokens_per_s / best_sync:10.2f}x {100 * sim.bubble_fraction:6.0f}% "
                   f"{100 * sim.rollout_slot_occupancy:8.0f}% {_mean_staleness(sim):9.2f}  {c.screened.placement.label}")
         print("  * partial-rollout mixes versions inside a trajectory: planned here with mixing allowed, "
@@ -78,20 +78,20 @@ def main() -> None:
                 continue
             for kind, rate, where in r.ceiling_by_kind:
                 ceilings[kind] = max(ceilings.get(kind, (rate, where)), (rate, where))
-        streaming = results["streaming"]
-        for kind, how in (("disaggregated", "training overlapped with rollout"),
-                          ("colocated", "rollout and training in turn on every device")):
+        for kind, how, row in (("disaggregated", "training overlapped with rollout", "streaming"),
+                               ("colocated", "rollout and training in turn on every device", "streaming (colocated)")):
             if kind in ceilings:
                 rate, where = ceilings[kind]
+                streaming = results[row]
                 reach = ("" if isinstance(streaming, Exception) else
-                         f"; streaming reaches {100 * streaming.chosen.trained_tokens_per_s / rate:.1f}%")
+                         f"; {row} reaches {100 * streaming.chosen.trained_tokens_per_s / rate:.1f}%")
                 print(f"  ceiling, {kind} ({how}; every slot busy up to the budget, the longest response within "
                       f"k+1 steps): {rate:,.0f} trained tok/s = "
                       f"{rate / best_sync:.2f}x best sync, on {where}{reach}")
         if args.timeline:
             out = Path(args.timeline)
             out.mkdir(parents=True, exist_ok=True)
-            for label in ("sync (colocated)", "streaming"):
+            for label in ("sync (colocated)", "streaming", "streaming (colocated)"):
                 r = results[label]
                 if isinstance(r, Exception):
                     continue
@@ -100,7 +100,7 @@ def main() -> None:
                 steps = sim_steps_for(inputs)
                 scaled = scale_for(inputs, r.chosen.screened.placement.replicas, steps)
                 sim = simulate_candidate(space, r.chosen.screened, steps=steps, scale=scaled, record_events=True)
-                name = out / f"{path.stem}-{label.split()[0]}.html"
+                name = out / f"{path.stem}-{label.replace(' (', '-').rstrip(')')}.html"
                 name.write_text(timeline_html(list(sim.events or ()), title=f"{path.stem}: {label}"))
                 print(f"  wrote {name}")
 
