@@ -294,7 +294,7 @@ class RolloutWorker:
 
     def set_suspended(self, suspended: bool, *, incarnation: str | None = None) -> None:
         """Stop (or resume) taking engine steps, keeping every request with its KV cache and version: colocated
-        streaming hands the cores to the trainer meanwhile. Returns between two steps, so once it has the engine
+        streaming hands the cores to the trainer meanwhile. Runs between two steps: once it returns, the engine
         is stopped; its finishes until then are in the outbox, for the next poll. On ``cpu`` the requests stay where
         they are (device memory is host memory); a GPU engine would move them to host memory here."""
 

@@ -76,13 +76,16 @@ def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, colum
     stopped_at: float | None = None
 
     def spread(grid: list[list[float]], r: int, t0: float, t1: float, weight: float) -> None:
-        while t0 < t1 and weight:
-            col = min(int(t0 / width), columns - 1)
-            edge = min(t1, (col + 1) * width)
-            grid[r][col] += weight * (edge - t0) / width
-            if edge <= t0:
-                break
-            t0 = edge
+        """Add ``weight`` over [t0, t1) to row ``r``, each column its share (the last one takes what runs past it).
+        Column by column: stepping from edge to edge stalled where a float edge divided back into the column before."""
+        if t1 <= t0 or not weight:
+            return
+        row = grid[r]
+        for col in range(min(int(t0 / width), columns - 1), min(int(t1 / width), columns - 1) + 1):
+            lo = max(t0, col * width)
+            hi = t1 if col == columns - 1 else min(t1, (col + 1) * width)
+            if hi > lo:
+                row[col] += weight * (hi - lo) / width
 
     def move(r: int, t: float, delta: int) -> None:
         if stopped_at is None:
@@ -119,6 +122,8 @@ def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, colum
             stopped_at = None
     for r in range(groups):
         move(r, end, 0)
+        if stopped_at is not None:  # suspended when the run ended
+            spread(loading, r, stopped_at, end, 1.0)
     return area, version, loading
 
 

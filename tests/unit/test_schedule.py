@@ -124,3 +124,24 @@ def test_exports():
     assert dot.startswith("digraph schedule {") and '"v0" -> "g0/0"' in dot
     page = timeline_html(clean_trace(), title="t<1>")
     assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "t&lt;1&gt;" in page and "s1" in page
+
+
+def test_timeline_rows_grey_the_suspended_spans_and_keep_every_long_span_whole():
+    """A colocated streaming run: every replica counts as loading from each suspension to its resume (or the end), and
+    a span many columns long is spread over all of them."""
+    from planner.policies import PolicyConfig
+    from planner.schedule.export import _occupancy_rows
+    from planner.sim import LinearTiming, simulate
+    from planner.workload import LengthDistribution, Workload
+
+    fixed = Workload(response_length=LengthDistribution.lognormal(median=100, p99=100, max_tokens=1000), prompt_tokens=10)
+    timing = LinearTiming(decode_base_s=0.01, train_base_s=5.0, weight_publish_s=1.0, weight_load_trainer_s=2.0,
+                          swap_fixed_s=0.1, swap_s_per_version=0.2, swap_s_per_token=0.001)
+    cfg = PolicyConfig(mode="streaming", max_version_lag=1, num_rollout_groups=1, slots_per_group=4,
+                       prompts_per_step=1, samples_per_prompt=2, total_steps=3, colocated=True)
+    r = simulate(cfg, fixed, timing, seed=0)  # suspended 1.52-13.82 and 17.34-22.34, loading v2 13.82-15.82
+    end, columns = r.total_time_s, 100
+    area, _, loading = _occupancy_rows(list(r.events), 1, end, columns)
+    width = end / columns
+    assert sum(loading[0]) * width == pytest.approx((13.82 - 1.52) + (15.82 - 13.82) + (end - 17.34))
+    assert sum(area[0]) * width == pytest.approx(8.0)  # 4 sequences 0-1 s, 4 more 15.82-16.82 s
