@@ -24,7 +24,7 @@ from test_apply_local import _short_spec  # noqa: E402  (the shortened local-tin
 pytestmark = pytest.mark.integration
 
 
-def _controller(tmp_path: Path, mode: str, steps: int, **changes):
+def _controller(tmp_path: Path, mode: str, steps: int, spec: Path | None = None, **changes):
     import dataclasses
 
     from dora.apply import ApplyOverrides, runtime_config_for
@@ -32,7 +32,7 @@ def _controller(tmp_path: Path, mode: str, steps: int, **changes):
     from dora.runtime.driver import controller_config
     from dora.spec import load_spec
 
-    rc = runtime_config_for(load_spec(str(_short_spec(tmp_path))), ApplyOverrides(
+    rc = runtime_config_for(load_spec(str(spec or _short_spec(tmp_path))), ApplyOverrides(
         mode=mode, steps=steps, rollout_workers=2, max_num_seqs=16, output_dir=str(tmp_path / mode)))
     config = dataclasses.replace(controller_config(rc, cpus=2), **changes)
     return Controller(config), config
@@ -68,6 +68,34 @@ def test_rollout_workers_killed_at_five_points_are_restarted_and_nothing_is_lost
     assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
     assert report.num_consumed == 24 * 4 * 4
     print("worker kills:", killer.kills, "recovery_s:", stats.recovery_s)
+
+
+def test_colocated_streaming_survives_worker_kills(tmp_path, joined):
+    """Colocated streaming with rollout workers killed: most kills land while rollout is suspended (the progress hook
+    runs as a step ends, and a colocated step trains with every engine stopped), and a worker restarted then must come
+    back stopped; either way nothing is lost or duplicated and the trace passes the checker."""
+    from ruamel.yaml import YAML
+
+    spec = _short_spec(tmp_path)
+    yaml = YAML()
+    data = yaml.load(spec.read_text())
+    data["placement"] = {"colocated": True}
+    with spec.open("w") as f:
+        yaml.dump(data, f)
+    controller, config = _controller(tmp_path, "streaming", steps=12, spec=spec)
+    assert config.policy.colocated
+    rng = random.Random(5)
+    killer = WorkerKiller(controller, [rng.randint(1, 8) for _ in range(3)], rng)
+    controller.on_progress = killer
+    stats = controller.run()
+    assert len(killer.kills) == 3 and stats.worker_restarts == 3, (killer.kills, stats.finished_trajectories)
+    events = read_jsonl(config.output_dir / "trace.jsonl")
+    report = check_trace(events, k=config.policy.max_version_lag, allow_version_mixing=False)
+    assert report.ok, report.violations[:5]
+    assert report.num_consumed == 12 * 4 * 4
+    counts = ledger(config.output_dir / "trace.jsonl")
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    assert sum(e["type"] == "rollout_suspended" for e in events) >= 1
 
 
 def test_watchdog_reports_what_a_stalled_run_waits_for(tmp_path, joined):
