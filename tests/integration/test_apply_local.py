@@ -41,7 +41,8 @@ STEPS = 4
 PROMPTS, SAMPLES = 4, 4
 
 
-def _short_spec(tmp: Path, **staleness: object) -> Path:
+def _short_spec(tmp: Path, placement: dict | None = None, **staleness: object) -> Path:
+    """local-tiny made short, with ``staleness`` fields changed and ``placement`` in place of its own if given."""
     yaml = YAML()
     data = yaml.load((REPO / "specs" / "local-tiny.yaml").read_text())
     data["workload"]["prompts_per_step"] = PROMPTS
@@ -51,6 +52,8 @@ def _short_spec(tmp: Path, **staleness: object) -> Path:
     data["workload"]["response_length"].update({"median_tokens": 4, "p99_tokens": 40, "max_tokens": 48})
     data["runtime"]["output_dir"] = str(tmp / "runs")
     data["staleness"].update(staleness)
+    if placement is not None:
+        data["placement"] = placement
     path = tmp / "local-tiny-short.yaml"
     with path.open("w") as f:
         yaml.dump(data, f)
@@ -178,12 +181,7 @@ def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path):
 def test_streaming_with_two_versions_per_engine_audits_clean(tmp_path):
     """Multi-version engines on the real CPU engine: new groups start on the newest weights beside the old
     version's tail (``LoadWeights(keep_loaded)``), drained versions are dropped, and the audit passes."""
-    spec = _short_spec(tmp_path)
-    yaml = YAML()
-    data = yaml.load(spec.read_text())
-    data["placement"] = {"rollout": {"versions_per_engine": 2}}
-    with spec.open("w") as f:
-        yaml.dump(data, f)
+    spec = _short_spec(tmp_path, placement={"rollout": {"versions_per_engine": 2}})
     out = tmp_path / "mv"
     code, text = _apply(spec, "streaming", out)
     assert code == 0, text
@@ -198,12 +196,7 @@ def test_streaming_with_two_versions_per_engine_audits_clean(tmp_path):
 def test_colocated_streaming_suspends_rollout_for_every_step_and_audits_clean(tmp_path):
     """Colocated streaming on the real CPU engines: rollout stops, in-flight requests kept, whenever a step trains on
     both cores, and resumes after the publish; the same policy object the simulator drives decides when."""
-    spec = _short_spec(tmp_path)
-    yaml = YAML()
-    data = yaml.load(spec.read_text())
-    data["placement"] = {"colocated": True}
-    with spec.open("w") as f:
-        yaml.dump(data, f)
+    spec = _short_spec(tmp_path, placement={"colocated": True})
     out = tmp_path / "coloc"
     code, text = _apply(spec, "streaming", out)
     assert code == 0, text

@@ -74,14 +74,7 @@ def test_colocated_streaming_survives_worker_kills(tmp_path, joined):
     """Colocated streaming with rollout workers killed: most kills land while rollout is suspended (the progress hook
     runs as a step ends, and a colocated step trains with every engine stopped), and a worker restarted then must come
     back stopped; either way nothing is lost or duplicated and the trace passes the checker."""
-    from ruamel.yaml import YAML
-
-    spec = _short_spec(tmp_path)
-    yaml = YAML()
-    data = yaml.load(spec.read_text())
-    data["placement"] = {"colocated": True}
-    with spec.open("w") as f:
-        yaml.dump(data, f)
+    spec = _short_spec(tmp_path, placement={"colocated": True})
     controller, config = _controller(tmp_path, "streaming", steps=12, spec=spec)
     assert config.policy.colocated
     rng = random.Random(5)
