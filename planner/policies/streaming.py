@@ -136,12 +136,10 @@ class StreamingPolicy(PolicyBase):
         if self.suspended != CHANGING:
             raise ValueError("RolloutResumed without a ResumeRollout")
         self.suspended = RUNNING
-        out = self._published(self.latest_version, train=False)
-        for r in range(self.num_engines):  # engines that finished requests while stopped have room again
-            if self.engine_ready[r] and r not in self.migrating:
-                if self.multi:
-                    self._add_newest(r, out)
-                else:
+        out = self._published(self.latest_version, train=False)  # multi-version engines: also fills every ready one
+        if not self.multi:
+            for r in range(self.num_engines):  # engines that finished requests while stopped have room again
+                if self.engine_ready[r] and r not in self.migrating:
                     self._fill(r, out)
         if not self.training and not self.suspended:
             self._try_train_oldest_first(out)
