@@ -244,7 +244,7 @@ class Simulator:
         e_busy, e_slot_time = self.m.e_busy, self.m.e_slot_time
         t_len, group_left = self.t_len, self.group_left
         spp, prompt, multi, record = self.spp, self.prompt, self.multi, self.record
-        on_finish, execute = policy.on_trajectory_finished, self._execute
+        execute = self._execute
         decode_step_s, next_seq, eps = self.decode_step_s, self.next_seq, _EPS
         engine_contention = self.engine_contention != 1.0
         events = 0
@@ -301,7 +301,7 @@ class Simulator:
                 group_left[gid] -= 1
                 if record:
                     self._record_finish(idx, r, length)
-                actions = on_finish(gid, r)
+                actions = policy.on_trajectory_finished(gid, r)  # a method call: a direct C call when compiled
                 if actions:
                     execute(actions)
                     halted = self.suspended
@@ -357,10 +357,11 @@ class Simulator:
         h, waiting = self.e_heap[r], self.e_wait[r]
         pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
         vcount = self.e_vcount[r] if self.multi else None
+        push = heapq.heappush
         while waiting and len(h) < cap:
             idx, generated = waiting.popleft()
             start = pos - generated if generated else pos + self.ingest_steps
-            heapq.heappush(h, (start + t_len[idx], idx))
+            push(h, (start + t_len[idx], idx))
             sum_start += start
             if vcount is not None:
                 v = self.policy.group_version[idx // self.spp]
@@ -475,8 +476,9 @@ class Simulator:
             # what _enqueue does when every sample fits: each starts now, at e_pos[r] (0 tokens generated)
             pos, sum_start = self.e_pos[r], self.e_sum_start[r]
             start = pos + self.ingest_steps
+            push = heapq.heappush
             for i, length in enumerate(lengths):
-                heapq.heappush(h, (start + length, base + i))
+                push(h, (start + length, base + i))
                 sum_start += start
             self.e_sum_start[r] = sum_start
             if self.multi:
