@@ -9,9 +9,11 @@ pipeline's fill, and the figure is (instructions at B - instructions at A) / (B 
 tokens/s) are printed too, to show whether two trees simulate the same schedule. The children run with
 PYTHONHASHSEED=0: string hashing otherwise changes dict and set layouts, and the counts, from run to run.
 Instructions are not time: cache misses are not counted (run `simulate_scale.py` beside it).
+A tree built with mypyc (``planner._native``) runs compiled; ``--python`` also runs each tree from its Python sources
+(``DORA_PURE_PYTHON=1``), on the next line.
 Needs valgrind. A tree whose planner cannot unpickle this checkout's candidate (a changed class) fails.
 Usage: python bench/sim_instructions.py [--spec moe-scale-x10240] [--placement any|colocated|disaggregated]
-       [--steps 1 3] [--full] [--tree DIR ...]
+       [--steps 1 3] [--full] [--tree DIR ...] [--python]
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ print("RESULT", r.num_sim_events, f"{r.tokens_per_s * scaled.factor:.1f}")
 """
 
 
-def _run(tree: Path, job: Path, steps: int) -> tuple[int, str]:
+def _run(tree: Path, job: Path, steps: int, pure: bool) -> tuple[int, str]:
     """(instructions, result line) of one child simulation under callgrind."""
     proc = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", CHILD, str(job),
          str(steps)],
-        capture_output=True, text=True, cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}, check=False)
+        capture_output=True, text=True, cwd=tree, check=False,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"} | ({"DORA_PURE_PYTHON": "1"} if pure else {}))
     collected = re.search(r"Collected : (\d+)", proc.stderr)
     result = re.search(r"RESULT (.*)", proc.stdout)
     if proc.returncode != 0 or not collected or not result:
@@ -59,6 +62,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs=2, default=(1, 3), metavar=("A", "B"))
     ap.add_argument("--full", action="store_true", help="every replica and the whole batch (slower under callgrind)")
     ap.add_argument("--tree", type=Path, action="append", help="a source tree to measure (repeatable); default: this one")
+    ap.add_argument("--python", action="store_true", help="also run each tree from its Python sources")
     args = ap.parse_args()
     a, b = args.steps
     if not 0 < a < b:
@@ -83,11 +87,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "candidate.pickle"
         job.write_bytes(pickle.dumps((Space(inputs), chosen, scaled)))
-        for tree in trees:
+        for tree, pure in ((t, p) for t in trees for p in ((False, True) if args.python else (False,))):
             with ThreadPoolExecutor(2) as pool:  # the two children on the two cores
-                (ia, _), (ib, result) = pool.map(lambda s, t=tree: _run(t, job, s), (a, b))
+                (ia, _), (ib, result) = pool.map(lambda s, t=tree, p=pure: _run(t, job, s, p), (a, b))
             events, tokens_per_s = result.split()
-            print(f"  {str(tree):40} {(ib - ia) / (b - a) / 1e9:6.3f} G instructions per step "
+            name = f"{tree} (Python sources)" if pure else str(tree)
+            print(f"  {name:40} {(ib - ia) / (b - a) / 1e9:6.3f} G instructions per step "
                   f"(at {a} steps {ia / 1e9:.2f} G, at {b} {ib / 1e9:.2f} G); {int(events):,} events, "
                   f"trained tokens/s {float(tokens_per_s):,.0f}")
 
