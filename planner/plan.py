@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """Bump on any change that an older dora could not read correctly."""
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
@@ -108,6 +108,13 @@ class Predictions:
     """Fraction of a synchronous step spent generating (from the best simulated sync plan)."""
     trainer_utilization: float
     weight_sync_s: float
+    engine_swap_s: float
+    """Colocated streaming: wall seconds per step from stopping rollout until every engine has moved its weights and KV
+    cache to host memory, plus from resuming until every one is back (simulated; the slowest engine each time). 0
+    otherwise."""
+    trainer_swap_s: float
+    """Colocated plans: seconds per step moving the trainer's parameters, gradients and optimizer state to host memory
+    and back (``weight_sync.trainer_swap_s``), inside ``step_time_s``. 0 on separate accelerators."""
     mean_staleness: float
     max_live_versions: int
     total_time_s: float

@@ -30,7 +30,8 @@ from planner.search.core import (
     versions_per_engine,
 )
 from planner.search.inputs import SearchInputs
-from planner.search.screen import Screened
+from planner.search.screen import Screened, train_state_bytes
+from planner.weight_sync import trainer_swap_s
 
 MAX_CONSIDERED_ROWS = 16
 _GIB = float(1 << 30)
@@ -225,7 +226,11 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         step_time_s=steady, generated_tokens_per_s=c.trained_tokens_per_s - c.samples_per_s * prompt,
         trained_tokens_per_s=c.trained_tokens_per_s, samples_per_s=c.samples_per_s, bubble_fraction=bubble,
         rollout_occupancy=s.rollout_slot_occupancy, rollout_share=_rollout_share(outcome),
-        trainer_utilization=s.train_busy_fraction, weight_sync_s=sync_t, mean_staleness=_mean_staleness(c),
+        trainer_utilization=s.train_busy_fraction, weight_sync_s=sync_t,
+        engine_swap_s=s.suspend_wall_s_total / len(s.steps) if s.steps else 0.0,
+        trainer_swap_s=trainer_swap_s(inputs.accelerator, state_bytes_per_device=train_state_bytes(p),
+                                      calib=inputs.calibration) if p.colocated else 0.0,
+        mean_staleness=_mean_staleness(c),
         max_live_versions=s.max_live_versions, total_time_s=total_time, accelerator_hours=acc_hours,
         cost_usd=acc_hours * price if price is not None else None,
         speedup_vs_sync=c.trained_tokens_per_s / baseline if baseline else 1.0,

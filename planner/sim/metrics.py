@@ -149,6 +149,7 @@ class RunMetrics:
         unfinished_at_end: int,
         events: tuple[dict[str, Any], ...] | None,
         swap_s_total: float = 0.0,
+        suspend_wall_s_total: float = 0.0,
     ) -> SimResult:
         steps: list[StepStats] = []
         prev_end = 0.0
@@ -205,6 +206,7 @@ class RunMetrics:
             num_sim_events=self.num_events,
             events=events,
             swap_s_total=swap_s_total,
+            suspend_wall_s_total=suspend_wall_s_total,
         )
 
 

@@ -71,6 +71,9 @@ class SimResult:
     """The trace (``planner.schedule`` schema), or None when recording was off."""
     swap_s_total: float = 0.0
     """Colocated streaming: replica-seconds moving weights and KV cache to host memory and back (both ways)."""
+    suspend_wall_s_total: float = 0.0
+    """Colocated streaming: wall seconds from each suspension's start until every replica has moved out, and from each
+    resumption's start until every one is back (the slowest replica each time: on the critical path)."""
 
     def summary(self) -> dict[str, Any]:
         """Scalar metrics as a plain dict (no per-step rows, no events)."""
@@ -86,6 +89,7 @@ class SimResult:
             "max_live_versions": self.max_live_versions,
             "weight_load_s_total": self.weight_load_s_total,
             "swap_s_total": self.swap_s_total,
+            "suspend_wall_s_total": self.suspend_wall_s_total,
             "mixed_trajectories": self.mixed_trajectories,
             "unfinished_at_end": self.unfinished_at_end,
         }

@@ -145,6 +145,9 @@ class Simulator:
         self.e_stage_end = [0.0] * n
         """When a weight load staged beside a running batch (``keep_loaded``) ends: a suspension waits for it."""
         self.swap_s_total = 0.0
+        self.suspend_wall_s_total = 0.0
+        """Wall seconds from each ``SuspendRollout`` until every replica has moved out, and from each ``ResumeRollout``
+        until every one is back: the slowest replica each time, on the colocated step's critical path."""
         self.e_version = [0] * n
         self.multi = config.max_versions_per_engine > 1
         self.e_vcount: list[dict[int, int]] = [{} for _ in range(n)]
@@ -427,6 +430,7 @@ class Simulator:
             self.swap_s_total += swap
             end = max(end, max(self.e_t[r], self.e_stage_end[r], now) + swap)
         self.suspended = True
+        self.suspend_wall_s_total += end - now
         if self.engine_contention != 1.0:
             self._check_concurrency()
         self._push(end, _EV_SUSPENDED, 0)
@@ -443,6 +447,7 @@ class Simulator:
             self.e_t[r] = max(self.e_t[r], now) + swap
             end = max(end, self.e_t[r])
             self.dirty.add(r)
+        self.suspend_wall_s_total += end - now
         self._push(end, _EV_RESUMED, 0)
 
     def _drop(self, act: DropVersion) -> None:
@@ -711,4 +716,5 @@ class Simulator:
             unfinished_at_end=unfinished,
             events=tuple(self.trace) if self.record else None,
             swap_s_total=self.swap_s_total,
+            suspend_wall_s_total=self.suspend_wall_s_total,
         )

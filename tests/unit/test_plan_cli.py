@@ -103,6 +103,38 @@ def test_report_gives_the_overlap_ceiling_against_the_best_sync_plan() -> None:
     assert found.group(3) == f"{100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}"
 
 
+def test_report_gives_a_colocated_plans_host_memory_moves() -> None:
+    """Colocated streaming moves every engine's weights and KV cache to host memory and back around each step, and
+    the trainer's state the other way: the report says how long, and a plan on separate accelerators has neither."""
+    import re
+
+    from dora.report import plan_report_text
+    from planner.hardware import get_accelerator
+    from planner.plan import Plan
+    from planner.weight_sync import host_swap_s
+
+    plan = Plan.from_dict(json.loads((GOLDEN / "dense-32b-h800x128.plan.json").read_text()))
+    assert plan.colocated and plan.mode == "streaming"
+    p = plan.predictions
+    text = " ".join(plan_report_text(plan, width=200).split())
+    found = re.search(r"host memory moves per step (\S+ \S+): engines out and back (\S+ \S+), trainer state out and "
+                      r"back (\S+ \S+)", text)
+    assert found, text
+    assert found.group(2) == f"{p.engine_swap_s:.1f} s" and found.group(3) == f"{p.trainer_swap_s:.1f} s"
+    # the slowest engine's move, out and back, not the sum over the 32 engines: at least its weights one way, at most
+    # its weights and whole KV cache both ways, after a weight load it may have had to finish first
+    rollout = next(m for m in plan.memory if m.side == "rollout")
+    h800 = get_accelerator("h800")
+    least = host_swap_s(h800, bytes_per_device=rollout.detail["weights"])
+    most = 2 * host_swap_s(h800, bytes_per_device=rollout.detail["weights"] + rollout.detail["kv_cache"])
+    assert least < p.engine_swap_s <= most + p.weight_sync_s
+    assert p.trainer_swap_s > 0
+    apart = Plan.from_dict(json.loads((GOLDEN / "dense-8b-h800x64.plan.json").read_text()))
+    assert not apart.colocated
+    assert apart.predictions.engine_swap_s == apart.predictions.trainer_swap_s == 0.0
+    assert "host memory moves" not in plan_report_text(apart, width=200)
+
+
 def test_report_holds_a_colocated_plan_to_the_same_ceiling() -> None:
     # The ceiling is over every placement, colocated ones included (rollout and training in turn), so it bounds a
     # colocated plan too; it once covered the disaggregated placements only and a colocated plan could read "122%".

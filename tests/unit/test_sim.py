@@ -57,6 +57,7 @@ def test_colocated_streaming_by_hand():
     assert [s.start_s for s in r.steps] == pytest.approx([1.52, 7.52, 17.34])
     assert [s.end_s for s in r.steps] == pytest.approx([6.52, 12.52, 22.34])
     assert r.swap_s_total == pytest.approx(0.52 + 0.3 + 0.52)
+    assert r.suspend_wall_s_total == pytest.approx(0.52 + 0.3 + 0.52)  # one engine: its moves are the critical path
     assert r.staleness_histogram == ((0, 4), (1, 2))
     kinds = [(e["type"], round(e["t"], 6)) for e in r.events if e["type"].startswith("rollout_")]
     assert kinds == [("rollout_suspended", 1.52), ("rollout_resumed", 13.82), ("rollout_suspended", 17.34)]
