@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import traceback
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,9 @@ def compile_in_place() -> list[str]:
     before = {s: _digest(ROOT / s) for s in sources}
     manifest = ROOT / MANIFEST
     manifest.unlink(missing_ok=True)  # a half-finished build must not be taken for a current one
+    for suffix in EXTENSION_SUFFIXES:  # an earlier build's extensions: one no longer listed would still be imported
+        for old in [*(ROOT / "planner").rglob(f"*{suffix}"), *ROOT.glob(f"{GROUP}__mypyc*{suffix}")]:
+            old.unlink(missing_ok=True)
     cwd = os.getcwd()
     tmp = tempfile.mkdtemp(prefix="dora-mypyc-")
     try:

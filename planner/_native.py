@@ -36,7 +36,8 @@ NATIVE_SOURCES = (
 )
 """Relative to the directory holding ``planner/``: the simulator's hot path and what it calls per event (the policies,
 once per finished trajectory; the cost model's decode step time). Not ``workload.py``, whose length sampling is the
-next largest cost: the C that mypyc 2.4.1 writes for it fails gcc 12's ``-Werror`` (a NaN self-comparison)."""
+next largest cost: compiled, its frozen slotted dataclass loses the pickling support ``dataclasses`` gives it (the
+benchmarks pickle a candidate's inputs)."""
 
 MANIFEST = "planner/_native_build.json"
 
