@@ -26,6 +26,7 @@ from dora.report import inputs_diff, plan_diff, plan_report_text, render_diff, r
 from dora.spec import ResolvedSpec, SpecError, load_spec
 from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.terminal import error
+from planner import _native
 from planner.plan import FORMAT_VERSION, Plan
 from planner.schedule import check_trace
 from planner.schedule.export import graph_to_dot, graph_to_json, timeline_html
@@ -153,6 +154,10 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
                           markup=False, highlight=False)
         return 1
     plan = planned.plan
+    if _native.STATUS.startswith("python: not compiled"):  # a stale build already warned when planner was imported
+        err_console.print("note: the simulator ran from its Python sources (this install did not compile it: no C "
+                          "compiler?), so planning took about 1.5x longer; see the README", markup=False,
+                          highlight=False)
     if args.json:
         print(plan.to_json(), end="")
     else:

@@ -134,3 +134,21 @@ def test_an_edited_source_runs_instead_of_its_stale_extension(tmp_path):
     assert base_file == str(tmp_path / "planner/policies/base.py")
     assert edited_flag == "True"
     assert "RuntimeWarning: dora planner python: planner/policies/streaming.py changed" in done.stderr
+
+
+def test_dora_plan_says_when_the_install_did_not_compile(tmp_path):
+    """Without the extensions (no C compiler at install), `dora plan` still plans, and says why it is slower."""
+    shutil.copytree(REPO / "planner", tmp_path / "planner", ignore=shutil.ignore_patterns("*.so", "*.json"))
+    env = {k: v for k, v in os.environ.items() if k != "DORA_PURE_PYTHON"}
+    args = [sys.executable, "-m", "dora.cli", "plan", str(REPO / "specs/local-tiny.yaml"), "--json"]
+    pure = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)  # `-m`: cwd first
+    assert pure.returncode == 0, pure.stderr
+    assert "note: the simulator ran from its Python sources (this install did not compile it" in pure.stderr
+    usual = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert usual.returncode == 0, usual.stderr
+
+    def plan(stdout: str) -> dict:
+        return {k: v for k, v in json.loads(stdout).items() if k != "spec_file"}  # relative to each run's directory
+
+    assert plan(usual.stdout) == plan(pure.stdout)
+    assert ("note: the simulator ran from" in usual.stderr) == _native.STATUS.startswith("python: not compiled")
