@@ -64,7 +64,7 @@ from planner.policies import (
 from planner.sim.metrics import RunMetrics
 from planner.sim.result import SimResult
 from planner.sim.timing import StepTiming
-from planner.workload import Workload
+from planner.workload import LengthDistribution, Workload
 
 _EV_ENGINE = 0  # a = engine, b = generation
 _EV_LOADED = 1  # a = engine, b = version
@@ -75,6 +75,53 @@ _EV_RESUMED = 5  # every replica serves again
 _EPS = 1e-9
 _LENGTH_BLOCK = 4096
 """Most response lengths drawn ahead at once (see ``Simulator.t_len``)."""
+
+
+class LengthStream:
+    """The response lengths ``random.Random(seed)`` draws from one distribution, in draw order: ``drawn[i]`` is
+    trajectory ``i``'s, or with ``per_group`` samples per prompt sharing one draw, group ``g``'s samples all get the
+    ``g``-th draw. A run's lengths depend on nothing else, so simulations of the same workload and seed share one
+    (``length_stream``): a plan search simulates a dozen candidates on the same draws and used to draw them for each.
+    """
+
+    def __init__(self, dist: LengthDistribution, seed: int, per_group: int) -> None:
+        self.dist = dist
+        self.rng = random.Random(seed)
+        """Draws these lengths, and nothing else."""
+        self.per_group = per_group
+        self.drawn: list[int] = []
+
+    def draw(self, upto: int) -> None:
+        """Draw the lengths of trajectories up to ``upto`` at least, and more ahead: as many as drawn so far, at most
+        ``_LENGTH_BLOCK`` (one call per block, instead of one per admitted group, keeps the sampling loop hot).
+        With ``per_group`` one draw serves a group's samples (``upto`` and the count drawn are whole groups: groups
+        are admitted whole)."""
+        have = len(self.drawn)
+        n = max(upto - have, min(have, _LENGTH_BLOCK))
+        if not self.per_group:
+            self.drawn.extend(self.dist.sample_many(self.rng, n))
+            return
+        spp = self.per_group
+        for length in self.dist.sample_many(self.rng, -(-n // spp)):
+            self.drawn.extend([length] * spp)
+
+
+_STREAMS: dict[tuple[LengthDistribution, int, int], LengthStream] = {}
+_STREAMS_KEPT = 4
+"""The most recently used streams kept (a full-scale run of the 10,240-GPU spec draws ~700K lengths)."""
+
+
+def length_stream(dist: LengthDistribution, seed: int, per_group: int) -> LengthStream:
+    """The shared ``LengthStream`` of ``(dist, seed, per_group)``, created on first use. Sharing changes no result:
+    a simulation only reads the lengths of the trajectories it admits, whoever drew them."""
+    key = (dist, seed, per_group)
+    stream = _STREAMS.pop(key, None)
+    if stream is None:
+        stream = LengthStream(dist, seed, per_group)
+        while len(_STREAMS) >= _STREAMS_KEPT:
+            del _STREAMS[next(iter(_STREAMS))]
+    _STREAMS[key] = stream  # the most recently used last
+    return stream
 
 
 class Simulator:
@@ -105,8 +152,6 @@ class Simulator:
         """Two or more replicas decode (decode steps take ``engine_contention`` times longer meanwhile)."""
         self.slowdown = 1.0
         """Factor on every decode step now: the contentions in effect (``_set_slowdown``)."""
-        self.dist = workload.response_length
-        self.length_per_prompt = workload.length_per_prompt
         self.prompt = workload.prompt_tokens
         interrupts = config.mode == "partial-rollout" or config.update == "interrupt"
         ingest = not interrupts and self.prompt <= timing.prompt_ingest_max_tokens
@@ -116,8 +161,8 @@ class Simulator:
         self.prompt_prefill_s = 0.0 if ingest else timing.prefill_s(self.prompt)
         """One prefill of the shared prompt, paid by every admitted group."""
         self.spp = config.samples_per_prompt
-        self.rng = random.Random(seed)
-        """Draws the response lengths, and nothing else."""
+        self.lengths = length_stream(workload.response_length, seed,
+                                     self.spp if workload.length_per_prompt else 0)
         self.seed = seed
         self.record = record_events
         self.trace: list[dict[str, Any]] = []
@@ -153,11 +198,10 @@ class Simulator:
         self.e_vcount: list[dict[int, int]] = [{} for _ in range(n)]
         """Multi-version engines only: replica -> {version: running sequences} (queued ones are not in the batch, so
         their version costs no step time until they start)."""
-        self.t_len: list[int] = []
+        self.t_len = self.lengths.drawn
         """Response length of each trajectory (index ``group * samples_per_prompt + sample``), drawn ahead of the
-        admissions in blocks (``_draw_lengths``). ``rng`` draws nothing else and groups are admitted in order, so
-        trajectory ``i`` gets the ``i``-th length drawn either way (group ``g`` the ``g``-th with
-        ``length_per_prompt``)."""
+        admissions (``LengthStream``); groups are admitted in order, so trajectory ``i`` gets the ``i``-th length drawn
+        (group ``g`` the ``g``-th with ``length_per_prompt``)."""
         self.t_spans: dict[int, list[tuple[int, int]]] = {}
         """Trajectory -> [(version, first token index)], only for trajectories that changed version."""
         self.group_left: list[int] = []
@@ -473,7 +517,7 @@ class Simulator:
         self._advance(r, now)
         base = gid * n
         if base + n > len(self.t_len):
-            self._draw_lengths(base + n)
+            self.lengths.draw(base + n)
         lengths = self.t_len[base:base + n]
         self.group_left.append(n)
         h, waiting = self.e_heap[r], self.e_wait[r]
@@ -502,20 +546,6 @@ class Simulator:
                 for i in range(n)
             )
         self.dirty.add(r)
-
-    def _draw_lengths(self, upto: int) -> None:
-        """Draw the lengths of trajectories up to ``upto`` at least, and more ahead: as many as drawn so far, at most
-        ``_LENGTH_BLOCK`` (one call per block, instead of one per admitted group, keeps the sampling loop hot).
-        With ``length_per_prompt`` one draw per group serves all its samples (``upto`` and ``have`` are whole groups:
-        groups are admitted whole)."""
-        have = len(self.t_len)
-        n = max(upto - have, min(have, _LENGTH_BLOCK))
-        if not self.length_per_prompt:
-            self.t_len.extend(self.dist.sample_many(self.rng, n))
-            return
-        spp = self.spp
-        for length in self.dist.sample_many(self.rng, -(-n // spp)):
-            self.t_len.extend([length] * spp)
 
     def _load(self, act: LoadWeights) -> None:
         r = act.rollout_group

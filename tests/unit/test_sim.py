@@ -92,6 +92,32 @@ def test_deterministic_given_seed_and_seed_matters():
     assert a.events != other.events
 
 
+def test_simulations_of_one_workload_and_seed_share_their_draws_and_nothing_else():
+    """Lengths are drawn once per (distribution, seed) and shared: a run after a longer one reads the lengths already
+    drawn, and gives exactly what it gives on fresh draws; another seed or distribution has its own."""
+    from planner.sim import simulator
+
+    dist = LengthDistribution.lognormal(median=60, p99=500, max_tokens=600)
+    w = Workload(response_length=dist, prompt_tokens=5)
+    t = LinearTiming(decode_base_s=0.01, train_base_s=0.5, weight_load_trainer_s=0.2, weight_load_peer_s=0.1)
+    short = cfg("streaming", max_version_lag=2, num_rollout_groups=3, slots_per_group=8, prompts_per_step=4,
+                total_steps=3)
+    simulator._STREAMS.clear()
+    fresh = simulate(short, w, t, seed=9)
+    simulate(dataclasses.replace(short, total_steps=12, mode="bounded-async"), w, t, seed=9)
+    stream = simulator.length_stream(dist, 9, 0)
+    drawn = len(stream.drawn)
+    again = simulate(short, w, t, seed=9)
+    assert len(stream.drawn) == drawn  # nothing drawn: the longer run drew ahead of it
+    assert again == fresh and again.events == fresh.events
+    assert simulator.length_stream(dist, 10, 0) is not stream
+    assert simulator.length_stream(dist, 9, 2) is not stream  # lengths per prompt: one draw per group of 2
+    for seed in range(20, 20 + simulator._STREAMS_KEPT):
+        simulator.length_stream(dist, seed, 0)
+    assert len(simulator._STREAMS) == simulator._STREAMS_KEPT
+    assert simulator.length_stream(dist, 9, 0) is not stream  # the least recently used went first
+
+
 def test_cheap_mode_has_same_metrics_without_events():
     w = Workload(response_length=LengthDistribution.lognormal(median=50, p99=400, max_tokens=500), prompt_tokens=5)
     c = cfg("bounded-async", num_rollout_groups=2, slots_per_group=8, prompts_per_step=3, total_steps=4)
