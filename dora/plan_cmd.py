@@ -156,7 +156,7 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
     plan = planned.plan
     if _native.STATUS.startswith("python: not compiled"):  # a stale build already warned when planner was imported
         err_console.print("note: the simulator ran from its Python sources (this install did not compile it: no C "
-                          "compiler?), so planning took about 1.5x longer; see the README", markup=False,
+                          "compiler?), so planning took up to about 1.8x longer; see the README", markup=False,
                           highlight=False)
     if args.json:
         print(plan.to_json(), end="")

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def _fake_build(root: Path) -> None:
     them would fail, so a test that imports the module proves which file was loaded."""
     shutil.copytree(REPO / "planner", root / "planner", ignore=shutil.ignore_patterns("*.so", "__pycache__", "*.json"),
                     dirs_exist_ok=True)
-    suffix = next(s for s in __import__("importlib.machinery").machinery.EXTENSION_SUFFIXES if s.endswith(".so"))
+    suffix = next(s for s in EXTENSION_SUFFIXES if s.endswith(".so"))
     sources = {}
     for rel in _native.NATIVE_SOURCES:
         path = root / rel
