@@ -72,8 +72,9 @@ def _predictions_table(plan: Plan) -> Table:
         ("rollout share of a sync step", f"{100 * p.rollout_share:.0f}%"),
         ("trainer utilization", f"{100 * p.trainer_utilization:.0f}%"),
         ("weight sync per version", _dur(p.weight_sync_s)),
-        *([("host memory moves per step", f"{_dur(p.engine_swap_s + p.trainer_swap_s)}: engines out and back "
-            f"{_dur(p.engine_swap_s)}, trainer state out and back {_dur(p.trainer_swap_s)}")]
+        *([("host memory moves per step", f"{_dur(p.engine_swap_s + p.trainer_swap_s)}: "
+            + (f"engines out and back {_dur(p.engine_swap_s)}, " if p.engine_swap_s else "")
+            + f"trainer state out and back {_dur(p.trainer_swap_s)}")]
           if plan.colocated else []),
         ("mean staleness / live versions", f"{p.mean_staleness:.2f} / up to {p.max_live_versions}"),
         ("time for all steps", _dur(p.total_time_s)),

@@ -129,6 +129,12 @@ def test_report_gives_a_colocated_plans_host_memory_moves() -> None:
     most = 2 * host_swap_s(h800, bytes_per_device=rollout.detail["weights"] + rollout.detail["kv_cache"])
     assert least < p.engine_swap_s <= most + p.weight_sync_s
     assert p.trainer_swap_s > 0
+    # colocated sync moves only the trainer's state (its engines are reloaded from the trainer: weight sync)
+    import dataclasses
+
+    sync = dataclasses.replace(plan, mode="sync", predictions=dataclasses.replace(p, engine_swap_s=0.0))
+    row = next(line for line in plan_report_text(sync, width=200).splitlines() if "host memory moves" in line)
+    assert "engines" not in row and f"trainer state out and back {p.trainer_swap_s:.1f} s" in row
     apart = Plan.from_dict(json.loads((GOLDEN / "dense-8b-h800x64.plan.json").read_text()))
     assert not apart.colocated
     assert apart.predictions.engine_swap_s == apart.predictions.trainer_swap_s == 0.0
