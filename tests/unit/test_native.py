@@ -16,8 +16,6 @@ import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
-import pytest
-
 from planner import _native
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,15 +69,23 @@ def test_compiled_and_python_simulators_write_the_same_schedule():
     assert {k: v for k, v in native.items() if k != "status"} == {k: v for k, v in python.items() if k != "status"}
 
 
-@pytest.mark.skipif(os.environ.get("DORA_EXPECT_NATIVE") != "1",
-                    reason="only where the test command asks for a compiled install (.ci/run sets DORA_EXPECT_NATIVE=1)")
-def test_the_install_compiled_the_simulator():
+def test_the_install_compiled_the_simulator_or_says_why_not():
+    """Compiled where the install could compile; otherwise the reason must be one a developer chose or can act on:
+    DORA_PURE_PYTHON, a source edited since the build, or no C compiler. `.ci/run` sets DORA_EXPECT_NATIVE=1: a fresh
+    clone with a compiler must run compiled."""
     import planner.policies.streaming
     import planner.sim.simulator
 
-    assert _native.STATUS == "compiled (mypyc)"
-    assert not planner.sim.simulator.__file__.endswith(".py")
-    assert not planner.policies.streaming.__file__.endswith(".py")
+    status = _native.STATUS
+    if os.environ.get("DORA_EXPECT_NATIVE") == "1" or status == "compiled (mypyc)":
+        assert status == "compiled (mypyc)"
+        assert not planner.sim.simulator.__file__.endswith(".py")
+        assert not planner.policies.streaming.__file__.endswith(".py")
+        return
+    no_compiler = shutil.which(os.environ.get("CC", "cc")) is None
+    assert (status == "python: DORA_PURE_PYTHON=1" or " changed since it was compiled" in status
+            or (status.startswith("python: not compiled") and no_compiler)), status
+    assert planner.sim.simulator.__file__.endswith(".py")
 
 
 def _fake_build(root: Path) -> None:
