@@ -6,7 +6,8 @@ the ``.py`` beside it, so an edited source would silently keep running its old c
 (called once, from ``planner/__init__.py``, before any of these modules is imported) therefore compares the hashes;
 when the extensions are missing for any module, stale, or ``DORA_PURE_PYTHON=1``, it loads all of them from their
 sources (all or none: the compiled modules call each other's native code directly) and says why in ``STATUS``.
-Nothing else about the planner changes: the same code and the same results, in about 40% fewer instructions.
+Nothing else about the planner changes: the same code and the same results, in under half the instructions (the
+simulator's heaps, ``planner/sim/seqheap.py``, use unboxed vectors only when compiled).
 This file is plain Python and is never compiled itself.
 """
 
@@ -32,10 +33,11 @@ NATIVE_SOURCES = (
     "planner/policies/continuous.py",
     "planner/policies/streaming.py",
     "planner/sim/costmodel.py",
+    "planner/sim/seqheap.py",
     "planner/sim/simulator.py",
 )
 """Relative to the directory holding ``planner/``: the simulator's hot path and what it calls per event (the policies,
-once per finished trajectory; the cost model's decode step time). Not ``workload.py``, whose length sampling is the
+once per finished trajectory; the cost model's decode step time; the heaps of events and of running sequences). Not ``workload.py``, whose length sampling is the
 next largest cost: compiled, its frozen slotted dataclass loses the pickling support ``dataclasses`` gives it (the
 benchmarks pickle a candidate's inputs)."""
 

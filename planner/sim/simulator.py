@@ -43,7 +43,6 @@ not slowed: an optimistic simplification).
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import random
 from collections import deque
@@ -63,10 +62,10 @@ from planner.policies import (
 )
 from planner.sim.metrics import RunMetrics
 from planner.sim.result import SimResult
+from planner.sim.seqheap import SeqHeap, make_seq_heap
 from planner.sim.timing import StepTiming
 from planner.workload import LengthDistribution, Workload
 
-_EV_ENGINE = 0  # a = engine, b = generation
 _EV_LOADED = 1  # a = engine, b = version
 _EV_TRAINED = 2  # a = step
 _EV_PUBLISHED = 3  # a = version
@@ -173,7 +172,7 @@ class Simulator:
                  "num_rollout_groups": config.num_rollout_groups, "slots_per_group": config.slots_per_group}
             )
         n = config.num_rollout_groups
-        self.e_heap: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        self.e_heap: list[SeqHeap] = [make_seq_heap() for _ in range(n)]
         """Running sequences of each replica, at most ``slots_per_group``."""
         self.e_wait: list[deque[tuple[int, float]]] = [deque() for _ in range(n)]
         """Admitted, not yet running: ``(trajectory, tokens generated so far)`` in FIFO order."""
@@ -183,7 +182,9 @@ class Simulator:
         """Time at which ``e_pos`` holds; in the future while the replica is busy prefilling/sending."""
         self.e_step_s = [0.0] * n
         self.e_sum_start = [0.0] * n
-        self.e_gen = [0] * n
+        self.e_event = [0] * n
+        """The sequence number of replica ``r``'s pending finish event; 0 for none (an event whose number differs was
+        superseded, and is skipped when it comes up)."""
         self.e_paused = [False] * n
         self.suspended = False
         """Colocated streaming: every replica is stopped (from ``SuspendRollout`` until ``ResumeRollout``)."""
@@ -205,8 +206,13 @@ class Simulator:
         self.t_spans: dict[int, list[tuple[int, int]]] = {}
         """Trajectory -> [(version, first token index)], only for trajectories that changed version."""
         self.group_left: list[int] = []
-        self.heap: list[tuple[float, int, int, int, int]] = []
-        """Pending events ``(time_s, sequence, kind, a, b)``."""
+        self.heap = make_seq_heap()
+        """Pending events as ``(time_s, sequence * (n + 1) + target)``: the order of ``(time_s, sequence)``, sequence
+        numbers being unique. The target is the replica of an engine event (it reaches its next finish position) and
+        ``n`` for any other event, whose ``(kind, a, b)`` is in ``other_events``."""
+        self.n1 = n + 1
+        self.other_events: dict[int, tuple[int, int, int]] = {}
+        """Sequence number -> ``(kind, a, b)`` of each pending event that is not an engine event."""
         self.next_seq = itertools.count(1).__next__
         self.now = 0.0
         self.dirty: set[int] = set()
@@ -221,7 +227,10 @@ class Simulator:
 
     # ------------------------------------------------------------------ event plumbing
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
-        heapq.heappush(self.heap, (t, self.next_seq(), kind, a, b))
+        """Schedule an event other than an engine event."""
+        seq = self.next_seq()
+        self.other_events[seq] = (kind, a, b)
+        self.heap.push(t, seq * self.n1 + self.n1 - 1)
 
     def _advance(self, r: int, t: float) -> None:
         """Bring replica ``r``'s progress (``e_pos``) and its busy/slot accounting up to time ``t``.
@@ -239,13 +248,13 @@ class Simulator:
 
     def _reschedule(self, r: int) -> None:
         """Schedule replica ``r``'s next finish (superseding any pending one). ``_loop`` inlines this: keep in step."""
-        self.e_gen[r] += 1
+        self.e_event[r] = 0
         h = self.e_heap[r]
-        if self.e_paused[r] or not h or self.suspended:
+        if self.e_paused[r] or not len(h) or self.suspended:
             return
         b = len(h)
         pos = self.e_pos[r]
-        dpos = h[0][0] - pos
+        dpos = h.top_key() - pos
         if dpos < 0.0:
             dpos = 0.0
         ctx = b * (self.prompt + pos) - self.e_sum_start[r] + b * dpos * 0.5
@@ -256,7 +265,8 @@ class Simulator:
                 step += (busy - 1) * self.timing.extra_version_step_s
         step *= self.slowdown
         self.e_step_s[r] = step
-        self._push(self.e_t[r] + dpos * step, _EV_ENGINE, r, self.e_gen[r])
+        seq = self.e_event[r] = self.next_seq()
+        self.heap.push(self.e_t[r] + dpos * step, seq * self.n1 + r)
 
     # ------------------------------------------------------------------ run loop
     def run(self) -> SimResult:
@@ -281,13 +291,13 @@ class Simulator:
         policy), start queued ones, reschedule the replica. The blocks marked ``_advance``, ``_flush`` and
         ``_reschedule`` are those methods' code. The event stays at the root of the heap while it is handled:
         whatever is pushed meanwhile comes later (never before now, and with a larger sequence), so the reschedule
-        replaces it with one ``heapreplace`` instead of a pop and a push. Other events, and engine events whose
+        replaces it with one ``replace`` instead of a pop and a push. Other events, and engine events whose
         actions dirty other replicas too, take the general path (``_flush``).
         """
         policy, heap, dirty = self.policy, self.heap, self.dirty
-        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         e_heap, e_wait, e_pos, e_t, e_step_s = self.e_heap, self.e_wait, self.e_pos, self.e_t, self.e_step_s
-        e_sum_start, e_gen, e_paused = self.e_sum_start, self.e_gen, self.e_paused
+        e_sum_start, e_event, e_paused = self.e_sum_start, self.e_event, self.e_paused
+        n1, other = self.n1, self.n1 - 1
         e_busy, e_slot_time = self.m.e_busy, self.m.e_slot_time
         t_len, group_left = self.t_len, self.group_left
         spp, prompt, multi, record = self.spp, self.prompt, self.multi, self.record
@@ -296,19 +306,23 @@ class Simulator:
         engine_contention = self.engine_contention != 1.0
         events = 0
         while True:  # not `while heap`: CPython 3.11 only specializes a loop's bytecode after a few JUMP_BACKWARDs
-            if not heap:
+            if not len(heap):
                 break
-            t, _, kind, r, b = heap[0]
-            if kind != _EV_ENGINE:
-                heappop(heap)
+            t = heap.top_key()
+            key = heap.top_item()
+            r = key % n1
+            seq = key // n1
+            if r == other:
+                heap.pop()
                 events += 1
                 self.now = t
+                kind, a, b = self.other_events.pop(seq)
                 if kind == _EV_LOADED:
-                    self._loaded(r, b)
+                    self._loaded(a, b)
                 elif kind == _EV_TRAINED:
-                    self._trained(r)
+                    self._trained(a)
                 elif kind == _EV_PUBLISHED:
-                    self._published(r)
+                    self._published(a)
                 elif kind == _EV_SUSPENDED:
                     if self.record:
                         self.trace.append({"t": t, "type": "rollout_suspended"})
@@ -321,8 +335,8 @@ class Simulator:
                 if policy.done:  # only a finished training step changes it
                     break
                 continue
-            if b != e_gen[r]:  # superseded by a later reschedule of the replica
-                heappop(heap)
+            if seq != e_event[r]:  # superseded by a later reschedule of the replica
+                heap.pop()
                 continue
             events += 1
             self.now = t
@@ -330,16 +344,17 @@ class Simulator:
             # _advance(r, t), except e_pos[r], which is set exactly right after
             dt = t - e_t[r]
             if dt > 0.0:
-                if h and not e_paused[r]:
+                if len(h) and not e_paused[r]:
                     e_busy[r] += dt
                     e_slot_time[r] += len(h) * dt
                 e_t[r] = t
             # finish every sequence at this position (at least the first)
-            e_pos[r] = pos = h[0][0]  # exact: the event was scheduled for this position
+            e_pos[r] = pos = h.top_key()  # exact: the event was scheduled for this position
             limit = pos + eps
             halted = False  # an action suspended rollout (colocated streaming): the replica decodes no more
             while True:
-                finish, idx = heappop(h)
+                finish = h.top_key()
+                idx = h.pop()
                 length = t_len[idx]
                 e_sum_start[r] -= finish - length
                 gid = idx // spp
@@ -352,7 +367,7 @@ class Simulator:
                 if actions:
                     execute(actions)
                     halted = self.suspended
-                if not h or h[0][0] > limit:
+                if not len(h) or h.top_key() > limit:
                     break
             if e_wait[r]:
                 self._start_waiting(r)
@@ -362,18 +377,18 @@ class Simulator:
             if dirty:
                 if len(dirty) > 1 or r not in dirty:
                     dirty.add(r)
-                    heappop(heap)
+                    heap.pop()
                     self._flush()
                     continue
                 dirty.clear()
             # _reschedule(r)
-            gen = e_gen[r] = e_gen[r] + 1
-            if e_paused[r] or not h or halted:
-                heappop(heap)
+            if e_paused[r] or not len(h) or halted:
+                e_event[r] = 0
+                heap.pop()
                 continue
             nb = len(h)
             pos = e_pos[r]
-            dpos = h[0][0] - pos
+            dpos = h.top_key() - pos
             if dpos < 0.0:
                 dpos = 0.0
             step = decode_step_s(nb, nb * (prompt + pos) - e_sum_start[r] + nb * dpos * 0.5)
@@ -383,7 +398,8 @@ class Simulator:
                     step += (busy - 1) * self.timing.extra_version_step_s
             step *= self.slowdown
             e_step_s[r] = step
-            heapreplace(heap, (e_t[r] + dpos * step, next_seq(), _EV_ENGINE, r, gen))
+            seq = e_event[r] = next_seq()
+            heap.replace(e_t[r] + dpos * step, seq * n1 + r)
         return events
 
     def _flush(self) -> None:
@@ -404,11 +420,10 @@ class Simulator:
         h, waiting = self.e_heap[r], self.e_wait[r]
         pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
         vcount = self.e_vcount[r] if self.multi else None
-        push = heapq.heappush
         while waiting and len(h) < cap:
             idx, generated = waiting.popleft()
             start = pos - generated if generated else pos + self.ingest_steps
-            push(h, (start + t_len[idx], idx))
+            h.push(start + t_len[idx], idx)
             sum_start += start
             if vcount is not None:
                 v = self.policy.group_version[idx // self.spp]
@@ -469,7 +484,7 @@ class Simulator:
         now, end = self.now, self.now
         for r in range(len(self.e_heap)):
             self._advance(r, now)
-            self.e_gen[r] += 1  # supersede its pending finish: it decodes no more until resumed
+            self.e_event[r] = 0  # supersede its pending finish: it decodes no more until resumed
             swap = self._swap_s(r)
             self.swap_s_total += swap
             end = max(end, max(self.e_t[r], self.e_stage_end[r], now) + swap)
@@ -525,9 +540,8 @@ class Simulator:
             # what _enqueue does when every sample fits: each starts now, at e_pos[r] (0 tokens generated)
             pos, sum_start = self.e_pos[r], self.e_sum_start[r]
             start = pos + self.ingest_steps
-            push = heapq.heappush
             for i, length in enumerate(lengths):
-                push(h, (start + length, base + i))
+                h.push(start + length, base + i)
                 sum_start += start
             self.e_sum_start[r] = sum_start
             if self.multi:
@@ -553,7 +567,7 @@ class Simulator:
         self._advance(r, now)
         h = self.e_heap[r]
         keep = act.keep_loaded and self.multi
-        if (h or self.e_wait[r]) and not act.resume_in_flight and not keep:
+        if (len(h) or self.e_wait[r]) and not act.resume_in_flight and not keep:
             raise ValueError(f"LoadWeights v{act.version} on engine {r} with {len(h)} requests in flight")
         if self.e_wait[r] and not keep:
             raise ValueError(f"LoadWeights v{act.version} resuming engine {r} with queued requests (no queue here)")
@@ -569,10 +583,10 @@ class Simulator:
             self._push(now + duration, _EV_LOADED, r, act.version)
             return
         start = max(self.e_t[r], now)
-        if h:
+        if len(h):
             pos = self.e_pos[r]
             ctx = 0.0
-            for finish, idx in h:
+            for finish, idx in h.pairs():
                 first = pos - (finish - self.t_len[idx])
                 spans = self.t_spans.get(idx)
                 if spans is None:
@@ -584,7 +598,7 @@ class Simulator:
         self.m.load_started(r, start, duration)
         self.e_paused[r] = True
         self.e_t[r] = start + duration
-        self.e_gen[r] += 1
+        self.e_event[r] = 0
         self._push(start + duration, _EV_LOADED, r, act.version)
 
     def _loaded(self, r: int, version: int) -> None:
@@ -610,7 +624,7 @@ class Simulator:
         h_src, pos_src = self.e_heap[src], self.e_pos[src]
         t_len = self.t_len
         # (trajectory, tokens generated): running, soonest finish first (the heap's pop order); queued
-        items = [(idx, max(0.0, pos_src - (finish - t_len[idx]))) for finish, idx in sorted(h_src)]
+        items = [(idx, max(0.0, pos_src - (finish - t_len[idx]))) for finish, idx in sorted(h_src.pairs())]
         h_src.clear()
         items.extend(self.e_wait[src])
         self.e_wait[src].clear()
@@ -654,7 +668,7 @@ class Simulator:
                 sq += (prompt + length) ** 2  # whole numbers: exact in any order while below 2**53
         duration = self.timing.train_step_s(tokens, sq, len(gids) * spp)
         if self.train_contention != 1.0 and not self.suspended and any(
-                h and not p for h, p in zip(self.e_heap, self.e_paused, strict=True)):
+                len(h) > 0 and not p for h, p in zip(self.e_heap, self.e_paused, strict=True)):
             duration *= self.train_contention
         self._set_training(True)
         versions = [self.policy.group_version[g] for g in gids]
@@ -680,7 +694,7 @@ class Simulator:
         decoding = 0
         if not self.suspended:
             for h, paused in zip(self.e_heap, self.e_paused, strict=True):
-                if h and not paused:
+                if len(h) and not paused:
                     decoding += 1
         if (decoding > 1) != self.concurrent:
             self.concurrent = decoding > 1
@@ -718,7 +732,7 @@ class Simulator:
         consumed: set[int] = set()
         for gids in self.m.consumed_groups:
             consumed.update(gids)
-        in_flight = {idx for h in self.e_heap for _, idx in h}
+        in_flight = {idx for h in self.e_heap for _, idx in h.pairs()}
         in_flight.update(idx for waiting in self.e_wait for idx, _ in waiting)
         unfinished = 0
         for gid in range(len(self.group_left)):
