@@ -47,6 +47,9 @@ def read_plan_file(path: str) -> dict[str, Any]:
         path = str(Path(path) / "plan.json")
     data = read_json_object(path, "plan file", PlanFileError)
     version = data.get("format_version")
+    if "rollout_workers" in data and "predictions" not in data:  # launch/runtime.json has a format_version too
+        raise PlanFileError(f"'{path}' is the runtime config `dora plan --out` writes beside a plan, not a plan; "
+                            "give the plan directory or its plan.json")
     if "format_version" not in data:
         raise PlanFileError(f"'{path}' is not a dora plan (it has no format_version); `dora plan SPEC --out DIR` "
                             "writes DIR/plan.json")

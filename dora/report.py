@@ -158,9 +158,9 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-DIFF_SECTIONS = ("mode", "max_version_lag", "colocated", "allow_version_mixing", "rollout", "train", "predictions",
+DIFF_SECTIONS = ("objective", "mode", "max_version_lag", "colocated", "allow_version_mixing", "rollout", "train", "predictions",
                  "memory", "warnings", "spec_hash", "calibration_fingerprint", "catalog_fingerprint", "format_version",
-                 "dora_version")
+                 "dora_version", "spec_name", "calibration_source")
 """What a plan diff shows; the considered-candidates table is context, not part of the plan's decision."""
 
 

@@ -20,6 +20,9 @@ FORMAT_VERSION = 4
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
 
+Objective = Literal["throughput", "cost", "time"]
+"""What the search ranks candidates by (the spec's ``objective``)."""
+
 
 def _round(x: Any) -> Any:
     """Round floats to 6 significant digits (deterministic text across platforms); recurse into containers."""
@@ -164,7 +167,7 @@ class Plan:
     calibration_fingerprint: str
     calibration_source: str
     seed: int
-    objective: str
+    objective: Objective
     mode: Mode
     max_version_lag: int
     allow_version_mixing: bool

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from planner.architecture import ModelArch
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import Accelerator
+from planner.plan import Objective
 from planner.policies.config import Mode
 from planner.workload import LengthDistribution
 
@@ -69,7 +70,7 @@ class SearchInputs:
     """Upper bound on continuous-batching slots per engine (vLLM's max_num_seqs default is 256)."""
     pins: Pins
     price_per_accelerator_hour_usd: float | None
-    objective: str
+    objective: Objective
     seed: int
     calibration: Calibration = DEFAULT_CALIBRATION
     lengths_per_prompt: bool = False

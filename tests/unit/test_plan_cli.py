@@ -169,3 +169,26 @@ def test_plan_out_names_a_directory_it_cannot_write(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert f"cannot write the plan to {blocker / 'plan'}/" in proc.stderr and "--out" in proc.stderr
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_a_plan_file_is_checked_and_diffed_field_by_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    golden = GOLDEN / "local-tiny.plan.json"
+    plan = json.loads(golden.read_text())
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(plan | {"objective": "zz"}))
+    assert main(["diff", str(golden), str(tampered), "--detailed-exitcode"]) == 1
+    err = capsys.readouterr().err
+    assert "objective" in err and "'zz' is not one of 'throughput', 'cost', 'time'" in err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(plan | {"objective": "cost", "spec_name": "renamed"}))
+    assert main(["diff", str(golden), str(other), "--detailed-exitcode"]) == 2
+    out = capsys.readouterr().out
+    assert "~ objective: 'throughput' -> 'cost'" in out and "~ spec_name: 'local-tiny' -> 'renamed'" in out
+
+
+def test_the_runtime_config_is_not_taken_for_an_old_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runtime = tmp_path / "runtime.json"
+    runtime.write_text(json.dumps({"format_version": 3, "rollout_workers": 1, "mode": "sync"}))
+    assert main(["diff", str(GOLDEN / "local-tiny.plan.json"), str(runtime)]) == 2
+    err = capsys.readouterr().err
+    assert "is the runtime config" in err and "format_version" not in err
