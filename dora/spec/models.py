@@ -26,8 +26,9 @@ ALL_MODES: tuple[Mode, ...] = ("sync", "one-step-off", "bounded-async", "partial
 # The planner-side limits are repeated here (not imported); a unit test checks they agree.
 MAX_VERSION_LAG = 64
 """Largest staleness budget a spec may set."""
-MAX_ACCELERATORS = 1_000_000
-"""Largest cluster (nodes x accelerators per node) and so largest pinned size: planner.search.core.MAX_ACCELERATORS."""
+MAX_ACCELERATORS = 1 << 17
+"""Largest cluster (nodes x accelerators per node), 131,072, and so largest pinned size:
+planner.search.core.MAX_ACCELERATORS."""
 MAX_BATCH_SAMPLES = 1_000_000
 """Largest batch (prompts x samples per step): planner.search.core.MAX_BATCH_SAMPLES."""
 MAX_STEPS = 1_000_000
@@ -144,7 +145,7 @@ class ClusterSpec(StrictModel):
     accelerator: AcceleratorName
     """Accelerator type from the hardware catalog (`cpu` = one CPU core, for the local default)."""
     nodes: ClusterSize
-    """Number of nodes (with accelerators_per_node, at most 1,000,000 accelerators)."""
+    """Number of nodes (with accelerators_per_node, at most 131,072 accelerators)."""
     accelerators_per_node: ClusterSize
     """Accelerators per node (GPUs; CPU cores for `cpu`)."""
     scale_up_bandwidth_gb_per_s: Bandwidth | None = None

@@ -191,9 +191,11 @@ MAX_BATCH_SAMPLES = 1_000_000
 (1/8 in sync) for at least 3 steps, so its shortest simulation generates at least 1.5 trajectories per batch sample:
 ~15 s for this batch at the simulator's ~100K trajectories/s (bench/simulate_scale.py), a few minutes for a whole
 search. The largest example spec (moe-scale-x10240) has 65,536."""
-MAX_ACCELERATORS = 1_000_000
-"""The largest cluster the search plans: its simulations grow with the replicas (every replica loads every version).
-The dense-32b workload on 102,400 H800 plans in ~13 s, on 1,024,000 in ~107 s. The largest example has 10,240."""
+MAX_ACCELERATORS = 1 << 17
+"""The largest cluster the search plans, 131,072 accelerators: its simulations grow with the replicas (every replica
+loads every version), so that every spec that validates plans in well under a minute. The dense-32b workload on
+102,400 H800 plans in ~13 s, on 131,072 in ~25 s (on 1,024,000 it took 107-180 s, with no way to tell it from a
+hang). The largest example has 10,240; the largest RL runs published use tens of thousands."""
 
 
 
