@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,11 @@ def runtime_config_for(resolved: Any, overrides: ApplyOverrides, plan: Any = Non
         changes["versions_per_engine"] = 1  # only streaming hosts several versions per engine
     rc = dataclasses.replace(rc, **changes)
     w = resolved.spec.workload
+    in_flight = (rc.max_version_lag + 1) * w.prompts_per_step * w.samples_per_prompt
+    if overrides.max_num_seqs and overrides.max_num_seqs > in_flight:
+        raise ValueError(f"--max-num-seqs {overrides.max_num_seqs:,} is more than the {in_flight:,} trajectories the "
+                         f"plan can ever have in flight ((k + 1) x prompts x samples = {rc.max_version_lag + 1} x "
+                         f"{w.prompts_per_step} x {w.samples_per_prompt}); use at most {in_flight:,}")
     if rc.max_num_seqs < w.samples_per_prompt:
         where = f"--max-num-seqs {rc.max_num_seqs}" if overrides.max_num_seqs else f"max_num_seqs {rc.max_num_seqs}"
         raise ValueError(f"{where} is below workload.samples_per_prompt ({w.samples_per_prompt}): a prompt group's "
@@ -266,8 +272,9 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     except ValueError as exc:
         error(console, f"{spec_path}: {exc}")
         return EXIT_INVALID
-    if overrides.watchdog_s is not None and not overrides.watchdog_s > 0:  # NaN too
-        error(console, f"--watchdog-s must be > 0, got {overrides.watchdog_s:g}")
+    if overrides.watchdog_s is not None and not 0 < overrides.watchdog_s < math.inf:  # NaN too
+        error(console, f"--watchdog-s must be a number of seconds > 0, got {overrides.watchdog_s:g}; leave it out "
+                       "for no watchdog")
         return EXIT_INVALID
     if overrides.output_dir is not None and not overrides.output_dir.strip():
         error(console, "--output-dir is empty: name a directory, or leave the flag out for the spec's "

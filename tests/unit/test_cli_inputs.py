@@ -209,6 +209,17 @@ def test_too_few_slots_for_a_prompt_group_names_the_flag(capsys) -> None:
     assert "--max-num-seqs 4 is below workload.samples_per_prompt (8)" in err and "slots_per_group" not in err
 
 
+def test_more_slots_than_can_ever_fill_and_an_endless_watchdog_are_refused(tmp_path: Path, capsys) -> None:
+    assert main(["apply", str(TINY), "--max-num-seqs", "1000000000000", "--no-live",
+                 "--output-dir", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "--max-num-seqs 1,000,000,000,000 is more than the" in err and "use at most" in err
+    for value in ("inf", "nan", "0"):
+        assert main(["apply", str(TINY), "--watchdog-s", value, "--no-live", "--output-dir", str(tmp_path / "b")]) == 2
+        assert "--watchdog-s must be a number of seconds > 0" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_a_refused_resume_names_the_settings_that_changed(tmp_path: Path, capsys) -> None:
     from dora.apply import ApplyOverrides, plan_for_apply, runtime_config_for
     from dora.runtime.checkpoint import FORMAT, checkpoint_dir, config_key
