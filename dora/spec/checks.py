@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 import urllib.parse
 
 from dora.spec.diagnostics import Diagnostic
@@ -109,9 +110,22 @@ def check_lengths(length: LengthSpec, where: tuple[str, ...]) -> list[Diagnostic
     return out
 
 
+def unprintable(text: str) -> str | None:
+    """The first character of ``text`` a terminal would not show as itself (a control character such as a newline or
+    an escape sequence's ESC, a bidirectional override, a lone surrogate), as ``U+XXXX``; None if there is none."""
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn"):
+            return f"U+{ord(ch):04X}"
+    return None
+
+
 def check_spec(spec: Spec) -> list[Diagnostic]:
     """Rules that need the whole spec but not the resolved architecture."""
     out: list[Diagnostic] = []
+    bad = unprintable(spec.name)
+    if bad:
+        out.append(_d(("name",), f"contains the unprintable character {bad}, which dora would print to terminals and "
+                                 "logs as it is", "use letters, digits, spaces and punctuation"))
     m = spec.model
     sources = [k for k in ("preset", "hf_config", "architecture") if getattr(m, k) is not None]
     if len(sources) != 1:

@@ -42,6 +42,17 @@ def _clean(loc: tuple[Any, ...]) -> Path:
 
 
 def _describe(value: Any) -> str:
+    """``value`` as the spec's author wrote it: YAML's spelling for null and booleans, the kind of a collection."""
+    if value is None:
+        return "null (an empty value)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, set | frozenset):
+        return "a set"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
     try:
         text = repr(value)
     except ValueError:  # an int past Python's 4300-digit str() limit (a hex literal can be that long)
@@ -81,10 +92,10 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
             hint = f"set a value {rel} {bound}"
         elif kind in ("int_type", "int_parsing", "int_from_float"):
             msg = f"expected an integer, got {_describe(value)}"
-            hint = "write a whole number without quotes, e.g. 8"
+            hint = "write a whole number" + (" without quotes" if isinstance(value, str) else "") + ", e.g. 8"
         elif kind in ("float_type", "float_parsing"):
             msg = f"expected a number, got {_describe(value)}"
-            hint = "write a number without quotes, e.g. 0.5"
+            hint = "write a number" + (" without quotes" if isinstance(value, str) else "") + ", e.g. 0.5"
         elif kind == "finite_number":
             msg = f"must be a finite number, got {_describe(value)}"
             hint = "write a finite number, e.g. 0.5"
@@ -101,6 +112,9 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
         elif kind in ("string_too_short", "string_too_long"):
             msg = err["msg"].lower()
             hint = "use a non-empty name of at most 128 characters"
+        elif kind == "string_unicode":
+            msg = "is not valid text (it holds a lone UTF-16 surrogate, such as an escaped \\ud800)"
+            hint = "remove the \\u escape, or write the character itself"
         elif kind == "union_tag_invalid" or kind == "union_tag_not_found":
             msg = f"expected `auto` or a mapping, got {_describe(value)}"
             hint = "write `placement: auto` or pin fields under placement.rollout / placement.train"

@@ -22,6 +22,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+from ruamel.yaml.reader import ReaderError
 
 from dora.spec.diagnostics import Diagnostic, Path, SpecError
 
@@ -178,6 +179,10 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
     return str(node)  # other tagged scalars (!foo x): as text, which a string field takes as written
 
 
+_SCALAR_KINDS = {int: "a number", float: "a number", bool: "true or false", str: "a single string"}
+"""How a top-level value that is not a mapping reads to the spec's author."""
+
+
 def parse_yaml(text: str, file: str) -> YamlDoc:
     """Parse spec text; raise ``SpecError`` for anything that is not a sane YAML mapping."""
     if len(text.encode("utf-8", "replace")) > MAX_FILE_BYTES:
@@ -196,6 +201,16 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
         problem = exc.problem or exc.context or "invalid YAML"
         raise SpecError(file, [Diagnostic(path=(), line=line, message=f"not valid YAML: {problem}",
                                           hint="check indentation and quoting near that line")]) from None
+    except ReaderError as exc:  # a character YAML does not allow: ruamel gives its position, not its line
+        if not isinstance(exc.character, int) or not isinstance(exc.position, int):
+            raise SpecError(file, [Diagnostic(path=(), message=f"not valid YAML: {exc}",
+                                              hint="check the file is a YAML document")]) from None
+        line = text.count("\n", 0, exc.position) + 1
+        raise SpecError(file, [Diagnostic(path=(), line=line,
+                                          message=f"not valid YAML: the character U+{exc.character:04X} is not allowed "
+                                                  "in a YAML document",
+                                          hint="remove it, or write it as an escape (e.g. \\x07) inside a "
+                                               "double-quoted string")]) from None
     except YAMLError as exc:
         raise SpecError(file, [Diagnostic(path=(), message=f"not valid YAML: {exc}",
                                           hint="check the file is a YAML document")]) from None
@@ -212,7 +227,7 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
                                           hint="start from one of the example specs (dora ships specs/*.yaml)")])
     if not isinstance(root, CommentedMap):
         kind = "a list" if isinstance(root, CommentedSeq) else \
-            "a scalar" if isinstance(root, _BadScalar) else f"a {type(root).__name__} scalar"
+            "a scalar" if isinstance(root, _BadScalar) else _SCALAR_KINDS.get(type(root), "a single value")
         raise SpecError(file, [Diagnostic(path=(), line=1, message=f"the spec must be a YAML mapping, got {kind}",
                                           hint="top-level keys are name, model, cluster, workload, ...")])
     lines: dict[Path, int] = {(): 1}
@@ -223,7 +238,7 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
         path: Path = exc.args[0][:1]  # the top-level key whose value explodes; deeper paths are noise
         raise SpecError(file, [Diagnostic(
             path=path, line=YamlDoc({}, lines).line_of(path),
-            message=f"the document expands to more than {MAX_NODES} nodes or {MAX_DEPTH} levels "
-                    "(YAML aliases referencing each other?)",
-            hint="remove the recursive/exponential aliases; write the values out")]) from None
+            message=f"the document expands to more than {MAX_NODES} nodes or {MAX_DEPTH} levels of nesting "
+                    "(deeply nested lists or mappings, or aliases that expand)",
+            hint="write the values out plainly: a spec's fields nest a few levels at most")]) from None
     return YamlDoc(data=data, lines=lines, problems=tuple(problems))

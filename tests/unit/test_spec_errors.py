@@ -163,3 +163,11 @@ def test_an_hf_config_python_cannot_read_is_a_diagnostic(tmp_path: Path, content
     (diag,) = info.value.diagnostics
     assert diag.path == ("model", "hf_config") and message in diag.message
     assert spec.read_text().splitlines()[diag.line - 1].strip() == "hf_config: config.json"
+
+
+def test_a_character_yaml_refuses_is_reported_at_its_line() -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(str(CORPUS / "control_character.yaml"))
+    (diag,) = info.value.diagnostics
+    text = (CORPUS / "control_character.yaml").read_text().splitlines()
+    assert diag.line is not None and "\x07" in text[diag.line - 1]
