@@ -162,6 +162,10 @@ def find_job(target: str) -> dict[str, Any]:
         raise JobRecordError(f"no submitted job recorded at {path}: `dora apply SPEC --address URL` records one there")
     try:
         data = loads_json(path.read_text(encoding="utf-8"))  # a ValueError also for nesting too deep to parse
+        if not isinstance(data, dict):
+            held = json.dumps(data)[:40]
+            raise JobRecordError(f"{path} is not a dora job record: it holds {held} instead of an object with address "
+                                 "and submission_id") from None
         job = {"address": str(data["address"]), "submission_id": str(data["submission_id"]), "file": str(path)}
     except KeyError as exc:
         raise JobRecordError(f"{path} is not a dora job record: it has no {exc} field") from None

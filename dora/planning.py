@@ -7,6 +7,7 @@ passed explicitly, and the planner never sees the spec object.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -61,7 +62,10 @@ def load_calibration(path: str | None) -> Calibration:
         return DEFAULT_CALIBRATION
     data = read_json_object(path, "calibration file", CalibrationFileError)
     values = data.get("calibration", data)
-    if isinstance(values, dict) and "source" not in values:
+    if not isinstance(values, dict):
+        raise CalibrationFileError(f"calibration file '{path}': \"calibration\" must be an object of constants "
+                                   f"(name: value), got {json.dumps(values)[:60]}; `dora calibrate` writes one")
+    if "source" not in values:
         values = {**values, "source": f"file {path}"}  # not "catalog defaults": it sets some of them
     try:
         return Calibration.from_dict(values)

@@ -378,3 +378,19 @@ def test_a_job_record_nested_too_deeply_is_not_a_job_record(tmp_path: Path, caps
     assert main(["status", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "is not a dora job record: it nests too deeply" in err and "internal" not in err
+
+
+@pytest.mark.parametrize("record", ["[]", '"str"', "null", "3"])
+def test_a_job_record_that_is_not_an_object_says_what_it_holds(tmp_path: Path, capsys, record: str) -> None:
+    (tmp_path / "job.json").write_text(record)
+    assert main(["status", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"is not a dora job record: it holds {record} instead of an object" in err and "indices" not in err
+
+
+@pytest.mark.parametrize("values", ["null", "[1]", '"x"'])
+def test_a_calibration_that_is_not_an_object_says_so(tmp_path: Path, capsys, values: str) -> None:
+    (tmp_path / "cal.json").write_text('{"calibration": %s}' % values)
+    assert main(["plan", str(TINY), "--calibration", str(tmp_path / "cal.json")]) == 2
+    err = capsys.readouterr().err
+    assert '"calibration" must be an object of constants' in err and "NoneType" not in err
