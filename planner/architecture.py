@@ -443,6 +443,12 @@ _MLA_TYPES = {"deepseek_v3", "deepseek_v2", "kimi_k2"}
 
 
 HF_INT_MAX = 1 << 40
+MAX_ROPE_THETA = 1e12
+"""Largest RoPE base a config.json or spec may give (released models use 1e4-1e7)."""
+MAX_NORM_EPS = 1.0
+"""Largest RMSNorm epsilon a config.json or spec may give (released models use 1e-6-1e-5)."""
+MAX_ROUTER_SCALING = 1000.0
+"""Largest ``routed_scaling_factor`` a config.json may give (DeepSeek-V3 2.5, Kimi K2 2.827)."""
 """Largest integer a config.json field may hold (a vocabulary or context length is far below; the cost model's float
 arithmetic is exact there)."""
 
@@ -543,11 +549,11 @@ def _rope_scaling(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def _positive_number(key: str, value: Any) -> float | None:
+def _positive_number(key: str, value: Any, most: float) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise HFConfigError(key, f"must be a number > 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= most:
+        raise HFConfigError(key, f"must be a number > 0 and at most {most:g}, got {value!r}")
     return float(value)
 
 
@@ -561,7 +567,8 @@ def _router(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         "router_score": score,
         "router_normalizes_topk": True if model_type == "mixtral" else _bool(
             config, "norm_topk_prob", model_type in ("deepseek_v3", "kimi_k2")),
-        "router_scaling": _positive_number("routed_scaling_factor", config.get("routed_scaling_factor", 1.0)),
+        "router_scaling": _positive_number("routed_scaling_factor", config.get("routed_scaling_factor", 1.0),
+                                           MAX_ROUTER_SCALING),
         "router_expert_bias": config.get("topk_method") == "noaux_tc",
     }
     if config.get("topk_method") in ("group_limited_greedy", "noaux_tc"):
@@ -660,8 +667,8 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
     kw["max_context_tokens"] = _context_limit(config)
     scaling = _rope_scaling(config)
     theta = config.get("rope_theta", scaling.get("rope_theta") if scaling is not None else None)
-    kw["rope_theta"] = _positive_number("rope_theta", theta)
-    kw["norm_eps"] = _positive_number("rms_norm_eps", config.get("rms_norm_eps"))
+    kw["rope_theta"] = _positive_number("rope_theta", theta, MAX_ROPE_THETA)
+    kw["norm_eps"] = _positive_number("rms_norm_eps", config.get("rms_norm_eps"), MAX_NORM_EPS)
     kw["rope_scaling"] = rope_scaling_items(scaling) if scaling is not None else ()
     try:
         return ModelArch(**kw)

@@ -43,6 +43,10 @@ MAX_PRICE_USD = 10_000.0
 MAX_ARCH_INT = 1 << 40
 """Largest architecture size (layers, widths, heads, experts, vocabulary): the bound config.json fields have
 (planner.architecture.HF_INT_MAX)."""
+MAX_ROPE_THETA = 1e12
+"""Largest RoPE base (planner.architecture.MAX_ROPE_THETA, which config.json's rope_theta has too)."""
+MAX_NORM_EPS = 1.0
+"""Largest RMSNorm epsilon (planner.architecture.MAX_NORM_EPS, which config.json's rms_norm_eps has too)."""
 ArchInt = Annotated[int, Field(gt=0, le=MAX_ARCH_INT)]
 """A positive architecture size, at most MAX_ARCH_INT."""
 ArchCount = Annotated[int, Field(ge=0, le=MAX_ARCH_INT)]
@@ -102,11 +106,11 @@ class ArchitectureSpec(StrictModel):
     """Whether the QKV projections have biases (Qwen2.5)."""
     qk_norm: bool = False
     """Whether q and k get a per-head RMSNorm before attention (Qwen3)."""
-    rope_theta: Annotated[float, Field(gt=0, le=1e12)] | None = None
+    rope_theta: Annotated[float, Field(gt=0, le=MAX_ROPE_THETA)] | None = None
     """RoPE base frequency (config.json `rope_theta`, e.g. 1000000 for Qwen2.5/Qwen3). The planner does not need
     it; the Megatron config does (`rotary_base`): unset, megatron-core's default 10000 applies and the launch notes
     say so. At most 1e12 (released models use 1e4 to 1e7)."""
-    norm_eps: Annotated[float, Field(gt=0, le=1)] | None = None
+    norm_eps: Annotated[float, Field(gt=0, le=MAX_NORM_EPS)] | None = None
     """RMSNorm epsilon (config.json `rms_norm_eps`). Like rope_theta, only the Megatron config uses it
     (`layernorm_epsilon`; unset: megatron-core's 1e-5). At most 1."""
     num_experts: ArchCount = 0

@@ -390,7 +390,7 @@ def test_a_job_record_that_is_not_an_object_says_what_it_holds(tmp_path: Path, c
 
 @pytest.mark.parametrize("values", ["null", "[1]", '"x"'])
 def test_a_calibration_that_is_not_an_object_says_so(tmp_path: Path, capsys, values: str) -> None:
-    (tmp_path / "cal.json").write_text('{"calibration": %s}' % values)
+    (tmp_path / "cal.json").write_text('{"calibration": ' + values + '}')
     assert main(["plan", str(TINY), "--calibration", str(tmp_path / "cal.json")]) == 2
     err = capsys.readouterr().err
     assert '"calibration" must be an object of constants' in err and "NoneType" not in err

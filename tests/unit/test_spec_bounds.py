@@ -18,7 +18,7 @@ from dora.report import format_value, plan_diff, render_diff
 from dora.spec import SpecError, load_spec, load_spec_text, models
 from dora.spec.diagnostics import format_path
 from dora.spec.schema import spec_json_schema
-from planner.architecture import HF_INT_MAX
+from planner.architecture import HF_INT_MAX, MAX_NORM_EPS, MAX_ROPE_THETA
 from planner.search import core
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,6 +42,7 @@ def test_bounds_agree_with_the_planner() -> None:
     assert models.MAX_ACCELERATORS == core.MAX_ACCELERATORS
     assert models.MAX_BATCH_SAMPLES == core.MAX_BATCH_SAMPLES
     assert models.MAX_ARCH_INT == HF_INT_MAX
+    assert (models.MAX_ROPE_THETA, models.MAX_NORM_EPS) == (MAX_ROPE_THETA, MAX_NORM_EPS)
 
 
 def _numeric_fields(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
