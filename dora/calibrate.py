@@ -507,6 +507,8 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
 
 def _unwritable(out_path: str) -> str | None:
     """Why ``out_path`` cannot receive the calibration file, or ``None`` (checks only; creates nothing)."""
+    if not out_path.strip():
+        return "the path is empty"
     out = Path(out_path)
     if out.is_dir():
         return "it is a directory"

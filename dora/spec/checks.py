@@ -72,7 +72,10 @@ def address_problem(address: str) -> str | None:
 
 
 def path_problem(path: tuple[str | int, ...], value: str | None) -> list[Diagnostic]:
-    """A file path field holding a NUL byte, which no operating system takes (Python's open raises ValueError)."""
+    """A file path field that is empty (it would name the spec's own directory), or holds a NUL byte, which no
+    operating system takes (Python's open raises ValueError)."""
+    if value is not None and not value.strip():
+        return [_d(path, f"the path is empty ({value!r})", "name a path, or leave the key out")]
     if value is None or "\0" not in value:
         return []
     return [_d(path, f"{value!r} contains a NUL byte (\\0), which no file path can hold",

@@ -169,6 +169,8 @@ def test_calibrate_checks_its_output_path_before_measuring(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert f"cannot write {target}: it is a directory" in err and "decode" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory"]
+    assert main(["calibrate", str(TINY), "--out", " "]) == 2
+    assert "the path is empty" in capsys.readouterr().err
 
 
 def test_examples_are_named_not_read_from_any_path(capsys) -> None:
