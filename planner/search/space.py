@@ -186,9 +186,10 @@ class Space:
                     if slots < inp.samples_per_prompt:
                         self.rejections.append(Rejection(
                             what=f"rollout tp{tp}", need_over_have=inp.samples_per_prompt / slots,
-                            reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples needs "
-                                    f"{inp.samples_per_prompt} slots, KV cache holds {slots} at the mean context "
-                                    f"{self.ctx_avg:.0f} tokens")))
+                            reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples "
+                                    f"(workload.samples_per_prompt) needs {inp.samples_per_prompt} slots on one "
+                                    f"engine, which holds {slots} (its KV cache at the mean context "
+                                    f"{self.ctx_avg:.0f} tokens, at most {inp.max_num_seqs_cap} sequences)")))
                         continue
                     if knee is None:
                         knee = make_rollout_cost_model(
