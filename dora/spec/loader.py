@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
@@ -134,9 +135,13 @@ def _number(cell: str) -> bool:
     return True
 
 
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+
+
 def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
     """Parse ``length,count`` rows (a header row and ``#`` comments allowed). Returns (rows, error)."""
     rows: list[tuple[int, int]] = []
+    header_seen = False
     for n, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -144,12 +149,12 @@ def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
         cells = [c.strip() for c in line.replace("\t", ",").split(",")]
         if len(cells) != 2:
             return None, f"line {n}: expected 2 columns `length,count`, got {len(cells)}: {raw.strip()!r}"
-        try:
-            length, count = int(cells[0]), int(cells[1])
-        except ValueError:
-            if not rows and not any(map(_number, cells)):
+        if not all(_ASCII_DIGITS.fullmatch(c) for c in cells):  # int() would take "8_0" and non-ASCII digits too
+            if not rows and not header_seen and not any(map(_number, cells)):
+                header_seen = True
                 continue  # a header: the first row, and no cell of it is a number
-            return None, f"line {n}: `length,count` must be two integers, got {raw.strip()!r}"
+            return None, f"line {n}: `length,count` must be two whole numbers (digits 0-9), got {raw.strip()!r}"
+        length, count = int(cells[0]), int(cells[1])
         if length <= 0 or count < 0:
             return None, f"line {n}: length must be > 0 and count >= 0, got {length},{count}"
         if count > MAX_HISTOGRAM_COUNT:

@@ -150,3 +150,28 @@ def test_version_and_help() -> None:
     assert out.stdout.strip() == f"dora {__version__}"
     helptext = subprocess.run([sys.executable, "-m", "dora.cli", "--help"], capture_output=True, text=True).stdout
     assert "examples:" in helptext and "validate" in helptext
+
+
+@pytest.mark.parametrize("text, accepted", [
+    ("length,count\n8,1\n", True),
+    ("# lengths\nlength,count\n8,1\n12,3\n", True),
+    ("a,b\nc,d\n8,1\n", False),  # one header row, not several
+    ("8_0,1\n", False),  # int() reads 80
+    ("\u0668,1\n", False),  # an Arabic-Indic eight, which int() reads as 8
+    ("8,+1\n", False),
+])
+def test_histogram_rows_are_plain_digits(text: str, accepted: bool) -> None:
+    from dora.spec.loader import parse_histogram
+
+    rows, why = parse_histogram(text)
+    assert (rows is not None) == accepted, why
+    if not accepted:
+        assert "line" in why
+
+
+def test_a_json_input_that_repeats_a_key_is_refused() -> None:
+    from dora.spec.files import loads_json
+
+    with pytest.raises(ValueError, match="the key 'a' appears twice"):
+        loads_json('{"b": {"a": 1, "a": 2}}')
+    assert loads_json('{"a": {"a": 1}}') == {"a": {"a": 1}}
