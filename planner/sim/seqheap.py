@@ -12,9 +12,10 @@ the interpreted planner ``TupleSeqHeap``, a ``heapq`` list behind the same metho
 from __future__ import annotations
 
 import heapq
+from typing import cast
 
 from librt.vecs import append, pop, vec
-from mypy_extensions import i64
+from mypy_extensions import i64, mypyc_attr
 
 
 class SeqHeap:
@@ -110,36 +111,29 @@ class SeqHeap:
         self._sift_up_from(start, pos)
 
 
-class TupleSeqHeap(SeqHeap):
-    """``SeqHeap`` on a ``heapq`` list of tuples: what the interpreted planner uses (``make_seq_heap``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.heap: list[tuple[float, int]] = []
-
-    def __len__(self) -> int:
-        return len(self.heap)
+@mypyc_attr(native_class=False)
+class TupleSeqHeap(list[tuple[float, int]]):
+    """``SeqHeap``'s methods on a ``heapq`` list of ``(key, item)`` tuples: what the interpreted planner uses
+    (``make_seq_heap``). A list itself, so that ``len`` and truth tests stay C calls; a plain Python class even when
+    the module is compiled (mypyc's native classes cannot extend ``list``)."""
 
     def top_key(self) -> float:
-        return self.heap[0][0]
+        return self[0][0]
 
     def top_item(self) -> int:
-        return self.heap[0][1]
+        return self[0][1]
 
     def replace(self, key: float, item: int) -> None:
-        heapq.heapreplace(self.heap, (key, item))
+        heapq.heapreplace(self, (key, item))
 
     def push(self, key: float, item: int) -> None:
-        heapq.heappush(self.heap, (key, item))
+        heapq.heappush(self, (key, item))
 
-    def pop(self) -> int:
-        return heapq.heappop(self.heap)[1]
-
-    def clear(self) -> None:
-        self.heap.clear()
+    def pop(self) -> int:  # type: ignore[override]  # SeqHeap.pop: the item of the smallest pair
+        return heapq.heappop(self)[1]
 
     def pairs(self) -> list[tuple[float, int]]:
-        return list(self.heap)
+        return list(self)
 
 
 COMPILED = not __file__.endswith(".py")
@@ -148,4 +142,4 @@ COMPILED = not __file__.endswith(".py")
 
 def make_seq_heap() -> SeqHeap:
     """An empty heap: on unboxed vectors when compiled, a ``heapq`` list when interpreted (module doc)."""
-    return SeqHeap() if COMPILED else TupleSeqHeap()
+    return SeqHeap() if COMPILED else cast(SeqHeap, TupleSeqHeap())
