@@ -1,4 +1,5 @@
-"""A replica's running sequences: a min-heap of ``(finish position, trajectory)`` pairs.
+"""The simulator's heaps: min-heaps of ``(float key, int item)`` pairs (a replica's running sequences by finish
+position, and the pending events by time and sequence number).
 
 It runs ``heapq``'s algorithms step for step (``heappush``'s sift toward the root, ``heappop``'s sift of the last
 element to a leaf and back up), so after any sequence of operations its array holds the pairs in exactly the order a
@@ -115,7 +116,7 @@ class SeqHeap:
 class TupleSeqHeap(list[tuple[float, int]]):
     """``SeqHeap``'s methods on a ``heapq`` list of ``(key, item)`` tuples: what the interpreted planner uses
     (``make_seq_heap``). A list itself, so that ``len`` and truth tests stay C calls; a plain Python class even when
-    the module is compiled (mypyc's native classes cannot extend ``list``)."""
+    the module is compiled, so that it can extend ``list``."""
 
     def top_key(self) -> float:
         return self[0][0]
