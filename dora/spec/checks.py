@@ -14,7 +14,7 @@ import urllib.parse
 from dora.spec.diagnostics import Diagnostic
 from dora.spec.models import LengthSpec, Spec, StalenessSpec
 from planner.architecture import ModelArch
-from planner.search.core import MAX_ACCELERATORS, MAX_BATCH_SAMPLES
+from planner.search.core import MAX_ACCELERATORS, MAX_BATCH_SAMPLES, MAX_CPU_CORES
 from planner.train_cost import pipeline_stage_layers
 
 
@@ -144,6 +144,12 @@ def check_spec(spec: Spec) -> list[Diagnostic]:
                       f"{c.nodes * c.accelerators_per_node:,} accelerators; dora plans clusters of up to "
                       f"{MAX_ACCELERATORS:,} (its planner simulates every rollout replica)",
                       "lower cluster.nodes"))
+    elif c.accelerator == "cpu" and c.nodes * c.accelerators_per_node > MAX_CPU_CORES:
+        out.append(_d(("cluster", "nodes"),
+                      f"nodes x accelerators_per_node = {c.nodes:,} x {c.accelerators_per_node} = "
+                      f"{c.nodes * c.accelerators_per_node:,} cpu cores; the cpu accelerator is dora's embedded "
+                      f"runtime on one host, planned up to {MAX_CPU_CORES:,} cores",
+                      "lower cluster.nodes (one node with the host's cores is what the cpu runtime uses)"))
     w = spec.workload
     if w.prompts_per_step * w.samples_per_prompt > MAX_BATCH_SAMPLES:
         out.append(_d(("workload", "prompts_per_step"),

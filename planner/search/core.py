@@ -191,11 +191,17 @@ MAX_BATCH_SAMPLES = 1_000_000
 (1/8 in sync) for at least 3 steps, so its shortest simulation generates at least 1.5 trajectories per batch sample:
 ~15 s for this batch at the simulator's ~100K trajectories/s (bench/simulate_scale.py), a few minutes for a whole
 search. The largest example spec (moe-scale-x10240) has 65,536."""
+MAX_CPU_CORES = 1024
+"""The largest ``cpu`` cluster the search plans. The ``cpu`` accelerator is dora's embedded runtime on one host: its
+engines and trainer slow each other down (``StepTiming.engine_contention``), which the simulator re-checks across
+every replica as engines start and stop decoding, so its cost grows with the square of the replicas. 1,024 cores
+plan in ~7 s (local-tiny's workload); 8,192 took ~6 min."""
 MAX_ACCELERATORS = 1 << 17
 """The largest cluster the search plans, 131,072 accelerators: its simulations grow with the replicas (every replica
-loads every version), so that every spec that validates plans in well under a minute. The dense-32b workload on
-102,400 H800 plans in ~13 s, on 131,072 in ~25 s (on 1,024,000 it took 107-180 s, with no way to tell it from a
-hang). The largest example has 10,240; the largest RL runs published use tens of thousands."""
+loads every version), so that a spec plans in under a minute. On 131,072 H800 the dense-32b workload plans in ~25 s
+and the dense-8b one in ~43 s (on 1,024,000 the dense-32b workload took 107-180 s, with no way to tell it from a
+hang). The largest example has 10,240; the largest RL runs published use tens of thousands. ``cpu`` clusters have
+their own, lower limit (``MAX_CPU_CORES``)."""
 
 
 
@@ -365,6 +371,8 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     result does not depend on it)."""
     if inputs.total_accelerators > MAX_ACCELERATORS:
         raise ValueError(f"{inputs.total_accelerators:,} accelerators is over MAX_ACCELERATORS ({MAX_ACCELERATORS:,})")
+    if inputs.accelerator.name == "cpu" and inputs.total_accelerators > MAX_CPU_CORES:
+        raise ValueError(f"{inputs.total_accelerators:,} cpu cores is over MAX_CPU_CORES ({MAX_CPU_CORES:,})")
     if inputs.batch_samples > MAX_BATCH_SAMPLES:
         raise ValueError(f"a batch of {inputs.batch_samples:,} trajectories per step is over MAX_BATCH_SAMPLES "
                          f"({MAX_BATCH_SAMPLES:,}), the most the search simulates")
