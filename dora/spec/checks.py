@@ -113,11 +113,17 @@ def check_lengths(length: LengthSpec, where: tuple[str, ...]) -> list[Diagnostic
     return out
 
 
+_JOINERS_AND_MARKS = frozenset("\u200c\u200d\u200e\u200f")
+"""Format characters that text in some scripts needs and that change nothing around them: the zero-width non-joiner
+and joiner (Persian, Indic scripts, emoji sequences) and the left-to-right and right-to-left marks."""
+
+
 def unprintable(text: str) -> str | None:
     """The first character of ``text`` a terminal would not show as itself (a control character such as a newline or
-    an escape sequence's ESC, a bidirectional override, a lone surrogate), as ``U+XXXX``; None if there is none."""
+    an escape sequence's ESC, a bidirectional override or isolate, a lone surrogate, an unassigned code point), as
+    ``U+XXXX``; None if there is none."""
     for ch in text:
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn"):
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn") and ch not in _JOINERS_AND_MARKS:
             return f"U+{ord(ch):04X}"
     return None
 

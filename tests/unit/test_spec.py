@@ -175,3 +175,18 @@ def test_a_json_input_that_repeats_a_key_is_refused() -> None:
     with pytest.raises(ValueError, match="the key 'a' appears twice"):
         loads_json('{"b": {"a": 1, "a": 2}}')
     assert loads_json('{"a": {"a": 1}}') == {"a": {"a": 1}}
+
+
+@pytest.mark.parametrize("name, bad", [
+    ("qwen 32b \u00e9t\u00e9 \u4e2d\u6587", None),
+    ("family \U0001f468\u200d\U0001f469\u200d\U0001f467", None),  # an emoji sequence: zero-width joiners
+    ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", None),  # Persian needs the zero-width non-joiner
+    ("a\u202eb", "U+202E"),  # a right-to-left override would reorder what a terminal shows
+    ("a\u2066b", "U+2066"),
+    ("a\x1b[31mb", "U+001B"),
+    ("a\tb", "U+0009"),
+])
+def test_a_job_name_may_hold_any_script_but_no_control_characters(name: str, bad: str | None) -> None:
+    from dora.spec.checks import unprintable
+
+    assert unprintable(name) == bad
