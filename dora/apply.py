@@ -21,6 +21,7 @@ from typing import Any
 
 from dora.runtime.checkpoint import CheckpointError, check_resumable, resume_hint
 from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
+from dora.spec.checks import path_problem
 from dora.spec.models import MAX_STEPS
 from dora.terminal import error, say
 
@@ -272,13 +273,13 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     except ValueError as exc:
         error(console, f"{spec_path}: {exc}")
         return EXIT_INVALID
-    if overrides.watchdog_s is not None and not 0 < overrides.watchdog_s < math.inf:  # NaN too
-        error(console, f"--watchdog-s must be a number of seconds > 0, got {overrides.watchdog_s:g}; leave it out "
-                       "for no watchdog")
+    if overrides.watchdog_s is not None and not 1 <= overrides.watchdog_s < math.inf:  # NaN too
+        error(console, f"--watchdog-s must be a number of seconds, at least 1, got {overrides.watchdog_s:g}; leave it "
+                       "out for no watchdog")
         return EXIT_INVALID
-    if overrides.output_dir is not None and not overrides.output_dir.strip():
-        error(console, "--output-dir is empty: name a directory, or leave the flag out for the spec's "
-                       f"runtime.output_dir ({rc.output_dir})")
+    if overrides.output_dir is not None and (bad_dir := path_problem(("--output-dir",), overrides.output_dir)):
+        error(console, f"--output-dir: {bad_dir[0].message}: name a directory, or leave the flag out for the spec's "
+                       f"runtime.output_dir ({resolved.output_dir})")
         return EXIT_INVALID
     try:
         check_engines(rc)

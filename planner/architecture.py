@@ -567,7 +567,7 @@ def _router(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         "router_score": score,
         "router_normalizes_topk": True if model_type == "mixtral" else _bool(
             config, "norm_topk_prob", model_type in ("deepseek_v3", "kimi_k2")),
-        "router_scaling": _positive_number("routed_scaling_factor", config.get("routed_scaling_factor", 1.0),
+        "router_scaling": _positive_number("routed_scaling_factor", config.get("routed_scaling_factor") or 1.0,
                                            MAX_ROUTER_SCALING),
         "router_expert_bias": config.get("topk_method") == "noaux_tc",
     }

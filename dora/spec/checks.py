@@ -74,8 +74,10 @@ def address_problem(address: str) -> str | None:
 def path_problem(path: tuple[str | int, ...], value: str | None) -> list[Diagnostic]:
     """A file path field that is empty (it would name the spec's own directory), or holds a NUL byte, which no
     operating system takes (Python's open raises ValueError)."""
-    if value is not None and not value.strip():
+    if value is not None and not "".join(ch for ch in value if not unprintable(ch)).strip():
         return [_d(path, f"the path is empty ({value!r})", "name a path, or leave the key out")]
+    if value is not None and "\0" not in value and (bad := unprintable(value)):
+        return [_d(path, f"{value!r} holds the unprintable character {bad}", "remove it from the path")]
     if value is None or "\0" not in value:
         return []
     return [_d(path, f"{value!r} contains a NUL byte (\\0), which no file path can hold",
@@ -113,17 +115,21 @@ def check_lengths(length: LengthSpec, where: tuple[str, ...]) -> list[Diagnostic
     return out
 
 
-_JOINERS_AND_MARKS = frozenset("\u200c\u200d\u200e\u200f")
+_ALLOWED_FORMAT = frozenset("\u200c\u200d\u200e\u200f\u061c")
 """Format characters that text in some scripts needs and that change nothing around them: the zero-width non-joiner
-and joiner (Persian, Indic scripts, emoji sequences) and the left-to-right and right-to-left marks."""
+and joiner (Persian, Indic scripts, emoji sequences), and the left-to-right, right-to-left and Arabic letter marks.
+Tag characters (U+E0020-E007F, which spell the flags of Scotland, England and Wales) are allowed too."""
 
 
 def unprintable(text: str) -> str | None:
-    """The first character of ``text`` a terminal would not show as itself (a control character such as a newline or
-    an escape sequence's ESC, a bidirectional override or isolate, a lone surrogate, an unassigned code point), as
-    ``U+XXXX``; None if there is none."""
+    """The first character of ``text`` a terminal would not show as itself, as ``U+XXXX``; None if there is none: a
+    control character (a newline, an escape sequence's ESC), a line or paragraph separator, a lone surrogate, or an
+    invisible format character (a bidirectional override or isolate, a zero-width space, a byte-order mark).
+    Unassigned and private-use code points pass: Python's character database lags the emoji terminals show."""
     for ch in text:
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn") and ch not in _JOINERS_AND_MARKS:
+        cat = unicodedata.category(ch)
+        if cat in ("Cc", "Cs", "Zl", "Zp") or (
+                cat == "Cf" and ch not in _ALLOWED_FORMAT and not "\U000e0020" <= ch <= "\U000e007f"):
             return f"U+{ord(ch):04X}"
     return None
 
@@ -151,11 +157,12 @@ def check_spec(spec: Spec) -> list[Diagnostic]:
                       f"{MAX_ACCELERATORS:,} (its planner simulates every rollout replica)",
                       "lower cluster.nodes"))
     elif c.accelerator == "cpu" and c.nodes * c.accelerators_per_node > MAX_CPU_CORES:
-        out.append(_d(("cluster", "nodes"),
-                      f"nodes x accelerators_per_node = {c.nodes:,} x {c.accelerators_per_node} = "
+        field = "nodes" if c.nodes > 1 else "accelerators_per_node"
+        out.append(_d(("cluster", field),
+                      f"nodes x accelerators_per_node = {c.nodes:,} x {c.accelerators_per_node:,} = "
                       f"{c.nodes * c.accelerators_per_node:,} cpu cores; the cpu accelerator is dora's embedded "
                       f"runtime on one host, planned up to {MAX_CPU_CORES:,} cores",
-                      "lower cluster.nodes (one node with the host's cores is what the cpu runtime uses)"))
+                      f"lower cluster.{field} (one node with the host's cores is what the cpu runtime uses)"))
     w = spec.workload
     if w.prompts_per_step * w.samples_per_prompt > MAX_BATCH_SAMPLES:
         out.append(_d(("workload", "prompts_per_step"),

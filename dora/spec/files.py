@@ -73,15 +73,16 @@ def _bounded_int(text: str) -> int:
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {key!r} appears twice in one object (JSON readers differ on which one wins)")
+        if key in out and out[key] != value:
+            raise ValueError(f"the key {key!r} appears twice in one object with different values ({out[key]!r} and "
+                             f"{value!r}; JSON readers differ on which one wins): remove one of them")
         out[key] = value
     return out
 
 
 def loads_json(text: str, **kwargs: Any) -> Any:
     """``json.loads`` for a file the user named: ``ValueError`` (a ``JSONDecodeError`` for bad syntax) also when it
-    nests too deeply for Python's parser, holds an integer no float can hold, or repeats a key in one object."""
+    nests too deeply for Python's parser, holds an integer no float can hold, or gives one key two values in one object."""
     try:
         return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_keys, **kwargs)
     except RecursionError:

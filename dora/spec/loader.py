@@ -135,7 +135,8 @@ def _number(cell: str) -> bool:
     return True
 
 
-_ASCII_DIGITS = re.compile(r"[0-9]+")
+_ASCII_DIGITS = re.compile(r"([0-9]+)(?:\.0*)?")
+"""A whole number in plain digits; ``5.0`` too (pandas writes integer counts so when a column held a NaN)."""
 
 
 def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
@@ -154,7 +155,7 @@ def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
                 header_seen = True
                 continue  # a header: the first row, and no cell of it is a number
             return None, f"line {n}: `length,count` must be two whole numbers (digits 0-9), got {raw.strip()!r}"
-        length, count = int(cells[0]), int(cells[1])
+        length, count = (int(_ASCII_DIGITS.fullmatch(c).group(1)) for c in cells)  # type: ignore[union-attr]
         if length <= 0 or count < 0:
             return None, f"line {n}: length must be > 0 and count >= 0, got {length},{count}"
         if count > MAX_HISTOGRAM_COUNT:

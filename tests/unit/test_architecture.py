@@ -266,6 +266,7 @@ def test_hf_config_router_fields():
     arch = arch_from_hf_config(v2, name="v2")
     assert (arch.router_normalizes_topk, arch.router_expert_bias, arch.router_groups) == (False, False, 8)
     assert arch_from_hf_config(_config("qwen3-235b-a22b"), name="q").router_normalizes_topk is True
+    assert arch_from_hf_config({**ds, "routed_scaling_factor": None}, name="d").router_scaling == 1.0  # as absent
     for key, bad in (("scoring_func", "relu"), ("topk_group", 9), ("routed_scaling_factor", -1)):
         with pytest.raises(HFConfigError, match=key):
             arch_from_hf_config({**ds, key: bad}, name="d")

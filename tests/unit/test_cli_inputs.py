@@ -216,10 +216,20 @@ def test_more_slots_than_can_ever_fill_and_an_endless_watchdog_are_refused(tmp_p
                  "--output-dir", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert "--max-num-seqs 1,000,000,000,000 is more than the" in err and "use at most" in err
-    for value in ("inf", "nan", "0"):
+    for value in ("inf", "nan", "0", "1e-320", "0.5"):
         assert main(["apply", str(TINY), "--watchdog-s", value, "--no-live", "--output-dir", str(tmp_path / "b")]) == 2
-        assert "--watchdog-s must be a number of seconds > 0" in capsys.readouterr().err
+        assert "--watchdog-s must be a number of seconds, at least 1" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("out", [" ", "\u200b", "a\x1bb"])
+def test_an_empty_invisible_or_control_character_output_dir_is_refused(tmp_path: Path, capsys, monkeypatch,
+                                                                       out: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["apply", str(TINY), "--no-live", "--output-dir", out]) == 2
+    err = capsys.readouterr().err
+    assert "--output-dir: " in err and "runtime.output_dir (runs/local-tiny)" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_refused_resume_names_the_settings_that_changed(tmp_path: Path, capsys) -> None:
@@ -269,7 +279,7 @@ def test_plan_json_against_keeps_stdout_the_plan_and_reports_the_diff_on_stderr(
 
 def test_an_empty_output_dir_and_a_hand_written_calibration_say_what_they_are(tmp_path: Path, capsys) -> None:
     assert main(["apply", str(TINY), "--output-dir", "", "--no-live"]) == 2
-    assert "--output-dir is empty" in capsys.readouterr().err  # it used to run into the spec's directory
+    assert "--output-dir: the path is empty" in capsys.readouterr().err  # it used to run into the spec's directory
     calibration = tmp_path / "cal.json"
     calibration.write_text(json.dumps({"cpu_compute_efficiency": 0.5}))
     assert main(["plan", str(TINY), "--calibration", str(calibration)]) == 0

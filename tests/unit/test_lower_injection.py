@@ -41,16 +41,20 @@ def _address(value: str) -> str:
     return "http://head:8265/" + re.sub(r"\s", "${IFS}", value)
 
 
+def _printable(value: str) -> str:
+    """``value`` as validation lets it into a job name or a path: control characters refused there (a terminal would
+    act on them) become spaces. The shell's metacharacters stay."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", value)
+
+
 def _name(value: str) -> str:
-    """``value`` as a job name: validation refuses control characters there (a terminal would act on them), so they
-    become spaces; every other field keeps them."""
-    return re.sub(r"[\x00-\x1f\x7f]", " ", value)[:128]
+    return _printable(value)[:128]
 
 
 def _spec_text(value: str) -> str:
     """A small dense-8b spec (one node, 16 prompts a step: it plans in a fraction of a second) with every free-text
     field set to ``value`` (JSON-quoted, valid YAML), the address to ``_address(value)``."""
-    q = json.dumps(value, ensure_ascii=False)
+    q = json.dumps(_printable(value), ensure_ascii=False)
     return f"""
 name: {json.dumps(_name(value), ensure_ascii=False)}
 model: {{preset: qwen3-8b, checkpoint: {q}, dtype: bf16}}
@@ -62,7 +66,7 @@ workload:
   response_length: {{median_tokens: 1500, p99_tokens: 12000, max_tokens: 16384}}
   steps: 200
 staleness: {{max_version_lag: 2}}
-runtime: {{backend: ray-cluster, address: {json.dumps(_address(value), ensure_ascii=False)}, output_dir: {json.dumps("runs/" + value, ensure_ascii=False)}}}
+runtime: {{backend: ray-cluster, address: {json.dumps(_address(value), ensure_ascii=False)}, output_dir: {json.dumps("runs/" + _printable(value), ensure_ascii=False)}}}
 """
 
 
@@ -75,6 +79,7 @@ with open(os.environ["RAY_ARGV_FILE"], "w", encoding="utf-8") as fh:
 
 @pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_spec_strings_stay_inert(value: str, tmp_path: Path) -> None:
+    value = _printable(value)  # the address turns white space into ${IFS} either way
     resolved = load_spec_text(_spec_text(value), "hostile.yaml", REPO / "specs")
     assert resolved.spec.model.checkpoint == value
     plan_dir, home, work, bin_dir = (tmp_path / d for d in ("plan", "home", "work", "bin"))
