@@ -72,8 +72,9 @@ def address_problem(address: str) -> str | None:
 
 
 def path_problem(path: tuple[str | int, ...], value: str | None) -> list[Diagnostic]:
-    """A file path field that is empty (it would name the spec's own directory), or holds a NUL byte, which no
-    operating system takes (Python's open raises ValueError)."""
+    """A file path field that is empty once invisible characters are set aside (it would name the spec's own
+    directory), holds a NUL byte, which no operating system takes (Python's open raises ValueError), or holds another
+    character ``unprintable`` names (messages would print it raw)."""
     if value is not None and not "".join(ch for ch in value if not unprintable(ch)).strip():
         return [_d(path, f"the path is empty ({value!r})", "name a path, or leave the key out")]
     if value is not None and "\0" not in value and (bad := unprintable(value)):

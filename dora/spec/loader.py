@@ -150,12 +150,13 @@ def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
         cells = [c.strip() for c in line.replace("\t", ",").split(",")]
         if len(cells) != 2:
             return None, f"line {n}: expected 2 columns `length,count`, got {len(cells)}: {raw.strip()!r}"
-        if not all(_ASCII_DIGITS.fullmatch(c) for c in cells):  # int() would take "8_0" and non-ASCII digits too
+        numbers = [m for c in cells if (m := _ASCII_DIGITS.fullmatch(c))]  # int() takes "8_0" and non-ASCII digits
+        if len(numbers) != len(cells):
             if not rows and not header_seen and not any(map(_number, cells)):
                 header_seen = True
                 continue  # a header: the first row, and no cell of it is a number
             return None, f"line {n}: `length,count` must be two whole numbers (digits 0-9), got {raw.strip()!r}"
-        length, count = (int(_ASCII_DIGITS.fullmatch(c).group(1)) for c in cells)  # type: ignore[union-attr]
+        length, count = (int(m.group(1)) for m in numbers)
         if length <= 0 or count < 0:
             return None, f"line {n}: length must be > 0 and count >= 0, got {length},{count}"
         if count > MAX_HISTOGRAM_COUNT:
