@@ -1,5 +1,6 @@
 """The Megatron trainer on a GPU: bf16 weights, megatron-core's DDP and optimizer (fp32 main weights), and the
-exported weights loaded into transformers' own model classes (where transformers is installed).
+exported weights loaded into transformers' own model classes (where transformers is installed). MoE models run
+here only: megatron-core's router needs CUDA.
 
 The CPU half (the same model in fp32, an independent reference forward, packing, microbatches, restore) is
 tests/unit/test_megatron_trainer.py, which runs everywhere megatron-core is installed.
@@ -23,10 +24,12 @@ pytest.importorskip("megatron.core", reason="megatron-core not installed (pip in
 from test_megatron_trainer import (  # noqa: E402
     SEQS,
     SETTINGS,
+    VOCAB,
     _batch,
     lowered,
     next_step_after_restore,
     randomize_biases,
+    reference_logits,
     tiny_hf_config,
 )
 
@@ -34,6 +37,7 @@ from dora.runtime.engines.megatron_trainer import (  # noqa: E402
     MegatronTrainer,
     MegatronTrainerConfig,
     build_gpt_model,
+    hf_weights,
     packed_logits,
 )
 from dora.runtime.engines.torch_trainer import pack  # noqa: E402
@@ -93,8 +97,86 @@ def test_transformers_loads_the_export_and_computes_the_same_logits(model_type: 
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
-def test_megatron_optimizer_steps_raise_the_rewarded_responses() -> None:
-    config = lowered()
+def fp32_moe(norm_topk: bool = True) -> dict:
+    """The tiny Qwen3-MoE config with fp32 weights (an exact comparison; flash attention takes 16-bit only)."""
+    config = lowered("qwen3_moe", norm_topk=norm_topk)
+    config["model_parallel"].update(bf16=False, params_dtype="float32")
+    return config
+
+
+@pytest.mark.parametrize("norm_topk", [True, False])
+def test_an_moe_model_computes_what_the_reference_computes_from_its_export(norm_topk: bool, monkeypatch) -> None:
+    from dora.runtime.engines import megatron_trainer
+
+    monkeypatch.setattr(megatron_trainer, "_varlen_attention", lambda: None)
+    config = fp32_moe(norm_topk)
+    assert config["transformer"]["moe_router_pre_softmax"] is not norm_topk
+    model = build_gpt_model(config, device="cuda", seed=8)
+    assert next(model.parameters()).dtype == torch.float32
+    exported = hf_weights({k: v for k, v in model.state_dict().items() if "_extra_state" not in k}, config)
+    hf = tiny_hf_config("qwen3_moe", norm_topk=norm_topk)
+    packed = pack(list(SEQS), 16)
+    with torch.no_grad():
+        for prompt, response in SEQS:
+            ids = list(prompt + response)
+            ours = packed_logits(model, pack([(prompt, response)], 64))[0, : len(ids)].cpu()
+            torch.testing.assert_close(ours, reference_logits(exported, hf, ids), rtol=1e-4, atol=1e-4)
+        together = packed_logits(model, packed).reshape(-1, VOCAB)[packed.logit_index.cuda()]
+        alone = torch.cat([packed_logits(model, pack([s], 16)).reshape(-1, VOCAB)[pack([s], 16).logit_index.cuda()]
+                           for s in SEQS])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)  # routing is per token: packing changes nothing
+
+
+def test_transformers_loads_the_moe_export_from_a_checkpoint_and_computes_the_same_logits(tmp_path, monkeypatch) -> None:
+    transformers = pytest.importorskip("transformers", reason="transformers not installed (the reference model classes)")
+    from safetensors.torch import save_file
+
+    from dora.runtime.engines import megatron_trainer
+
+    monkeypatch.setattr(megatron_trainer, "_varlen_attention", lambda: None)
+    config = fp32_moe()
+    model = build_gpt_model(config, device="cuda", seed=9)
+    exported = hf_weights({k: v for k, v in model.state_dict().items() if "_extra_state" not in k}, config)
+    save_file(exported, str(tmp_path / "model.safetensors"))
+    hf = tiny_hf_config("qwen3_moe")
+    transformers.Qwen3MoeConfig(**{k: v for k, v in hf.items() if k != "model_type"}).save_pretrained(tmp_path)
+    theirs_model, info = transformers.Qwen3MoeForCausalLM.from_pretrained(
+        tmp_path, torch_dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    for prompt, response in SEQS:
+        ids = list(prompt + response)
+        with torch.no_grad():
+            theirs = theirs_model.eval()(torch.tensor([ids])).logits[0]
+            ours = packed_logits(model, pack([(prompt, response)], 64))[0, : len(ids)].cpu()
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_experts_in_bf16_match_one_expert_after_another_in_fp32() -> None:
+    """GroupedExperts' two grouped GEMMs (bf16 on a GPU), forward and weight gradients, against its per-expert
+    path on an fp32 copy of the same weights."""
+    import copy
+
+    experts = build_gpt_model(lowered("qwen3_moe"), device="cuda", seed=5).decoder.layers[0].mlp.experts
+    reference = copy.deepcopy(experts).float()
+    counts = torch.tensor([24, 0, 40, 8, 0, 16, 32, 8], device="cuda")  # an expert may get no token
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(int(counts.sum()), 64, device="cuda", generator=gen)
+    probs = torch.rand(int(counts.sum()), device="cuda", generator=gen)
+    weights = torch.randn(int(counts.sum()), 64, device="cuda", generator=gen)
+    out, _ = experts(hidden.bfloat16(), counts, probs)
+    ref, _ = reference(hidden, counts, probs)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.02)
+    (out.float() * weights).sum().backward()
+    (ref * weights).sum().backward()
+    for name in ("weight1", "weight2"):
+        ours, theirs = getattr(experts, name).grad.float(), getattr(reference, name).grad
+        assert float((ours - theirs).norm() / theirs.norm()) < 0.02, name
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_megatron_optimizer_steps_raise_the_rewarded_responses(model_type: str) -> None:
+    config = lowered(model_type)
     config["optimizer"]["lr"] = 1e-2
     t = gpu_trainer(config)
     batch = _batch()
@@ -110,8 +192,9 @@ def test_megatron_optimizer_steps_raise_the_rewarded_responses() -> None:
     assert version == 5 and all(w.device.type == "cpu" and w.dtype == torch.bfloat16 for w in weights.values())
 
 
-def test_a_restored_gpu_trainer_takes_the_same_next_step() -> None:
-    config = lowered()
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_a_restored_gpu_trainer_takes_the_same_next_step(model_type: str) -> None:
+    config = lowered(model_type)
     config["optimizer"]["lr"] = 1e-3
     wa, wb = next_step_after_restore(gpu_trainer, config)
     for k in wa:

@@ -27,6 +27,7 @@ from dora.runtime.engines.megatron_trainer import (  # noqa: E402
     cu_seqlens,
     hf_weights,
     megatron_weights,
+    moe_layers,
     packed_logits,
     token_logprob,
     trained_token_logprobs,
@@ -38,20 +39,24 @@ from planner.architecture import arch_from_hf_config  # noqa: E402
 VOCAB = 97
 
 
-def tiny_hf_config(model_type: str = "qwen3", *, tied: bool = False) -> dict:
+def tiny_hf_config(model_type: str = "qwen3", *, tied: bool = False, norm_topk: bool = True) -> dict:
+    moe = {"moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": norm_topk,
+           "decoder_sparse_step": 1, "mlp_only_layers": []} if model_type == "qwen3_moe" else {}
     return {"model_type": model_type, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB,
             "max_position_embeddings": 4096, "rope_theta": 10_000.0, "rms_norm_eps": 1e-6,
-            "tie_word_embeddings": tied, "hidden_act": "silu"}
+            "tie_word_embeddings": tied, "hidden_act": "silu", **moe}
 
 
-def lowered(model_type: str = "qwen3", *, tied: bool = False, **train_changes: int) -> dict:
-    """megatron/config.json of the dense-8b example re-planned onto one device with a tiny architecture."""
+def lowered(model_type: str = "qwen3", *, tied: bool = False, norm_topk: bool = True,
+            **train_changes: int) -> dict:
+    """megatron/config.json of the dense-8b example re-planned onto one device with a tiny architecture
+    (``qwen3_moe``: 8 experts, top-2)."""
     resolved = load_example("dense-8b-h800x64")
     plan = example_plan(resolved, "dense-8b-h800x64")
     plan = dataclasses.replace(plan, train=dataclasses.replace(
         plan.train, **({"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "accelerators": 1} | train_changes)))
-    arch = arch_from_hf_config(tiny_hf_config(model_type, tied=tied), name=f"tiny-{model_type}")
+    arch = arch_from_hf_config(tiny_hf_config(model_type, tied=tied, norm_topk=norm_topk), name=f"tiny-{model_type}")
     return megatron_config(dataclasses.replace(resolved, arch=arch), plan)
 
 
@@ -74,6 +79,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
+def _swiglu(w: dict[str, torch.Tensor], p: str, h: torch.Tensor) -> torch.Tensor:
+    gate, up = h @ w[p + "gate_proj.weight"].T, h @ w[p + "up_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * up) @ w[p + "down_proj.weight"].T
+
+
 def reference_logits(w: dict[str, torch.Tensor], hf: dict, ids: list[int]) -> torch.Tensor:
     heads, kv, d, eps = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"], hf["rms_norm_eps"]
     n = len(ids)
@@ -87,7 +97,7 @@ def reference_logits(w: dict[str, torch.Tensor], hf: dict, ids: list[int]) -> to
         q, k, v = (h @ w[p + f"self_attn.{x}_proj.weight"].T + w.get(p + f"self_attn.{x}_proj.bias", 0.0)
                    for x in "qkv")
         q, k, v = q.view(n, heads, d), k.view(n, kv, d), v.view(n, kv, d)
-        if hf["model_type"] == "qwen3":
+        if hf["model_type"] in ("qwen3", "qwen3_moe"):
             q, k = _rms(q, w[p + "self_attn.q_norm.weight"], eps), _rms(k, w[p + "self_attn.k_norm.weight"], eps)
         q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
         k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
@@ -97,8 +107,17 @@ def reference_logits(w: dict[str, torch.Tensor], hf: dict, ids: list[int]) -> to
         attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, heads * d)
         x = x + attn @ w[p + "self_attn.o_proj.weight"].T
         h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
-        gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+        if p + "mlp.gate.weight" not in w:
+            x = x + _swiglu(w, p + "mlp.", h)
+            continue
+        # Qwen3-MoE: softmax over all experts, the top-k, renormalised over them where norm_topk_prob says
+        probs = (h @ w[p + "mlp.gate.weight"].T).softmax(-1)
+        top, chosen = probs.topk(hf["num_experts_per_tok"], dim=-1)
+        if hf["norm_topk_prob"]:
+            top = top / top.sum(-1, keepdim=True)
+        for t in range(n):
+            x[t] = x[t] + sum(top[t, j] * _swiglu(w, p + f"mlp.experts.{int(e)}.", h[t])
+                              for j, e in enumerate(chosen[t]))
     x = _rms(x, w["model.norm.weight"], eps)
     return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
 
@@ -221,9 +240,73 @@ def test_what_the_trainer_does_not_run_is_refused_before_anything_is_built() -> 
                                    "does not launch yet)"]
     with pytest.raises(MegatronTrainerError, match="tensor_model_parallel_size = 2"):
         trainer(config)
-    moe = megatron_config(load_example("moe-235b-h800x512"), dataclasses.replace(
-        example_plan(load_example("moe-235b-h800x512"), "moe-235b-h800x512")))
-    assert any("num_moe_experts" in p for p in unsupported(moe))
+    moe = lowered("qwen3_moe")
+    assert unsupported(moe) == []
+    moe["transformer"]["moe_shared_expert_intermediate_size"] = 64
+    assert unsupported(moe) == ["moe_shared_expert_intermediate_size = 64 (shared experts are not written)"]
+    with pytest.raises(MegatronTrainerError, match="MoE router runs on CUDA only"):
+        trainer(lowered("qwen3_moe"))
+
+
+def test_megatron_cores_router_linear_runs_without_transformer_engine() -> None:
+    """megatron-core 0.16.1 names ``te_general_gemm`` only when TE imports; building an MoE model binds it to
+    None so the router takes its torch path (which this CPU can run directly)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    build_gpt_model(lowered("qwen3_moe"), device="cpu")
+    assert moe_utils.HAVE_TE or moe_utils.te_general_gemm is None
+    x = torch.randn(5, 64, requires_grad=True)
+    w = torch.randn(8, 64, requires_grad=True)
+    logits = moe_utils.router_gating_linear(x, w, None, torch.float32)
+    torch.testing.assert_close(logits, x @ w.T)
+    logits.sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(0).expand(5, 64).detach())
+
+
+def test_grouped_experts_compute_each_experts_swiglu_scaled_by_its_router_probability() -> None:
+    """dora's GroupedExperts, both paths: one expert after another (here), and the two grouped GEMMs
+    (``torch._grouped_mm``, whose forward this CPU runs too), against each expert's SwiGLU written out."""
+    model = build_gpt_model(lowered("qwen3_moe"), device="cpu", seed=5)
+    experts = model.decoder.layers[0].mlp.experts
+    assert type(experts).__name__ == "GroupedExperts"
+    counts = torch.tensor([3, 0, 5, 1, 0, 2, 4, 1])  # an expert may get no token
+    hidden, probs = torch.randn(int(counts.sum()), 64), torch.rand(int(counts.sum()))
+    want, start = [], 0
+    for e, n in enumerate(counts.tolist()):
+        gate, up = (hidden[start:start + n] @ experts.weight1[e].t()).chunk(2, dim=-1)
+        want.append((F.silu(gate) * up * probs[start:start + n, None]) @ experts.weight2[e].t())
+        start += n
+    with torch.no_grad():
+        out, bias = experts(hidden, counts, probs)
+        offs = counts.cumsum(0).to(torch.int32)
+        grouped = torch._grouped_mm(experts._activation(torch._grouped_mm(hidden, experts.weight1.transpose(1, 2),
+                                                                           offs=offs), probs),
+                                    experts.weight2.transpose(1, 2), offs=offs)
+    assert bias is None
+    torch.testing.assert_close(out, torch.cat(want), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grouped, torch.cat(want), rtol=1e-5, atol=1e-5)
+
+
+def test_an_moe_model_exports_each_expert_under_the_qwen_moe_checkpoint_names_and_back() -> None:
+    config = lowered("qwen3_moe")
+    config["transformer"]["moe_layer_freq"] = [0, 1]  # a dense first layer, as DeepSeek's first_k_dense_replace
+    assert moe_layers(config["transformer"]) == [False, True]
+    state = {k: v for k, v in build_gpt_model(config, device="cpu", seed=4).state_dict().items()
+             if "_extra_state" not in k}
+    exported = hf_weights(state, config)
+    ffn = {"model.layers.0.mlp.gate_proj.weight": (96, 64), "model.layers.0.mlp.up_proj.weight": (96, 64),
+           "model.layers.0.mlp.down_proj.weight": (64, 96), "model.layers.1.mlp.gate.weight": (8, 64)}
+    for e in range(8):
+        ffn |= {f"model.layers.1.mlp.experts.{e}.gate_proj.weight": (32, 64),
+                f"model.layers.1.mlp.experts.{e}.up_proj.weight": (32, 64),
+                f"model.layers.1.mlp.experts.{e}.down_proj.weight": (64, 32)}
+    assert {k: tuple(v.shape) for k, v in exported.items() if ".mlp." in k} == ffn
+    back = megatron_weights(exported, config)
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    assert state["decoder.layers.1.mlp.experts.weight1"].shape == (8, 64, 64)  # [experts, gate + up, hidden]
+    fc1 = state["decoder.layers.1.mlp.experts.weight1"][5]
+    assert torch.equal(exported["model.layers.1.mlp.experts.5.gate_proj.weight"], fc1[:32])  # gate first
+    assert moe_layers({"num_layers": 4, "num_moe_experts": 8, "moe_layer_freq": 2}) == [True, False, True, False]
 
 
 def test_microbatches_accumulate_to_the_same_step_as_one_forward() -> None:
@@ -278,7 +361,7 @@ def test_the_one_copy_log_softmax_matches_autograd_cross_entropy(dtype: torch.dt
     torch.testing.assert_close(ours_grad, logits.grad)
 
 
-@pytest.mark.parametrize("stem", ["qwen3-1.7b-h100x1", "qwen3-1.7b-short-h100x1"])
+@pytest.mark.parametrize("stem", ["qwen3-1.7b-h100x1", "qwen3-1.7b-short-h100x1", "qwen3-30b-a3b-4l-h100x1"])
 def test_the_gpu_bench_specs_plan_a_layout_this_trainer_runs(stem: str) -> None:
     """bench/megatron_train.py trains what these specs plan; the planner must keep giving it one rank."""
     from dora.planning import make_plan
@@ -288,5 +371,8 @@ def test_the_gpu_bench_specs_plan_a_layout_this_trainer_runs(stem: str) -> None:
     plan = make_plan(resolved).plan
     config = megatron_config(resolved, plan)
     assert unsupported(config) == []
-    assert config["transformer"]["qk_layernorm"] and config["gpt_model"]["share_embeddings_and_output_weights"]
+    assert config["transformer"]["qk_layernorm"]
+    moe = config["transformer"].get("num_moe_experts")
+    assert moe == (128 if "a3b" in stem else None)
+    assert config["gpt_model"]["share_embeddings_and_output_weights"] is not bool(moe)  # Qwen3-1.7B ties them
     assert next(m for m in plan.memory if m.side == "train").need_bytes < 80e9

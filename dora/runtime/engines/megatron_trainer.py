@@ -29,12 +29,23 @@ This is the trainer role of ``base.Trainer`` on megatron-core (0.16.1) instead o
   copy of those logits (``token_logprob``). On a GPU, SwiGLU is megatron-core's compiled one, which keeps only
   its input. ``bench/megatron_train.py`` measured the planned Qwen3-1.7B layout on an H100 within the plan's
   memory.
+- **MoE layers** (one rank, so expert parallelism 1): megatron-core's ``MoELayer`` with its top-k router as
+  lowered (softmax or sigmoid scores, pre-softmax or renormalised top-k, fp32 router logits, dense layers where
+  ``moe_layer_freq`` says) and its token dispatcher. The experts are dora's ``GroupedExperts`` (two grouped
+  GEMMs per layer through ``torch._grouped_mm``): megatron-core's own grouped experts need Transformer Engine or
+  the ``grouped_gemm`` package, and its ``SequentialMLP`` (one expert after another) ran 7.5x slower than the
+  cost model on an H100 (bench/RESULTS.md). The export
+  writes the Qwen-MoE/DeepSeek checkpoint layout (``mlp.gate``, ``mlp.experts.{e}.gate_proj``/``up_proj``/
+  ``down_proj``, sliced from the experts' stacked weights; ``mlp.gate.e_score_correction_bias``); Mixtral's ``block_sparse_moe.experts.{e}.w1``/``w2``/
+  ``w3`` names are not written (the lowered config does not say which layout the checkpoint uses).
+  megatron-core's router runs on CUDA only (it moves its weight to the current CUDA device), so an MoE model is
+  built on a CPU (its weights, their names) but trained only on a GPU.
 
 Not written (refused with ``MegatronTrainerError`` before anything is built): tensor, pipeline, context or
-expert parallelism (a launcher with ``torchrun`` and megatron-core's pipeline schedules), MoE layers,
+expert parallelism (a launcher with ``torchrun`` and megatron-core's pipeline schedules), shared experts,
 multi-latent attention, biases on every linear, LayerNorm, and configs with lowering limitations or extra
 attributes (YaRN). Data parallelism is not launched either: the trainer is one rank, whatever dp the plan chose.
-Transformer Engine kernels (fused attention, THD packing, FP8) are not used.
+Transformer Engine kernels (fused attention, THD packing, grouped expert GEMMs, FP8) are not used.
 """
 
 from __future__ import annotations
@@ -82,8 +93,11 @@ def unsupported(config: dict[str, Any]) -> list[str]:
                    "maps q/k/v biases only)")
     if tr.get("normalization", "LayerNorm") != "RMSNorm":
         out.append(f"normalization {tr.get('normalization', 'LayerNorm')!r} (the export maps RMSNorm weights only)")
-    if tr.get("num_moe_experts"):
-        out.append(f"num_moe_experts = {tr['num_moe_experts']} (MoE layers are not written)")
+    if tr.get("num_moe_experts") and not tr.get("gated_linear_unit"):
+        out.append("num_moe_experts without gated_linear_unit (the experts here are SwiGLU)")
+    if tr.get("moe_shared_expert_intermediate_size"):
+        out.append(f"moe_shared_expert_intermediate_size = {tr['moe_shared_expert_intermediate_size']} "
+                   "(shared experts are not written)")
     if config.get("transformer_attributes"):
         out.append(f"transformer_attributes {sorted(config['transformer_attributes'])} (YaRN is not written)")
     if config["gpt_model"].get("position_embedding_type", "rope") != "rope":
@@ -114,6 +128,17 @@ def init_single_rank(device: str, seed: int = 0) -> None:
 
         if not get_cuda_rng_tracker().is_initialized():
             model_parallel_cuda_manual_seed(seed)  # activation recomputation restores these RNG states
+
+
+def _router_gemm_without_te() -> None:
+    """megatron-core 0.16.1's router linear (``moe_utils.RouterGatingLinearFunction``) tests
+    ``te_general_gemm is not None``, a name ``moe_utils`` binds only when Transformer Engine imports: without TE
+    every MoE forward raises NameError. Bound to None, the function takes its own torch path (``torch.mm`` in the
+    router dtype), which is what it was written to do without TE."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not moe_utils.HAVE_TE and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def _varlen_attention() -> Any:
@@ -180,6 +205,54 @@ def _core_attention_class() -> type:
     return PackedSDPAttention
 
 
+def _grouped_experts_class() -> type:
+    from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
+    from megatron.core.transformer.module import MegatronModule
+
+    class GroupedExperts(MegatronModule):
+        """megatron-core's experts interface (``SequentialMLP``'s) for SwiGLU experts, with every expert's
+        weights in one tensor: ``weight1 [E, 2f, h]`` (each expert's ``linear_fc1``, gate rows then up rows) and
+        ``weight2 [E, h, f]`` (its ``linear_fc2``). On a GPU in bf16 a layer's experts run as two grouped GEMMs
+        (``torch._grouped_mm`` over the dispatcher's token counts: no per-expert launches and no device-to-host
+        sync); elsewhere, one expert after another. The router's probabilities scale the activation before
+        ``linear_fc2``, as megatron-core's MLP does (its fused weighted SwiGLU where ``bias_activation_fusion``)."""
+
+        def __init__(self, num_local_experts: int, config: Any, submodules: Any = None,
+                     pg_collection: Any = None) -> None:
+            super().__init__(config=config)
+            e, h, f = num_local_experts, config.hidden_size, config.moe_ffn_hidden_size
+            # drawn in fp32 on the host, as megatron-core's CPU initialisation does (a bf16 draw is ~5x slower)
+            w1, w2 = torch.zeros(e, 2 * f, h), torch.zeros(e, h, f)
+            if config.perform_initialization:
+                config.init_method(w1)
+                config.output_layer_init_method(w2)
+            self.weight1 = torch.nn.Parameter(w1.to(config.params_dtype))
+            self.weight2 = torch.nn.Parameter(w2.to(config.params_dtype))
+
+        def _activation(self, x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+            if self.config.bias_activation_fusion:
+                out: torch.Tensor = weighted_bias_swiglu_impl(x, None, probs[:, None])
+                return out
+            gate, up = x.chunk(2, dim=-1)
+            return (F.silu(gate) * up * probs[:, None]).to(x.dtype)
+
+        def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor,
+                    probs: torch.Tensor) -> tuple[torch.Tensor, None]:
+            """``hidden [T, h]`` sorted by expert, ``tokens_per_expert [E]``, ``probs [T]`` -> ``[T, h]``."""
+            if hidden.is_cuda and hidden.dtype == torch.bfloat16:
+                offs = tokens_per_expert.to(device=hidden.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+                x = torch._grouped_mm(hidden, self.weight1.transpose(1, 2), offs=offs)
+                return torch._grouped_mm(self._activation(x, probs), self.weight2.transpose(1, 2), offs=offs), None
+            outs, start = [], 0
+            for e, n in enumerate(tokens_per_expert.tolist()):
+                x = hidden[start:start + n] @ self.weight1[e].t()
+                outs.append(self._activation(x, probs[start:start + n]) @ self.weight2[e].t())
+                start += n
+            return torch.cat(outs), None
+
+    return GroupedExperts
+
+
 def cu_seqlens(packed: PackedRows) -> torch.Tensor:
     """int32 ``[n + 1]``: where each packed sequence (and each row's unfilled tail) starts, rows laid end to
     end, then the total; computed on the host, where the packing is known."""
@@ -200,6 +273,12 @@ def _transformer_config(config: dict[str, Any], device: str) -> Any:
     kwargs.update(use_cpu_initialization=True, bias_activation_fusion=False, bias_dropout_fusion=False,
                   masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
                   apply_rope_fusion=False)
+    if kwargs.get("num_moe_experts"):
+        # the experts are GroupedExperts, put in the layer spec; megatron-core's grouped GEMMs need Transformer
+        # Engine or the grouped_gemm package
+        kwargs["moe_grouped_gemm"] = False
+        if device == "cpu":  # the all-to-all dispatcher takes a CUDA stream when built; one rank exchanges nothing
+            kwargs["moe_token_dispatcher_type"] = "allgather"
     if device == "cpu":
         kwargs.update(params_dtype=torch.float32, bf16=False, fp16=False, pipeline_dtype=None)
     elif kwargs.get("gated_linear_unit") and kwargs.get("activation_func") is F.silu:
@@ -216,12 +295,27 @@ def build_gpt_model(config: dict[str, Any], *, device: str, seed: int = 0) -> An
     init_single_rank(device, seed)
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import ModuleSpec
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Apex is not installed. Falling back to Torch Norm": intended
         tc = _transformer_config(config, device)
-        spec = get_gpt_layer_local_spec(normalization=tc.normalization, qk_layernorm=tc.qk_layernorm)
-        spec.submodules.self_attention.submodules.core_attention = _core_attention_class()
+        if tc.num_moe_experts:  # one spec per layer: dense where moe_layer_freq says 0
+            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+            _router_gemm_without_te()
+            spec = get_gpt_decoder_block_spec(tc, use_transformer_engine=False, normalization=tc.normalization,
+                                              qk_l2_norm=False)
+            layers = spec.layer_specs
+            experts = ModuleSpec(module=_grouped_experts_class())
+            for layer in layers:
+                if hasattr(layer.submodules.mlp.submodules, "experts"):
+                    layer.submodules.mlp.submodules.experts = experts
+        else:
+            spec = get_gpt_layer_local_spec(normalization=tc.normalization, qk_layernorm=tc.qk_layernorm)
+            layers = [spec]
+        for layer in layers:
+            layer.submodules.self_attention.submodules.core_attention = _core_attention_class()
         torch.manual_seed(seed)
         model = GPTModel(config=tc, transformer_layer_spec=spec, **config["gpt_model"])
     if tc.bf16 or tc.fp16:  # as Megatron-LM's Float16Module: every weight in the training dtype, norms too
@@ -304,18 +398,49 @@ def trained_token_logprobs(model: Any, packed: PackedRows, temperature: float) -
     return token_logprob(logits, packed.target_ids.to(logits.device), temperature)
 
 
-def _layer_map(tr: dict[str, Any]) -> list[tuple[str, str]]:
-    """(Megatron name, Hugging Face name) of the tensors that only change name, per layer (``{i}``)."""
+def moe_layers(tr: dict[str, Any]) -> list[bool]:
+    """Per decoder layer: an MoE layer (True) or a dense FFN, as megatron-core reads ``moe_layer_freq`` (a 0/1
+    list, or every n-th layer)."""
+    n = tr["num_layers"]
+    if not tr.get("num_moe_experts"):
+        return [False] * n
+    freq = tr.get("moe_layer_freq", 1)
+    return [bool(f) for f in freq] if isinstance(freq, list) else [i % freq == 0 for i in range(n)]
+
+
+def _ffn_names(tr: dict[str, Any], moe: bool) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """One layer's FFN, less an MoE layer's experts (``_expert_weights``): (Megatron name, Hugging Face name) of
+    the tensors that only change name, and (Megatron fused gate+up name, Hugging Face gate name, up name) of those
+    split in two; relative to the layer."""
+    if moe:
+        renames = [("mlp.router.weight", "mlp.gate.weight")]
+        if tr.get("moe_router_enable_expert_bias"):
+            renames.append(("mlp.router.expert_bias", "mlp.gate.e_score_correction_bias"))
+        return renames, []
+    if tr.get("gated_linear_unit"):
+        return ([("mlp.linear_fc2.weight", "mlp.down_proj.weight")],
+                [("mlp.linear_fc1.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight")])
+    return [("mlp.linear_fc2.weight", "mlp.down_proj.weight"), ("mlp.linear_fc1.weight", "mlp.up_proj.weight")], []
+
+
+def _expert_names(i: int, e: int) -> tuple[str, str, str]:
+    """Layer ``i``'s expert ``e`` under the checkpoint's names: gate, up, down."""
+    p = f"model.layers.{i}.mlp.experts.{e}."
+    return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
+
+
+def _layer_map(tr: dict[str, Any], moe: bool) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """``_ffn_names`` for a whole layer (``{i}`` stands for its index), the attention's renames included."""
     names = [("input_layernorm.weight", "input_layernorm.weight"),
              ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
              ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight")]
     if tr.get("qk_layernorm"):
         names += [("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
                   ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight")]
-    if not tr.get("gated_linear_unit"):
-        names += [("mlp.linear_fc1.weight", "mlp.up_proj.weight")]
-    names += [("mlp.linear_fc2.weight", "mlp.down_proj.weight")]
-    return [(f"decoder.layers.{{i}}.{m}", f"model.layers.{{i}}.{h}") for m, h in names]
+    renames, split = _ffn_names(tr, moe)
+    m_, h_ = "decoder.layers.{i}.", "model.layers.{i}."
+    return ([(m_ + m, h_ + h) for m, h in names + renames],
+            [(m_ + m, h_ + gate, h_ + up) for m, gate, up in split])
 
 
 def _qkv_shape(tr: dict[str, Any]) -> tuple[int, int, int]:
@@ -334,19 +459,24 @@ def hf_weights(state: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[s
            "model.norm.weight": state["decoder.final_layernorm.weight"]}
     if not config["gpt_model"].get("share_embeddings_and_output_weights", True):
         out["lm_head.weight"] = state["output_layer.weight"]
-    for i in range(tr["num_layers"]):
-        for m, h in _layer_map(tr):
+    for i, moe in enumerate(moe_layers(tr)):
+        renames, split = _layer_map(tr, moe)
+        for m, h in renames:
             out[h.format(i=i)] = state[m.format(i=i)]
+        for fc1, gate, up in split:
+            out[gate.format(i=i)], out[up.format(i=i)] = state[fc1.format(i=i)].chunk(2, dim=0)
+        if moe:  # GroupedExperts: weight1 [E, 2f, h] (gate rows, then up rows), weight2 [E, h, f]
+            w1, w2 = (state[f"decoder.layers.{i}.mlp.experts.weight{n}"] for n in (1, 2))
+            for e in range(w1.shape[0]):
+                gate, up, down = _expert_names(i, e)
+                out[gate], out[up] = w1[e].chunk(2, dim=0)
+                out[down] = w2[e]
         for kind in ("weight", "bias") if tr.get("add_qkv_bias") else ("weight",):
             fused = state[f"decoder.layers.{i}.self_attention.linear_qkv.{kind}"]
             blocks = fused.reshape(groups, per_group + 2, d, *fused.shape[1:])
             out[f"model.layers.{i}.self_attn.q_proj.{kind}"] = blocks[:, :per_group].reshape(-1, *fused.shape[1:])
             out[f"model.layers.{i}.self_attn.k_proj.{kind}"] = blocks[:, per_group].reshape(-1, *fused.shape[1:])
             out[f"model.layers.{i}.self_attn.v_proj.{kind}"] = blocks[:, per_group + 1].reshape(-1, *fused.shape[1:])
-        if tr.get("gated_linear_unit"):
-            gate, up = state[f"decoder.layers.{i}.mlp.linear_fc1.weight"].chunk(2, dim=0)
-            out[f"model.layers.{i}.mlp.gate_proj.weight"] = gate
-            out[f"model.layers.{i}.mlp.up_proj.weight"] = up
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in out.items()}
 
 
@@ -367,18 +497,23 @@ def megatron_weights(hf: dict[str, torch.Tensor], config: dict[str, Any]) -> dic
            "decoder.final_layernorm.weight": get("model.norm.weight")}
     if not config["gpt_model"].get("share_embeddings_and_output_weights", True):
         out["output_layer.weight"] = get("lm_head.weight")
-    for i in range(tr["num_layers"]):
-        for m, h in _layer_map(tr):
+    for i, moe in enumerate(moe_layers(tr)):
+        renames, split = _layer_map(tr, moe)
+        for m, h in renames:
             out[m.format(i=i)] = get(h.format(i=i))
+        for fc1, gate, up in split:
+            out[fc1.format(i=i)] = torch.cat([get(gate.format(i=i)), get(up.format(i=i))])
+        if moe:
+            names = [_expert_names(i, e) for e in range(tr["num_moe_experts"])]
+            out[f"decoder.layers.{i}.mlp.experts.weight1"] = torch.stack(
+                [torch.cat([get(gate), get(up)]) for gate, up, _ in names])
+            out[f"decoder.layers.{i}.mlp.experts.weight2"] = torch.stack([get(down) for _, _, down in names])
         for kind in ("weight", "bias") if tr.get("add_qkv_bias") else ("weight",):
             q, k, v = (get(f"model.layers.{i}.self_attn.{p}_proj.{kind}") for p in "qkv")
             rest = q.shape[1:]
             blocks = torch.cat([q.reshape(groups, per_group, d, *rest), k.reshape(groups, 1, d, *rest),
                                 v.reshape(groups, 1, d, *rest)], dim=1)
             out[f"decoder.layers.{i}.self_attention.linear_qkv.{kind}"] = blocks.reshape(-1, *rest)
-        if tr.get("gated_linear_unit"):
-            out[f"decoder.layers.{i}.mlp.linear_fc1.weight"] = torch.cat(
-                [get(f"model.layers.{i}.mlp.gate_proj.weight"), get(f"model.layers.{i}.mlp.up_proj.weight")])
     unused = sorted(set(hf) - used)
     if unused:
         raise MegatronTrainerError(f"the checkpoint weights hold names this model does not use: {unused[:4]}")
@@ -404,6 +539,9 @@ class MegatronTrainer:
     def __init__(self, config: MegatronTrainerConfig, *,
                  initial_weights: dict[str, torch.Tensor] | None = None) -> None:
         self.config = config
+        if config.megatron["transformer"].get("num_moe_experts") and not config.device.startswith("cuda"):
+            raise MegatronTrainerError("megatron-core's MoE router runs on CUDA only (it moves its weight to the "
+                                       "current CUDA device): train an MoE model on a GPU")
         self.model = build_gpt_model(config.megatron, device=config.device, seed=config.seed)
         if initial_weights is not None:
             _load(self.model, megatron_weights(initial_weights, config.megatron))
