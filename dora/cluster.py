@@ -19,9 +19,11 @@ import asyncio
 import json
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dora.runtime.config import RuntimeConfig
 from dora.runtime.trace import write_json_atomic
@@ -30,6 +32,13 @@ from dora.terminal import error
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 JOB_FILE = "job.json"
+ANSWER_TIMEOUT_S = 30.0
+"""How long `dora status`, `dora stop` and a submission wait for the Jobs API to connect (and, for status and stop,
+to answer one request).
+Ray's client has no timeout of its own: on a host that drops packets it waits as long as the kernel's TCP connect
+(about two minutes on Linux), and on a server that accepts and never answers, forever."""
+
+T = TypeVar("T")
 
 
 class ClusterError(Exception):
@@ -44,6 +53,28 @@ RAY_ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 """Environment variables that Ray's Jobs client lets override the address it is given."""
 
 
+def _answer_within(what: str, call: Callable[[], T], timeout_s: float | None = None) -> T:
+    """``call()``, or ClusterError when it has not returned within ``timeout_s`` (``ANSWER_TIMEOUT_S``). It runs in
+    a daemon thread, which is left behind on a timeout: the CLI exits without waiting for it."""
+    limit = ANSWER_TIMEOUT_S if timeout_s is None else timeout_s
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="dora-ray-jobs", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        raise ClusterError(f"{what}: no answer in {limit:g} s (is the address right, and its dashboard up?)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def _client(address: str) -> Any:
     """A Jobs API client for exactly ``address``: Ray's client prefers ``RAY_API_SERVER_ADDRESS`` or ``RAY_ADDRESS``
     from the environment to its argument, which would send `dora status`/`stop` of a recorded job, or a submission
@@ -52,7 +83,9 @@ def _client(address: str) -> Any:
 
     hidden = {name: os.environ.pop(name) for name in RAY_ADDRESS_VARIABLES if name in os.environ}
     try:
-        return JobSubmissionClient(address)
+        return _answer_within(f"cannot reach the Ray Jobs API at {address}", lambda: JobSubmissionClient(address))
+    except ClusterError:
+        raise
     except Exception as exc:  # connection refused, bad URL, auth: all surface as plain errors from Ray
         raise ClusterError(f"cannot reach the Ray Jobs API at {address}: {exc}") from None
     finally:
@@ -182,7 +215,9 @@ def job_status(target: str) -> dict[str, Any]:
     job = find_job(target)
     client = _client(job["address"])
     try:
-        info = client.get_job_info(job["submission_id"])
+        info = _answer_within(job["address"], lambda: client.get_job_info(job["submission_id"]))
+    except ClusterError:
+        raise
     except Exception as exc:
         raise ClusterError(f"{job['address']}: cannot get job {job['submission_id']}: {exc}") from None
     return {**job, "status": str(info.status.value), "message": info.message or "",
@@ -193,10 +228,13 @@ def stop_job(target: str) -> dict[str, Any]:
     job = find_job(target)
     client = _client(job["address"])
     try:
-        stopped = bool(client.stop_job(job["submission_id"]))
+        stopped = bool(_answer_within(job["address"], lambda: client.stop_job(job["submission_id"])))
+        status = _answer_within(job["address"], lambda: client.get_job_status(job["submission_id"]))
+    except ClusterError:
+        raise
     except Exception as exc:
         raise ClusterError(f"{job['address']}: cannot stop job {job['submission_id']}: {exc}") from None
-    return {**job, "stop_requested": stopped, "status": str(client.get_job_status(job["submission_id"]).value)}
+    return {**job, "stop_requested": stopped, "status": str(status.value)}
 
 
 __all__ = ["ClusterError", "JobRecordError", "find_job", "job_status", "stop_job", "submit_and_follow"]

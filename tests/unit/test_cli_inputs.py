@@ -406,3 +406,27 @@ def test_a_calibration_that_is_not_an_object_says_so(tmp_path: Path, capsys, val
     assert main(["plan", str(TINY), "--calibration", str(tmp_path / "cal.json")]) == 2
     err = capsys.readouterr().err
     assert '"calibration" must be an object of constants' in err and "NoneType" not in err
+
+
+@pytest.mark.parametrize("command", ["status", "stop"])
+def test_a_jobs_api_that_never_answers_is_given_up_on(tmp_path: Path, capsys, monkeypatch, command: str) -> None:
+    """A server that accepts the connection and never answers (or a host that drops packets) held `dora status`
+    for as long as Ray's client waited: without end. Now ``ANSWER_TIMEOUT_S``, then exit 1 with a message."""
+    import socket
+    import time
+
+    from dora import cluster
+
+    monkeypatch.setattr(cluster, "ANSWER_TIMEOUT_S", 1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshakes; nothing reads or answers
+        address = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        (tmp_path / "job.json").write_text(json.dumps({"address": address, "submission_id": "raysubmit_x",
+                                                        "spec_name": "t", "mode": "sync",
+                                                        "output_dir": str(tmp_path)}))
+        started = time.monotonic()
+        assert main([command, str(tmp_path)]) == 1
+        assert time.monotonic() - started < 20
+    err = capsys.readouterr().err
+    assert f"cannot reach the Ray Jobs API at {address}: no answer in 1 s" in err and "Traceback" not in err
