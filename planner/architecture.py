@@ -648,12 +648,18 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
             "num_local_experts" if model_type == "mixtral" else "num_experts")
         kw["num_experts"] = _int(config, experts_key)
         kw["experts_top_k"] = _int(config, "num_experts_per_tok")
+        if kw["experts_top_k"] > kw["num_experts"]:
+            raise HFConfigError("num_experts_per_tok", f"must be at most {experts_key} ({kw['num_experts']}), got "
+                                f"{kw['experts_top_k']}")
         kw["moe_ffn_hidden_size"] = (kw["ffn_hidden_size"] if model_type == "mixtral"
                                      else _int(config, "moe_intermediate_size"))
         kw.update(_router(config, model_type))
         if model_type in _MLA_TYPES:
             kw["num_shared_experts"] = _int(config, "n_shared_experts", default=0, minimum=0)
             kw["first_dense_layers"] = _int(config, "first_k_dense_replace", default=0, minimum=0)
+            if kw["first_dense_layers"] > kw["num_layers"]:
+                raise HFConfigError("first_k_dense_replace", f"must be at most num_hidden_layers "
+                                    f"({kw['num_layers']}), got {kw['first_dense_layers']}")
             if _int(config, "moe_layer_freq", default=1) != 1:
                 raise HFConfigError("moe_layer_freq", "only 1 (every layer after the dense prefix) is supported")
         elif model_type == "qwen2_moe":

@@ -270,3 +270,15 @@ def test_hf_config_router_fields():
     for key, bad in (("scoring_func", "relu"), ("topk_group", 9), ("routed_scaling_factor", -1)):
         with pytest.raises(HFConfigError, match=key):
             arch_from_hf_config({**ds, key: bad}, name="d")
+
+
+@pytest.mark.parametrize(("preset", "key", "bad", "says"), [
+    ("deepseek-v3", "first_k_dense_replace", 62, "must be at most num_hidden_layers (61), got 62"),
+    ("deepseek-v3", "num_experts_per_tok", 257, "must be at most n_routed_experts (256), got 257"),
+    ("qwen3-235b-a22b", "num_experts_per_tok", 129, "must be at most num_experts (128), got 129"),
+])
+def test_moe_counts_out_of_range_name_their_config_key(preset: str, key: str, bad: int, says: str) -> None:
+    """These used to surface as ModelArch's own check, blamed on `model_type` and worded in its field names."""
+    with pytest.raises(HFConfigError) as caught:
+        arch_from_hf_config({**_config(preset), key: bad}, name="x")
+    assert caught.value.key == key and says in str(caught.value)
