@@ -139,6 +139,11 @@ _ASCII_DIGITS = re.compile(r"([0-9]+)(?:\.0*)?")
 """A whole number in plain digits; ``5.0`` too (pandas writes integer counts so when a column held a NaN)."""
 
 
+def _unquoted(cell: str) -> str:
+    """A cell without the double quotes a CSV writer puts around every field (``csv.QUOTE_ALL``): ``"8"`` is 8."""
+    return cell[1:-1].strip() if len(cell) >= 2 and cell[0] == cell[-1] == '"' else cell
+
+
 def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
     """Parse ``length,count`` rows (a header row and ``#`` comments allowed). Returns (rows, error)."""
     rows: list[tuple[int, int]] = []
@@ -147,7 +152,7 @@ def parse_histogram(text: str) -> tuple[list[tuple[int, int]] | None, str]:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        cells = [c.strip() for c in line.replace("\t", ",").split(",")]
+        cells = [_unquoted(c.strip()) for c in line.replace("\t", ",").split(",")]
         if len(cells) != 2:
             return None, f"line {n}: expected 2 columns `length,count`, got {len(cells)}: {raw.strip()!r}"
         numbers = [m for c in cells if (m := _ASCII_DIGITS.fullmatch(c))]  # int() takes "8_0" and non-ASCII digits

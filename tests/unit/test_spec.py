@@ -161,6 +161,9 @@ def test_version_and_help() -> None:
     ("8,+1\n", False),
     ("length,count\n8,5.0\n", True),  # pandas writes integer counts so once a column held a NaN
     ("8,5.5\n", False),
+    ('"8","5"\n', True),  # csv.QUOTE_ALL: a single quoted row was read as a header, then "no observations"
+    ('"length","count"\n"8","5"\n12,3\n', True),
+    ('"8",5"\n', False),
 ])
 def test_histogram_rows_are_plain_digits(text: str, accepted: bool) -> None:
     from dora.spec.loader import parse_histogram
@@ -169,6 +172,8 @@ def test_histogram_rows_are_plain_digits(text: str, accepted: bool) -> None:
     assert (rows is not None) == accepted, why
     if not accepted:
         assert "line" in why
+    elif text.startswith('"'):
+        assert rows[0] == (8, 5)
 
 
 def test_a_json_input_that_repeats_a_key_is_refused() -> None:
