@@ -65,6 +65,9 @@ def load_calibration(path: str | None) -> Calibration:
     if not isinstance(values, dict):
         raise CalibrationFileError(f"calibration file '{path}': \"calibration\" must be an object of constants "
                                    f"(name: value), got {json.dumps(values)[:60]}; `dora calibrate` writes one")
+    if not set(values) - {"source"}:  # planned as catalog defaults, but reported as calibrated by the file
+        raise CalibrationFileError(f"calibration file '{path}' sets no constants (its \"calibration\" object is "
+                                   f"{json.dumps(values)[:60]}); `dora calibrate` writes one, or leave out --calibration")
     if "source" not in values:
         values = {**values, "source": f"file {path}"}  # not "catalog defaults": it sets some of them
     try:

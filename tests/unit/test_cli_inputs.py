@@ -408,6 +408,15 @@ def test_a_calibration_that_is_not_an_object_says_so(tmp_path: Path, capsys, val
     assert '"calibration" must be an object of constants' in err and "NoneType" not in err
 
 
+@pytest.mark.parametrize("document", ['{"calibration": {}}', "{}", '{"calibration": {"source": "me"}}'])
+def test_a_calibration_file_that_sets_no_constant_is_refused(tmp_path: Path, capsys, document: str) -> None:
+    """It planned on catalog defaults while the report named the file as the calibration (and so left out the
+    "uncalibrated" warning)."""
+    (tmp_path / "cal.json").write_text(document)
+    assert main(["plan", str(TINY), "--calibration", str(tmp_path / "cal.json")]) == 2
+    assert "sets no constants" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["status", "stop"])
 def test_a_jobs_api_that_never_answers_is_given_up_on(tmp_path: Path, capsys, monkeypatch, command: str) -> None:
     """A server that accepts the connection and never answers (or a host that drops packets) held `dora status`
