@@ -361,14 +361,24 @@ def test_the_one_copy_log_softmax_matches_autograd_cross_entropy(dtype: torch.dt
     torch.testing.assert_close(ours_grad, logits.grad)
 
 
-@pytest.mark.parametrize("stem", ["qwen3-1.7b-h100x1", "qwen3-1.7b-short-h100x1", "qwen3-30b-a3b-4l-h100x1"])
+@pytest.mark.parametrize("stem", ["qwen3-1.7b-h100x1", "qwen3-1.7b-short-h100x1", "qwen3-30b-a3b-4l-h100x1",
+                                  "qwen3-30b-a3b-4l-long-h100x1"])
 def test_the_gpu_bench_specs_plan_a_layout_this_trainer_runs(stem: str) -> None:
     """bench/megatron_train.py trains what these specs plan; the planner must keep giving it one rank."""
     from dora.planning import make_plan
     from dora.spec import load_spec
 
-    resolved = load_spec(str(Path(__file__).resolve().parents[2] / "bench" / "specs" / f"{stem}.yaml"))
+    specs = Path(__file__).resolve().parents[2] / "bench" / "specs"
+    resolved = load_spec(str(specs / f"{stem}.yaml"))
     plan = make_plan(resolved).plan
+    calibration = specs / f"{stem}.calibration.json"  # what bench/megatron_train.py --calibration-out wrote
+    if calibration.exists():
+        from dora.planning import load_calibration
+
+        calib = load_calibration(str(calibration))
+        fitted = calib.train_mfu_moe if resolved.arch.is_moe else calib.train_mfu_dense
+        assert 0.2 < fitted < 0.5 and "megatron_train.py" in calib.source
+        assert make_plan(resolved, calibration=calib).plan.train.accelerators == 1
     config = megatron_config(resolved, plan)
     assert unsupported(config) == []
     assert config["transformer"]["qk_layernorm"]
