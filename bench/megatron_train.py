@@ -154,13 +154,12 @@ def _variant(name: str, recompute: bool, resolved, plan, inp, steps: int, seed: 
             tokens, sum_sq = m.num_forward_tokens, m.forward_sum_sq_tokens
             pred = _predicted(inp, plan, inp.calibration, tokens, sum_sq, m.num_sequences)
             row = {"step": step, "sequences": m.num_sequences, "tokens": tokens, "measured_s": seconds,
-                   "predicted_s": pred, "fitted_mfu": _fitted_mfu(inp, plan, seconds, tokens, sum_sq,
-                                                                              m.num_sequences),
+                   "predicted_s": pred,
+                   "fitted_mfu": _fitted_mfu(inp, plan, seconds, tokens, sum_sq, m.num_sequences),
                    "tokens_per_s": tokens / seconds, "loss": m.loss, "grad_norm": m.grad_norm}
             print(("warm-up " if step == 0 else "") + "step {step}: {sequences} seqs, {tokens} tokens, measured "
                   "{measured_s:.2f} s, cost model {predicted_s:.2f} s, {tokens_per_s:,.0f} tokens/s, fitted "
-                  "{constant} {fitted_mfu:.3f}, loss {loss:.3g}".format(constant=mfu_constant(inp),
-                                                                                    **row))
+                  "{constant} {fitted_mfu:.3f}, loss {loss:.3g}".format(constant=mfu_constant(inp), **row))
             if step:
                 rows.append(row)
     except torch.OutOfMemoryError:
@@ -191,8 +190,8 @@ def _variant(name: str, recompute: bool, resolved, plan, inp, steps: int, seed: 
 def _variant_in_child(name: str, args: argparse.Namespace) -> dict:
     """``_variant`` in a fresh Python process (this script with ``--variants NAME``). After an MoE variant
     (megatron-core 0.16.1, 4-layer Qwen3-30B-A3B) the next one in the same process ran out of memory at step 0,
-    in either order, with 12 GiB more allocated than it peaks at alone: not all of the first trainer's memory
-    came back (cause not found)."""
+    in either order (76 GiB allocated, where either peaks at 64 GiB alone): not all of the first trainer's
+    memory came back (cause not found)."""
     import subprocess
     import tempfile
 

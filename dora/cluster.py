@@ -34,9 +34,8 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 JOB_FILE = "job.json"
 ANSWER_TIMEOUT_S = 30.0
 """How long `dora status`, `dora stop` and a submission wait for the Jobs API to connect (and, for status and stop,
-to answer one request).
-Ray's client has no timeout of its own: on a host that drops packets it waits as long as the kernel's TCP connect
-(about two minutes on Linux), and on a server that accepts and never answers, forever."""
+to answer each request). Ray's client has no timeout of its own: on a host that drops packets it waits as long as
+the kernel's TCP connect (about two minutes on Linux), and on a server that accepts and never answers, forever."""
 
 T = TypeVar("T")
 
