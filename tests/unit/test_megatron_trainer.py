@@ -386,3 +386,26 @@ def test_the_gpu_bench_specs_plan_a_layout_this_trainer_runs(stem: str) -> None:
     assert moe == (128 if "a3b" in stem else None)
     assert config["gpt_model"]["share_embeddings_and_output_weights"] is not bool(moe)  # Qwen3-1.7B ties them
     assert next(m for m in plan.memory if m.side == "train").need_bytes < 80e9
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_torch_engines_swiglu_model_computes_what_megatron_trains(tied: bool) -> None:
+    """The torch rollout engine's model (``mlp="swiglu"``) loaded with the Megatron trainer's export computes the
+    same logits as megatron-core's GPTModel: what a Megatron trainer publishes, a torch engine generates with."""
+    from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer, tiny_weights
+
+    config = lowered("llama", tied=tied)
+    model = build_gpt_model(config, device="cpu", seed=11)
+    hf = tiny_hf_config("llama", tied=tied)
+    tiny_config = TinyModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                                  ffn_size=96, vocab_size=VOCAB, tie_embeddings=tied, rope_theta=hf["rope_theta"],
+                                  norm_eps=hf["rms_norm_eps"], mlp="swiglu")
+    tiny = TinyTransformer(tiny_config)
+    tiny.load_state_dict(tiny_weights(hf_weights({k: v for k, v in model.state_dict().items()
+                                                  if "_extra_state" not in k}, config), tiny_config))
+    packed = pack(list(SEQS), 16)
+    with torch.no_grad():
+        ours = tiny.forward_rows(packed.token_ids, packed.position_ids, packed.segment_ids)
+        theirs = packed_logits(model, packed)
+    real = packed.segment_ids >= 0
+    torch.testing.assert_close(ours[real], theirs[real], rtol=1e-4, atol=1e-4)

@@ -22,6 +22,8 @@ CONFIGS = {
     "gqa": TinyModelConfig(vocab_size=32, num_layers=2, num_heads=4, num_kv_heads=2),
     "untied": TinyModelConfig(vocab_size=32, num_layers=1, tie_embeddings=False),
     "eps-theta": TinyModelConfig(vocab_size=32, num_layers=1, norm_eps=0.5, rope_theta=500.0),
+    "swiglu": TinyModelConfig(vocab_size=32, num_layers=2, num_heads=4, num_kv_heads=2, tie_embeddings=False,
+                              mlp="swiglu"),
 }
 
 
@@ -149,3 +151,20 @@ def test_weights_round_trip_and_are_plain_cpu_tensors() -> None:
 def test_kv_heads_must_divide_heads() -> None:
     with pytest.raises(ValueError, match=r"num_heads\(4\) % num_kv_heads\(3\)"):
         TinyModelConfig(num_heads=4, num_kv_heads=3)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_swiglu_models_checkpoint_names_round_trip(tied: bool) -> None:
+    from dora.runtime.engines.tiny_model import hf_weights, tiny_weights
+
+    config = dataclasses.replace(CONFIGS["swiglu"], tie_embeddings=tied)
+    weights = export_weights(TinyTransformer(config, seed=4))
+    hf = hf_weights(weights, config)
+    assert ("lm_head.weight" in hf) is not tied
+    assert hf["model.layers.1.self_attn.k_proj.weight"].shape == (2 * 16, 64)  # 2 kv heads of 16
+    back = tiny_weights(hf, config)
+    assert back.keys() == weights.keys() and all(torch.equal(back[k], weights[k]) for k in weights)
+    with pytest.raises(ValueError, match="does not use"):
+        tiny_weights({**hf, "model.layers.9.mlp.up_proj.weight": hf["model.layers.0.mlp.up_proj.weight"]}, config)
+    with pytest.raises(ValueError, match="gelu"):
+        hf_weights(export_weights(TinyTransformer(CONFIGS["gqa"])), CONFIGS["gqa"])

@@ -2,8 +2,11 @@
 
 Architecture (pre-norm, as in Llama): token embedding -> ``num_layers`` x
 [RMSNorm -> grouped-query attention with rotary positions -> residual,
-RMSNorm -> GELU MLP -> residual] -> RMSNorm -> LM head (tied to the embedding
-when ``tie_embeddings``). Rotary positions need no parameters, so the model is
+RMSNorm -> MLP -> residual] -> RMSNorm -> LM head (tied to the embedding
+when ``tie_embeddings``). The MLP is ``gelu`` (with biases; dora's own CPU model)
+or ``swiglu`` (no biases: Llama's, the one megatron-core builds from dora's
+lowered config; ``hf_weights``/``tiny_weights`` map its weights to and from the
+checkpoint's names). Rotary positions need no parameters, so the model is
 fully described by the catalog fields (layers, hidden, heads, kv heads, head
 dim, ffn, vocab, tie_embeddings) and positions are per sequence, which is what
 lets one row hold several packed sequences.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +55,9 @@ class TinyModelConfig:
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-6
     """RMSNorm epsilon (the ``tiny-local`` preset's ``norm_eps``)."""
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    """``gelu``: ``down(gelu(up(x)))`` with biases. ``swiglu``: ``down(silu(gate(x)) * up(x))`` without biases,
+    gate and up in one matmul (``gate_up``, gate rows first)."""
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -63,7 +70,7 @@ class TinyModelConfig:
         """Parameter count: embeddings + layers (attention, MLP, 2 norms) + final norm (+ head)."""
         h, d = self.hidden_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
-        mlp = 2 * h * self.ffn_size + self.ffn_size + h
+        mlp = 3 * h * self.ffn_size if self.mlp == "swiglu" else 2 * h * self.ffn_size + self.ffn_size + h
         per_layer = attn + mlp + 2 * h
         head = 0 if self.tie_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * per_layer + h + head
@@ -146,11 +153,19 @@ class _Block(nn.Module):
         self.qkv = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)
         self.o = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
         self.mlp_norm = _RMSNorm(c.hidden_size, c.norm_eps)
-        self.up = nn.Linear(c.hidden_size, c.ffn_size)
-        self.down = nn.Linear(c.ffn_size, c.hidden_size)
+        if c.mlp == "swiglu":
+            self.gate_up = nn.Linear(c.hidden_size, 2 * c.ffn_size, bias=False)
+            self.down = nn.Linear(c.ffn_size, c.hidden_size, bias=False)
+        else:
+            self.up = nn.Linear(c.hidden_size, c.ffn_size)
+            self.down = nn.Linear(c.ffn_size, c.hidden_size)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(self.mlp_norm(x))))
+        h = self.mlp_norm(x)
+        if self.c.mlp == "swiglu":
+            gate, up = self.gate_up(h).chunk(2, dim=-1)
+            return x + self.down(F.silu(gate) * up)
+        return x + self.down(F.gelu(self.up(h)))
 
     def forward_rows(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor
@@ -227,16 +242,19 @@ def stack_versions(models: Sequence[TinyTransformer]) -> StackedVersions:
     for i in range(config.num_layers):
         def blk(m: TinyTransformer, i: int = i) -> _Block:
             return m.layers[i]  # type: ignore[return-value]
-        layers.append({
+        weights = {
             "attn_norm": t(lambda m: blk(m).attn_norm.weight),
             "qkv": t(lambda m: blk(m).qkv.weight.T),
             "o": t(lambda m: blk(m).o.weight.T),
             "mlp_norm": t(lambda m: blk(m).mlp_norm.weight),
-            "up": t(lambda m: blk(m).up.weight.T),
-            "up_bias": t(lambda m: blk(m).up.bias[None]),
             "down": t(lambda m: blk(m).down.weight.T),
-            "down_bias": t(lambda m: blk(m).down.bias[None]),
-        })
+        }
+        if config.mlp == "swiglu":
+            weights["gate_up"] = t(lambda m: blk(m).gate_up.weight.T)
+        else:
+            weights.update(up=t(lambda m: blk(m).up.weight.T), up_bias=t(lambda m: blk(m).up.bias[None]),
+                           down_bias=t(lambda m: blk(m).down.bias[None]))
+        layers.append(weights)
     head = t(lambda m: m.embed.weight.T if m.lm_head is None else m.lm_head.weight.T)
     return StackedVersions(
         versions=len(models), embed=t(lambda m: m.embed.weight).reshape(-1, config.hidden_size),
@@ -387,8 +405,12 @@ def decode_versions(
         h = _rms(x, w["attn_norm"][version_index], c.norm_eps)
         qkv = rows.unpad(torch.bmm(rows.pad(h), w["qkv"])).view(b, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
         x = x + rows.unpad(torch.bmm(rows.pad(_attend(c, qkv, cache, i, ctx)), w["o"]))
-        up = F.gelu(torch.baddbmm(w["up_bias"], rows.pad(_rms(x, w["mlp_norm"][version_index], c.norm_eps)), w["up"]))
-        x = x + rows.unpad(torch.baddbmm(w["down_bias"], up, w["down"]))
+        h = rows.pad(_rms(x, w["mlp_norm"][version_index], c.norm_eps))
+        if c.mlp == "swiglu":
+            gate, up = torch.bmm(h, w["gate_up"]).chunk(2, dim=-1)
+            x = x + rows.unpad(torch.bmm(F.silu(gate) * up, w["down"]))
+        else:
+            x = x + rows.unpad(torch.baddbmm(w["down_bias"], F.gelu(torch.baddbmm(w["up_bias"], h, w["up"])), w["down"]))
     return rows.unpad(torch.bmm(rows.pad(_rms(x, stacked.norm[version_index], c.norm_eps)), stacked.head))
 
 
@@ -402,3 +424,53 @@ def model_from_weights(config: TinyModelConfig, weights: dict[str, torch.Tensor]
     model.load_state_dict(weights)
     model.requires_grad_(False)
     return model.eval()
+
+
+def hf_weights(model_weights: dict[str, torch.Tensor], config: TinyModelConfig) -> dict[str, torch.Tensor]:
+    """A ``swiglu`` model's weights (``export_weights``) under the checkpoint's (Hugging Face Llama) names, which
+    the Megatron trainer's ``megatron_weights`` reads: ``qkv`` -> ``q_proj``/``k_proj``/``v_proj``, ``gate_up``
+    -> ``gate_proj``/``up_proj``, norms and embeddings renamed. ``tiny_weights`` is the inverse."""
+    if config.mlp != "swiglu":
+        raise ValueError("only a swiglu model has checkpoint (Hugging Face) names; this one's MLP is gelu")
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    out = {"model.embed_tokens.weight": model_weights["embed.weight"], "model.norm.weight": model_weights["norm.weight"]}
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = model_weights["lm_head.weight"]
+    for i in range(config.num_layers):
+        t, h = f"layers.{i}.", f"model.layers.{i}."
+        out[h + "self_attn.q_proj.weight"], out[h + "self_attn.k_proj.weight"], out[h + "self_attn.v_proj.weight"] = (
+            model_weights[t + "qkv.weight"].split([q, kv, kv]))
+        out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = model_weights[t + "gate_up.weight"].chunk(2)
+        out.update({h + "input_layernorm.weight": model_weights[t + "attn_norm.weight"],
+                    h + "self_attn.o_proj.weight": model_weights[t + "o.weight"],
+                    h + "post_attention_layernorm.weight": model_weights[t + "mlp_norm.weight"],
+                    h + "mlp.down_proj.weight": model_weights[t + "down.weight"]})
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in out.items()}
+
+
+def tiny_weights(hf: dict[str, torch.Tensor], config: TinyModelConfig) -> dict[str, torch.Tensor]:
+    """The inverse of ``hf_weights``: checkpoint names -> this model's state dict. A missing name raises KeyError;
+    one the model does not use, ValueError."""
+    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    used = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = hf["lm_head.weight"]
+        used.add("lm_head.weight")
+    for i in range(config.num_layers):
+        t, h = f"layers.{i}.", f"model.layers.{i}."
+        names = {p: h + p for p in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                   "mlp.gate_proj.weight", "mlp.up_proj.weight", "input_layernorm.weight",
+                                   "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                                   "mlp.down_proj.weight")}
+        used.update(names.values())
+        w = {p: hf[name] for p, name in names.items()}
+        out[t + "qkv.weight"] = torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
+                                           w["self_attn.v_proj.weight"]])
+        out[t + "gate_up.weight"] = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
+        out.update({t + "attn_norm.weight": w["input_layernorm.weight"], t + "o.weight": w["self_attn.o_proj.weight"],
+                    t + "mlp_norm.weight": w["post_attention_layernorm.weight"],
+                    t + "down.weight": w["mlp.down_proj.weight"]})
+    unused = sorted(set(hf) - used)
+    if unused:
+        raise ValueError(f"checkpoint weights this model does not use: {unused[:4]}")
+    return out
