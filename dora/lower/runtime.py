@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from dora.lower.megatron import megatron_config
 from dora.runtime.config import (
     FORMAT_VERSION,
     AlgorithmConfig,
@@ -46,10 +47,12 @@ def _model(resolved: ResolvedSpec) -> ModelConfig:
 
 def runtime_config(resolved: ResolvedSpec, plan: Plan) -> RuntimeConfig:
     """The runtime config for ``plan``: the plan's decisions (mode, window, placement sizes) and the spec's values
-    the runtime needs (batch, lengths, algorithm, model, engines, seed, output paths)."""
+    the runtime needs (batch, lengths, algorithm, model, engines, seed, output paths); and where the Megatron
+    trainer runs beside the torch engines (a CPU rehearsal of the Megatron path), the lowered Megatron config."""
     spec, r, t = resolved.spec, plan.rollout, plan.train
     w = spec.workload
     task = TaskConfig(name=w.task.name, warmup_steps=w.task.warmup_steps) if w.task is not None else None
+    rehearsal = spec.runtime.trainer == "megatron" and spec.runtime.rollout_engine == "torch"
     return RuntimeConfig(
         format_version=FORMAT_VERSION, spec_hash=resolved.spec_hash, spec_name=spec.name,
         mode=plan.mode, max_version_lag=plan.max_version_lag, allow_version_mixing=plan.allow_version_mixing,
@@ -63,7 +66,8 @@ def runtime_config(resolved: ResolvedSpec, plan: Plan) -> RuntimeConfig:
         prompt_length=_lengths(w.prompt_length, resolved.prompt_lengths),
         response_length=_lengths(w.response_length, resolved.response_lengths),
         task=task, algorithm=AlgorithmConfig(**spec.algorithm.model_dump()), model=_model(resolved),
-        rollout_engine=spec.runtime.rollout_engine, trainer=spec.runtime.trainer, seed=spec.runtime.seed,
+        rollout_engine=spec.runtime.rollout_engine, trainer=spec.runtime.trainer,
+        megatron=megatron_config(resolved, plan) if rehearsal else None, seed=spec.runtime.seed,
         output_dir=resolved.output_dir, trace_file=TRACE_FILE, metrics_file=METRICS_FILE,
         checkpoint_dir=CHECKPOINT_DIR,
     )

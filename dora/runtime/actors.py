@@ -352,7 +352,12 @@ def _in_flight(engine: TorchRolloutEngine) -> list[GenerationRequest]:
 
 
 class TrainerActor:
-    """The trainer: supervised warm-up (version 0), GRPO steps, and weights published per version."""
+    """The trainer: supervised warm-up (version 0), GRPO steps, and weights published per version.
+
+    With ``megatron`` (the lowered Megatron config), megatron-core trains the GRPO steps: the torch trainer's
+    warm-up still makes version 0 (megatron-core's model starts from its weights, through the checkpoint's
+    names), and each published version comes back from those names into the torch engines' model, whose
+    ``swiglu`` MLP is the one megatron-core builds."""
 
     def __init__(
         self,
@@ -362,6 +367,7 @@ class TrainerActor:
         lengths: LengthSampler,
         seed: int,
         warmup_learning_rate: float,
+        megatron: dict[str, Any] | None = None,
     ) -> None:
         torch.set_num_threads(config.num_threads)
         self._trainer = TorchTrainer(config)
@@ -369,6 +375,24 @@ class TrainerActor:
         self._lengths = lengths
         self._seed = seed
         self._warmup_lr = warmup_learning_rate
+        self._megatron_config = megatron
+        self._megatron: Any = None
+
+    def _policy(self, *, from_warm_up: bool = True) -> Any:
+        """The trainer of the GRPO steps: the torch one, or the Megatron one (built at first use, from the warmed
+        torch model's weights unless ``from_warm_up`` is False: a restore brings its own)."""
+        if self._megatron_config is None:
+            return self._trainer
+        if self._megatron is None:
+            from dora.runtime.engines.megatron_trainer import MegatronTrainer, MegatronTrainerConfig
+            from dora.runtime.engines.tiny_model import hf_weights
+            from dora.runtime.engines.torch_trainer import GRPOSettings
+
+            cfg = MegatronTrainerConfig(megatron=self._megatron_config, grpo=GRPOSettings.of(self._trainer.config),
+                                        device="cpu", seed=self._seed)
+            start = hf_weights(self._trainer.export_weights()[1], self._trainer.config.model) if from_warm_up else None
+            self._megatron = MegatronTrainer(cfg, initial_weights=start)
+        return self._megatron
 
     def warm_up(self, cache_dir: str | None) -> tuple[int, float]:
         """Supervised warm-up (cached by content hash in ``cache_dir``); returns ``(steps run, seconds)``."""
@@ -379,12 +403,13 @@ class TrainerActor:
             self._trainer, self._task, self._lengths, seed=self._seed, learning_rate=self._warmup_lr,
             cache_dir=None if cache_dir is None else Path(cache_dir),
         )
+        self._megatron = None  # a Megatron trainer starts from the warmed weights
         return len(losses), time.perf_counter() - start
 
     def train_step(self, batch: list[ScoredTrajectory], save_to: str | None = None) -> TrainMetrics:
         """One GRPO step; with ``save_to``, then ``save_state(save_to)`` in the same call (a checkpointed step
         costs the controller no extra round trip, and the controller never waits on the save)."""
-        metrics = self._trainer.train_step(batch)
+        metrics: TrainMetrics = self._policy().train_step(batch)
         if save_to is not None:
             self.save_state(save_to)
         return metrics
@@ -397,7 +422,7 @@ class TrainerActor:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")
-        state = self._trainer.state_dict()
+        state = self._policy().state_dict()
         with tmp.open("wb") as f:
             torch.save(state, f)
             f.flush()
@@ -407,12 +432,17 @@ class TrainerActor:
 
     def load_state(self, path: str) -> int:
         """Restore what ``save_state`` wrote (replaces warm-up on resume); returns the version now held."""
-        self._trainer.load_state_dict(torch.load(path, weights_only=True))
-        return self._trainer.version
+        trainer = self._policy(from_warm_up=False)
+        trainer.load_state_dict(torch.load(path, weights_only=True))
+        return int(trainer.version)
 
     def publish(self, version: int) -> dict[str, torch.Tensor]:
         """The weights of ``version`` (the return value lands in Ray's object store; workers fetch it)."""
-        have, weights = self._trainer.export_weights()
+        have, weights = self._policy().export_weights()
         if have != version:
             raise RuntimeError(f"publish v{version} but the trainer holds v{have}")
+        if self._megatron_config is not None:  # checkpoint names -> the torch engines' model
+            from dora.runtime.engines.tiny_model import tiny_weights
+
+            weights = tiny_weights(weights, self._trainer.config.model)
         return weights

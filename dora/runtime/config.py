@@ -19,25 +19,32 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from dora.spec.files import loads_json
 
-FORMAT_VERSION = 3
-"""Bump on a change an older driver could not read correctly."""
+FORMAT_VERSION = 4
+"""Bump on a change an older driver could not read correctly (4: ``megatron``)."""
 
 
 GPU_ENGINES_MISSING = (
-    "dora's runtime runs its torch engines only: the vLLM rollout worker is not written yet, and the Megatron "
-    "trainer (dora/runtime/engines/megatron_trainer.py, one GPU; bench/megatron_train.py trains a plan with it) "
-    "is not wired into the runtime's actors, which have no GPU rollout engine to feed. `dora plan SPEC --out DIR` "
-    "still writes the launch arguments (DIR/launch/vllm/, and DIR/launch/megatron/, which the tests build into "
-    "megatron-core's own config classes) for a launcher of your own. dora's own engines run specs on "
-    "cluster.accelerator: cpu (`dora examples local-tiny`)")
-"""Why a run with ``rollout_engine: vllm`` or ``trainer: megatron`` stops before any actor starts."""
+    "the vLLM rollout worker is not written yet, so dora's runtime rolls out with its torch engines only: "
+    "`dora plan SPEC --out DIR` still writes the launch arguments (DIR/launch/vllm/, DIR/launch/megatron/) for a "
+    "launcher of your own. dora's own engines run specs on cluster.accelerator: cpu (`dora examples local-tiny`), "
+    "with its torch trainer or, as a rehearsal of the Megatron path, runtime.trainer: megatron")
+"""Why a run with ``rollout_engine: vllm`` stops before any actor starts."""
 
 
 def check_engines(rc: RuntimeConfig) -> None:
-    """Raise RuntimeConfigError unless ``rc`` runs dora's torch engines (the only ones written)."""
-    if rc.rollout_engine != "torch" or rc.trainer != "torch":
-        raise RuntimeConfigError("rollout_engine", f"runtime.rollout_engine {rc.rollout_engine!r} / runtime.trainer "
-                                 f"{rc.trainer!r}: {GPU_ENGINES_MISSING}")
+    """Raise RuntimeConfigError unless ``rc`` runs engines the runtime has: torch rollout engines, and the torch
+    trainer or (megatron-core installed, the lowered config in ``rc.megatron``) the Megatron trainer."""
+    if rc.rollout_engine != "torch":
+        raise RuntimeConfigError("rollout_engine", f"runtime.rollout_engine {rc.rollout_engine!r}: {GPU_ENGINES_MISSING}")
+    if rc.trainer == "megatron":
+        if rc.megatron is None:
+            raise RuntimeConfigError("megatron", "runtime.trainer 'megatron' needs the lowered Megatron config; "
+                                     "re-run `dora plan --out`")
+        try:
+            import megatron.core  # noqa: F401
+        except ImportError:
+            raise RuntimeConfigError("trainer", "runtime.trainer 'megatron' needs megatron-core: "
+                                     "pip install megatron-core==0.16.1 (the dev extra has it)") from None
 
 
 class RuntimeConfigError(ValueError):
@@ -168,6 +175,9 @@ class RuntimeConfig:
     model: ModelConfig
     rollout_engine: Literal["torch", "vllm"]
     trainer: Literal["torch", "megatron"]
+    megatron: dict[str, Any] | None
+    """The lowered ``megatron/config.json`` where the runtime trains with it (trainer megatron beside the torch
+    engines); None otherwise."""
     seed: int
     output_dir: str
     """Relative to the plan directory (the job's working directory)."""
@@ -230,6 +240,10 @@ def _decode(tp: Any, value: Any, where: str) -> Any:
             raise RuntimeConfigError(where, "must not be null")
         (inner,) = [o for o in options if o is not type(None)]
         return _decode(inner, value, where)
+    if origin is dict:  # a JSON object passed through whole (the lowered Megatron config)
+        if not isinstance(value, dict):
+            raise RuntimeConfigError(where, f"expected an object, got {_type_name(value)}")
+        return value
     if origin is Literal:
         if value not in get_args(tp) or isinstance(value, bool):
             allowed = ", ".join(repr(a) for a in get_args(tp))

@@ -97,6 +97,9 @@ class ControllerConfig:
     rollout: RolloutConfig
     """One engine replica (= rollout group); ``policy.num_rollout_groups`` of them are started."""
     trainer: TrainerConfig
+    megatron: dict[str, Any] | None = None
+    """The lowered Megatron config when megatron-core trains (after the torch trainer's warm-up); ``None``: the
+    torch trainer trains."""
     task: TaskConfig
     response_lengths: LengthDistribution
     """Target response lengths of the task (the long tail the asynchronous modes hide)."""
@@ -273,7 +276,7 @@ class Controller:
         trainer_cls = ray.remote(TrainerActor).options(num_cpus=cfg.trainer_num_cpus, name=None)
         self._trainer = trainer_cls.remote(
             cfg.trainer, task=cfg.task, lengths=cfg.response_lengths, seed=cfg.seed,
-            warmup_learning_rate=cfg.warmup_learning_rate,
+            warmup_learning_rate=cfg.warmup_learning_rate, megatron=cfg.megatron,
         )
         worker_cls = ray.remote(RolloutWorker).options(
             num_cpus=cfg.worker_num_cpus, max_concurrency=2, max_restarts=cfg.worker_max_restarts, max_task_retries=0,

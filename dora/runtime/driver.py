@@ -89,7 +89,9 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
                             num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, ffn_size=m.ffn_hidden_size,
                             vocab_size=task.vocab_size, tie_embeddings=m.tie_embeddings,
                             rope_theta=m.rope_theta or TinyModelConfig.rope_theta,
-                            norm_eps=m.norm_eps or TinyModelConfig.norm_eps)
+                            norm_eps=m.norm_eps or TinyModelConfig.norm_eps,
+                            mlp="swiglu" if rc.trainer == "megatron" else "gelu")
+    megatron = _megatron_for_torch_engines(rc, task.vocab_size)
     a = rc.algorithm
     policy = PolicyConfig(
         mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
@@ -115,10 +117,31 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
                               is_weight_cap=a.tis_cap, ppo_clip_eps=a.clip_ratio, num_minibatches=a.minibatches_per_step,
                               temperature=a.temperature, num_threads=max(1, min(rc.train_accelerators, int(cores))),
                               seed=rc.seed),
+        megatron=megatron,
         task=task, response_lengths=lengths, temperature=a.temperature, seed=rc.seed, output_dir=out,
         warmup_cache_dir=warmup_cache_dir or out / "cache", worker_num_cpus=share, trainer_num_cpus=share,
         config_key=config_key(json.loads(rc.to_json())), **extra,
     )
+
+
+def _megatron_for_torch_engines(rc: RuntimeConfig, vocab_size: int) -> dict[str, Any] | None:
+    """``rc.megatron`` with the task's vocabulary (the runtime's model has the task's, not the preset's), after
+    checking that the torch engines' model computes what it describes; None for the torch trainer."""
+    if rc.megatron is None:
+        return None
+    from dora.runtime.engines.megatron_trainer import unsupported
+
+    m = rc.model
+    problems = unsupported(rc.megatron) + [
+        f"model.{field} (the torch engines' model has none)"
+        for field, present in (("qk_norm", m.qk_norm), ("qkv_bias", m.qkv_bias), ("num_experts", m.num_experts),
+                               ("mla", m.mla is not None)) if present]
+    if problems:
+        raise RuntimeConfigError("megatron", "the Megatron trainer cannot train this model beside the torch "
+                                 "engines: " + "; ".join(problems))
+    config = json.loads(json.dumps(rc.megatron))
+    config["gpt_model"]["vocab_size"] = vocab_size
+    return config
 
 
 def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_dir: Path = Path(),

@@ -219,16 +219,16 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
                       "set runtime.address: http://<head>:8265 (the Ray dashboard)"))
     elif rt.address is not None and (problem := address_problem(rt.address)):
         out.append(_d(("runtime", "address"), f"{rt.address!r} {problem}", f"write it as {ADDRESS_FORMS}"))
+    if cpu and rt.rollout_engine == "vllm":
+        out.append(_d(("runtime", "rollout_engine"), "vllm needs a GPU but cluster.accelerator is cpu",
+                      "set runtime.rollout_engine: torch for the embedded CPU runtime"))
+    # trainer: megatron on cpu is the rehearsal of the Megatron path: megatron-core trains (fp32), torch engines roll out
     for field, gpu_name in (("rollout_engine", "vllm"), ("trainer", "megatron")):
-        engine = getattr(rt, field)
-        if cpu and engine == gpu_name:
-            out.append(_d(("runtime", field), f"{gpu_name} needs a GPU but cluster.accelerator is cpu",
-                          f"set runtime.{field}: torch for the embedded CPU runtime"))
-        if not cpu and engine == "torch":
+        if not cpu and getattr(rt, field) == "torch":
             out.append(_d(("runtime", field), f"the torch {field.replace('_', ' ')} runs on the cpu accelerator only, "
                           f"but cluster.accelerator is {spec.cluster.accelerator}",
                           f"set runtime.{field}: {gpu_name}"))
-    torch_runtime = rt.rollout_engine == "torch" and rt.trainer == "torch"
+    torch_runtime = cpu and rt.rollout_engine == "torch"  # the embedded runtime (torch or Megatron trainer)
     if torch_runtime and spec.workload.task is None:
         out.append(_d(("workload", "task"), "the embedded torch runtime needs a task to train on",
                       "add `task: {name: count}` under workload"))

@@ -309,7 +309,8 @@ class RuntimeSpec(StrictModel):
     rollout_engine: Literal["torch", "vllm"] = "vllm"
     """Rollout engine: `torch` (CPU, embedded) or `vllm` (GPU)."""
     trainer: Literal["torch", "megatron"] = "megatron"
-    """Trainer: `torch` (CPU, embedded) or `megatron` (megatron-core, GPU)."""
+    """Trainer: `torch` (CPU, embedded) or `megatron` (megatron-core, GPU). On the cpu accelerator `megatron` is a
+    rehearsal of the Megatron path: megatron-core trains the lowered config in fp32 beside the torch engines."""
     output_dir: str | None = None
     """Where runs write traces, metrics and checkpoints; defaults to runs/<name>."""
     seed: Annotated[int, Field(ge=0, le=2**64 - 1)] = 0

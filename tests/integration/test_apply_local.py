@@ -213,3 +213,27 @@ def test_colocated_streaming_suspends_rollout_for_every_step_and_audits_clean(tm
     for e in steps:  # every step starts after a suspension with no resume since
         last_stop = max(t for t in suspended if t <= e["start_t"])
         assert not any(last_stop < t < e["start_t"] for t in resumed)
+
+
+def test_the_megatron_trainer_trains_beside_the_torch_engines(tmp_path):
+    """runtime.trainer: megatron on the cpu accelerator, the rehearsal of the Megatron path: megatron-core's model,
+    built from the lowered config runtime.json carries, trains every step; the torch engines generate with what it
+    publishes (their swiglu model); the audit passes as for the torch trainer."""
+    yaml = YAML()
+    spec = _short_spec(tmp_path)
+    data = yaml.load(spec.read_text())
+    data["runtime"]["trainer"] = "megatron"
+    with spec.open("w") as f:
+        yaml.dump(data, f)
+    out = tmp_path / "megatron"
+    code, text = _apply(spec, "streaming", out)
+    assert code == 0, text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["audit"]["ok"] and summary["audit"]["num_consumed"] == STEPS * PROMPTS * SAMPLES
+    runtime = json.loads((out / "runtime.json").read_text())
+    assert runtime["trainer"] == "megatron" and runtime["megatron"]["transformer"]["gated_linear_unit"] is True
+    import torch
+
+    (checkpoint,) = sorted((out / "checkpoint").glob("trainer-*.pt"))[-1:]
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["version"] == STEPS and "decoder.layers.0.self_attention.linear_qkv.weight" in state["model"]

@@ -409,3 +409,52 @@ def test_the_torch_engines_swiglu_model_computes_what_megatron_trains(tied: bool
         theirs = packed_logits(model, packed)
     real = packed.segment_ids >= 0
     torch.testing.assert_close(ours[real], theirs[real], rtol=1e-4, atol=1e-4)
+
+
+def test_the_runtimes_trainer_actor_trains_with_megatron_and_restores_what_it_saved(tmp_path: Path) -> None:
+    """TrainerActor with the lowered Megatron config (no Ray here): version 0 is the torch trainer's (warm-up)
+    weights through the checkpoint's names, steps are megatron-core's, published weights come back in the torch
+    engines' names, and a checkpoint restores the same version and weights."""
+    from dora.runtime.actors import TrainerActor
+    from dora.runtime.engines.tiny_model import TinyModelConfig, export_weights
+    from dora.runtime.engines.torch_trainer import TrainerConfig
+    from dora.runtime.tasks import TaskConfig
+    from planner.workload import LengthDistribution
+
+    config = lowered("llama")
+    config["optimizer"]["lr"] = 1e-2
+    model = TinyModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, ffn_size=96,
+                            vocab_size=VOCAB, tie_embeddings=False, mlp="swiglu")
+
+    def actor() -> TrainerActor:
+        return TrainerActor(TrainerConfig(model=model), task=TaskConfig(), seed=0, warmup_learning_rate=1e-3,
+                            lengths=LengthDistribution.lognormal(median=4, p99=20, max_tokens=24), megatron=config)
+
+    a = actor()
+    torch_v0 = export_weights(a._trainer.model)
+    v0 = a.publish(0)
+    assert v0.keys() == torch_v0.keys() and all(torch.equal(v0[k], torch_v0[k]) for k in v0)
+    metrics = a.train_step(_batch())
+    assert metrics.version == 1 and type(a._megatron).__name__ == "MegatronTrainer"
+    assert a.save_state(str(tmp_path / "trainer.pt")) == 1
+    b = actor()
+    assert b.load_state(str(tmp_path / "trainer.pt")) == 1
+    wa, wb = a.publish(1), b.publish(1)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa) and not torch.equal(wa["layers.0.qkv.weight"],
+                                                                          v0["layers.0.qkv.weight"])
+
+
+def test_the_driver_refuses_megatron_for_a_model_the_torch_engines_do_not_compute() -> None:
+    """A q/k-norm model (Qwen3): megatron-core would train norms the torch engines' model lacks."""
+    import json as _json
+
+    from dora.runtime.config import RuntimeConfig, RuntimeConfigError
+    from dora.runtime.driver import _megatron_for_torch_engines
+
+    golden = Path(__file__).resolve().parents[1] / "golden" / "launch" / "local-tiny" / "launch" / "runtime.json"
+    data = _json.loads(golden.read_text())
+    data.update(trainer="megatron", megatron=lowered("llama"))
+    assert _megatron_for_torch_engines(RuntimeConfig.from_json(_json.dumps(data)), 50)["gpt_model"]["vocab_size"] == 50
+    data["model"]["qk_norm"] = True
+    with pytest.raises(RuntimeConfigError, match="model.qk_norm"):
+        _megatron_for_torch_engines(RuntimeConfig.from_json(_json.dumps(data)), 50)
