@@ -9,6 +9,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Tear down the one-rank process group the Megatron trainer tests start (``init_single_rank``) before the
+    interpreter exits, rather than leave its destructor to interpreter shutdown."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite golden files under tests/golden/ from the current output")

@@ -422,6 +422,7 @@ def test_a_jobs_api_that_never_answers_is_given_up_on(tmp_path: Path, capsys, mo
     """A server that accepts the connection and never answers (or a host that drops packets) held `dora status`
     for as long as Ray's client waited: without end. Now ``ANSWER_TIMEOUT_S``, then exit 1 with a message."""
     import socket
+    import threading
     import time
 
     from dora import cluster
@@ -437,5 +438,9 @@ def test_a_jobs_api_that_never_answers_is_given_up_on(tmp_path: Path, capsys, mo
         started = time.monotonic()
         assert main([command, str(tmp_path)]) == 1
         assert time.monotonic() - started < 20
+    # the socket is closed: the abandoned request fails and its thread ends (none is left for interpreter exit)
+    for thread in [t for t in threading.enumerate() if t.name == "dora-ray-jobs"]:
+        thread.join(30)
+        assert not thread.is_alive()
     err = capsys.readouterr().err
     assert f"cannot reach the Ray Jobs API at {address}: no answer in 1 s" in err and "Traceback" not in err
