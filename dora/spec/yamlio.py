@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
@@ -128,6 +128,12 @@ class _SpecConstructor(RoundTripConstructor):
         return _BadScalar(text=str(text), message=message, hint=hint, line=node.start_mark.line + 1)
 
 
+def _local_tag(node: Any) -> str | None:
+    """The application tag written on ``node`` (``!foo``), None if it has none or a core one (``!!str``)."""
+    tag = getattr(getattr(node, "tag", None), "value", None)
+    return tag if isinstance(tag, str) and tag.startswith("!") else None
+
+
 def _node_kind(node: Any) -> str:
     return {ScalarNode: "a scalar", MappingNode: "a mapping", SequenceNode: "a list"}.get(type(node), "a node")
 
@@ -140,6 +146,15 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
     if isinstance(node, _BadScalar):
         problems.append(Diagnostic(path=path, line=node.line, message=node.message, hint=node.hint))
         return node.text
+    tag = _local_tag(node)
+    if tag is not None:  # `!env NAME`, `!include x.yaml`: reported, and the value read as if untagged
+        shown = f"`{tag} {node.value}`" if isinstance(node, TaggedScalar) else \
+            "this mapping" if isinstance(node, CommentedMap) else "this list"
+        problems.append(Diagnostic(
+            path=path, line=lines.get(path), message=f"{shown} carries the YAML tag {tag}, which dora does not read",
+            hint=f"remove {tag}: a spec holds plain values (dora expands no !include, !env or other tags)"))
+        if isinstance(node, TaggedScalar):
+            return str(node.value)
     if isinstance(node, CommentedMap):
         out: dict[Any, Any] = {}
         for key in node:
@@ -176,7 +191,7 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
         return None
     if isinstance(node, bytes | AbstractSet):
         return node  # !!binary, !!set: no spec field takes them, so validation names the field (as text they passed)
-    return str(node)  # other tagged scalars (!foo x): as text, which a string field takes as written
+    return str(node)  # core-tagged scalars (!!str 5): as text
 
 
 _SCALAR_KINDS = {int: "a number", float: "a number", bool: "true or false", str: "a single string"}
