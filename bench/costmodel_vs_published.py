@@ -11,12 +11,13 @@ Assumptions not stated in a source are listed in the NOTE column.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 
 from planner.architecture import ModelArch, get_preset
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import get_accelerator
-from planner.rollout_cost import rollout_instance_memory
+from planner.rollout_cost import make_rollout_cost_model, rollout_instance_memory
 from planner.train_cost import train_flops, train_step_time
 from planner.weight_sync import weight_sync_time_s
 
@@ -80,6 +81,48 @@ def _vllm_kv_pool_rows(calib: Calibration) -> list[Row]:
     return out
 
 
+# Dense models absent from dora's catalog, from their Hugging Face config.json; used here only.
+LLAMA_3_70B = ModelArch(name="llama-3-70b", num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
+                        head_dim=128, ffn_hidden_size=28672, vocab_size=128256)
+QWEN2_72B = ModelArch(name="qwen2-72b", num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
+                      head_dim=128, ffn_hidden_size=29568, vocab_size=152064, qkv_bias=True)
+LLAMA_3_8B = dataclasses.replace(LLAMA_31_8B, name="llama-3-8b")
+"""Llama-3-8B and Llama-3.1-8B share one architecture."""
+
+_ARGONNE = "argonne-lcf/LLM-Inference-Bench Plots/All_results.csv (ae7e7a4, 2024-09-27)"
+# (model, tp, batch, N, published end-to-end seconds, line in All_results.csv): vLLM's benchmark_latency.py on H100,
+# FP16, input and output length both N, B prompts per generate() (a decode batch of exactly B); vLLM ~0.5-0.6 (the
+# repo's A100 requirements; the H100 version is not stated).
+_ARGONNE_LATENCY = (
+    (LLAMA_3_70B, 4, 1, 1024, 19.6098, 1627), (LLAMA_3_70B, 4, 16, 1024, 24.6951, 1628),
+    (LLAMA_3_70B, 4, 32, 1024, 30.2350, 1629), (LLAMA_3_70B, 4, 64, 1024, 35.0828, 1630),
+    (QWEN2_72B, 4, 1, 1024, 20.5232, 1767), (QWEN2_72B, 4, 64, 1024, 36.2776, 1770),
+    (LLAMA_3_8B, 1, 1, 1024, 8.0978, 1567), (LLAMA_3_8B, 1, 64, 1024, 18.8087, 1570),
+    (LLAMA_3_8B, 4, 1, 128, 0.7602, 1595), (LLAMA_3_8B, 4, 64, 128, 1.3079, 1598),
+)
+
+
+def generate_latency_s(arch: ModelArch, *, tp: int, batch: int, n: int, calib: Calibration) -> float:
+    """Predicted time of one ``generate()`` over ``batch`` prompts of ``n`` tokens, each answered with ``n`` tokens:
+    one prefill of every prompt, then n - 1 decode steps of the whole batch as its contexts grow (the first output
+    token comes from the prefill)."""
+    model = make_rollout_cost_model(arch, get_accelerator("h100"), tp=tp, dtype_bytes=2, calib=calib,
+                                    accelerators_per_node=8)
+    prefill = model.prefill_s(batch * n, sum_sq_tokens=batch * n * n)
+    return prefill + sum(model.decode_step_s(batch, batch * (n + i)) for i in range(1, n))
+
+
+def _decode_latency_rows(calib: Calibration) -> list[Row]:
+    out = []
+    for arch, tp, batch, n, published, line in _ARGONNE_LATENCY:
+        out.append(Row(figure=f"vLLM generate, {arch.name} TP{tp} B={batch} in/out {n}", kind="test", unit="s",
+                       source=f"{_ARGONNE}, line {line}", published=published,
+                       predicted=generate_latency_s(arch, tp=tp, batch=batch, n=n, calib=calib),
+                       note=f"{1e3 * published / n:.2f} ms per output token published; FP16, vLLM ~0.5-0.6",
+                       group="vLLM decode, fixed batch (one sweep)"))
+    return out
+
+
 def rows(calib: Calibration = DEFAULT_CALIBRATION) -> list[Row]:
     out: list[Row] = []
     h100 = get_accelerator("h100")
@@ -109,14 +152,17 @@ def rows(calib: Calibration = DEFAULT_CALIBRATION) -> list[Row]:
     #    what is left of the budget after weights, the profiling run's activation peak and memory outside torch.
     for row in _vllm_kv_pool_rows(calib):
         out.append(row)
-    # 13. verl checkpoint engine: Qwen3-30B-A3B, FSDP trainer (2 GPUs) -> 30 single-GPU rollouts, NCCL
+    # 13-22. Decode: end-to-end generate() times at fixed batch (one prefill, then n - 1 decode steps), the rollout
+    #    engine's step time from a single request (the tail of a rollout) to 64 at once.
+    out += _decode_latency_rows(calib)
+    # 23. verl checkpoint engine: Qwen3-30B-A3B, FSDP trainer (2 GPUs) -> 30 single-GPU rollouts, NCCL
     #    all_gather + broadcast, receive only (no engine reload), 4x8 H100 with CX-7 400G.
     sync = weight_sync_time_s(get_preset("qwen3-30b-a3b"), src_acc=h100, src_devices=2, dst_devices=30,
                               dst_tp=1, src_tp=2, colocated=False, include_reload=False, calib=calib)
     out.append(Row(figure="Weight sync Qwen3-30B-A3B, 2 -> 30 H100 (NCCL)", kind="test", unit="s",
                    source="verl verl/checkpoint_engine/README.md", published=7.0, predicted=sync.total_s,
                    note="FSDP shards modelled as TP2 all-gather"))
-    # 14. Perplexity RDMA p2p: Kimi-K2 1T, 256 BF16 trainer GPUs -> 128 FP8 inference GPUs, no reload.
+    # 24. Perplexity RDMA p2p: Kimi-K2 1T, 256 BF16 trainer GPUs -> 128 FP8 inference GPUs, no reload.
     sync = weight_sync_time_s(get_preset("kimi-k2"), src_acc=h100, src_devices=256, dst_devices=128, dst_tp=16,
                               src_tp=1, src_ep=8, colocated=False, dst_dtype_bytes=1, broadcast=False,
                               include_reload=False, calib=calib)
