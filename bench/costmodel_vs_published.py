@@ -1,6 +1,6 @@
 """Cost model vs published figures: prints predicted vs published, with relative error.
 
-Run:  python bench/costmodel_vs_published.py
+Run:  python bench/costmodel_vs_published.py [--grid]
 
 Every prediction uses DEFAULT_CALIBRATION (no fitting to these rows).  The KIND column says what a row tests:
   test   the published setup is fed in and an output (time, tokens) is predicted: a real check of the model
@@ -11,8 +11,10 @@ Assumptions not stated in a source are listed in the NOTE column.
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from planner.architecture import ModelArch, get_preset
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
@@ -112,6 +114,28 @@ def generate_latency_s(arch: ModelArch, *, tp: int, batch: int, n: int, calib: C
     return prefill + sum(model.decode_step_s(batch, batch * (n + i)) for i in range(1, n))
 
 
+GRID_CSV = Path(__file__).parent / "data" / "argonne-h100-vllm-latency.csv"
+"""Every vLLM H100 run of Llama-3-70B, Qwen2-72B, Llama-2-70B, Llama-3-8B and Qwen2-7B in the Argonne file (181 rows,
+columns as there; the file is BSD-3-Clause, (c) 2024 UChicago Argonne, LLC)."""
+_GRID_ARCHS = {"meta-llama/Meta-Llama-3-70B": LLAMA_3_70B, "Qwen/Qwen2-72B": QWEN2_72B,
+               "meta-llama/Llama-2-70b-hf": dataclasses.replace(LLAMA_3_70B, name="llama-2-70b", vocab_size=32000),
+               "meta-llama/Meta-Llama-3-8B": LLAMA_3_8B, "Qwen/Qwen2-7B": get_preset("qwen2.5-7b")}
+"""Qwen2-7B has Qwen2.5-7B's architecture; Llama-2-70B is Llama-3-70B's with a 32,000-token vocabulary."""
+
+
+def decode_grid(calib: Calibration = DEFAULT_CALIBRATION) -> dict[tuple[str, int, int], list[float]]:
+    """(model, tp, batch) -> relative errors of the predicted ``generate()`` time over the grid's input/output
+    lengths."""
+    out: dict[tuple[str, int, int], list[float]] = {}
+    with GRID_CSV.open() as f:
+        for r in csv.DictReader(f):
+            tp, n, batch, published = int(r["num_gpus"]), int(r["input_output_length"]), int(r["batch_size"]), \
+                float(r["latency_s"])
+            predicted = generate_latency_s(_GRID_ARCHS[r["model"]], tp=tp, batch=batch, n=n, calib=calib)
+            out.setdefault((r["model"], tp, batch), []).append(predicted / published - 1)
+    return out
+
+
 def _decode_latency_rows(calib: Calibration) -> list[Row]:
     out = []
     for arch, tp, batch, n, published, line in _ARGONNE_LATENCY:
@@ -173,7 +197,9 @@ def rows(calib: Calibration = DEFAULT_CALIBRATION) -> list[Row]:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", action="store_true", help="also every vLLM H100 run of the decode rows' source file")
+    args = ap.parse_args()
     table = rows()
     header = f"{'figure':<52} {'kind':<5} {'unit':<7} {'published':>11} {'predicted':>11} {'rel.err':>8}  note"
     print(header)
@@ -187,6 +213,13 @@ def main() -> None:
     for group in dict.fromkeys(r.group for r in table):
         errors = [abs(r.rel_error) for r in table if r.kind == "test" and r.group == group]
         print(f"  {group}: {len(errors)} rows, mean |rel.err| {sum(errors) / len(errors):.1%}, max {max(errors):.1%}")
+    if args.grid:
+        grid = decode_grid()
+        print(f"\nvLLM generate() on H100, {sum(map(len, grid.values()))} runs ({GRID_CSV.name}): relative error of "
+              "the prediction over input/output lengths 128-2048, mean (min..max)")
+        for (model, tp, batch), errors in grid.items():
+            print(f"  {model:<28} TP{tp} batch {batch:>2}: {sum(errors) / len(errors):+6.1%} "
+                  f"({min(errors):+.1%}..{max(errors):+.1%})")
 
 
 if __name__ == "__main__":
