@@ -3,8 +3,8 @@
 Asynchronous modes win the time a synchronous step waits for its longest trajectories. That wait is about fixed (the
 longest response decoded nearly alone), while the rest of the step's work shrinks as the cluster grows, so the win
 depends on the cluster size, on the response-length tail, on how fast an engine decodes a lone sequence (the fixed
-per-step cost, ``Calibration.decode_step_overhead_s``, and what each sequence of a batch adds to a step), and on the staleness budget k (the trainer may not run ahead of
-the oldest tail by more than k versions). This replans one spec (default: the dense 32B example), restricted to sync
+per-step cost, ``Calibration.decode_step_overhead_s``) against a full batch (what each sequence adds to a step), and on
+the staleness budget k (the trainer may not run ahead of the oldest tail by more than k versions). This replans one spec (default: the dense 32B example), restricted to sync
 and streaming, varying one knob at a time from the spec's values, and prints the best sync plan, the chosen streaming
 plan, their ratio, the overlap ceiling over the best sync (``SearchOutcome.overlap_ceiling``: a perfect schedule on
 the best placement, every slot busy up to the staleness budget, training overlapped with rollout or, colocated, in turn

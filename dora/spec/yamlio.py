@@ -134,6 +134,18 @@ def _local_tag(node: Any) -> str | None:
     return tag if isinstance(tag, str) and tag.startswith("!") else None
 
 
+def _tag_problem(path: Path, line: int | None, shown: str, tag: str) -> Diagnostic:
+    return Diagnostic(path=path, line=line, message=f"{shown} carries the YAML tag {tag}, which dora does not read",
+                      hint=f"remove {tag}: a spec holds plain values (dora expands no !include, !env or other tags)")
+
+
+def _key_line(mapping: CommentedMap, key: Any) -> int | None:
+    try:
+        return int(mapping.lc.key(key)[0]) + 1
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
 def _node_kind(node: Any) -> str:
     return {ScalarNode: "a scalar", MappingNode: "a mapping", SequenceNode: "a list"}.get(type(node), "a node")
 
@@ -147,12 +159,10 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
         problems.append(Diagnostic(path=path, line=node.line, message=node.message, hint=node.hint))
         return node.text
     tag = _local_tag(node)
-    if tag is not None:  # `!env NAME`, `!include x.yaml`: reported, and the value read as if untagged
+    if tag is not None:  # `!env NAME`, `!include x.yaml`: reported; a scalar is kept as its text, a mapping walked
         shown = f"`{tag} {node.value}`" if isinstance(node, TaggedScalar) else \
             "this mapping" if isinstance(node, CommentedMap) else "this list"
-        problems.append(Diagnostic(
-            path=path, line=lines.get(path), message=f"{shown} carries the YAML tag {tag}, which dora does not read",
-            hint=f"remove {tag}: a spec holds plain values (dora expands no !include, !env or other tags)"))
+        problems.append(_tag_problem(path, lines.get(path), shown, tag))
         if isinstance(node, TaggedScalar):
             return str(node.value)
     if isinstance(node, CommentedMap):
@@ -161,6 +171,16 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
             if isinstance(key, _BadScalar):  # a key its tag could not build: as its text, reported at the key
                 problems.append(Diagnostic(path=(*path, key.text), line=key.line, message=key.message, hint=key.hint))
                 out[key.text] = _plain(node[key], (*path, key.text), lines, budget, depth + 1, problems)
+                continue
+            key_tag = _local_tag(key)
+            if key_tag is not None:  # `!foo name: x`: reported at the key, read as its text
+                key, tagged = str(key.value), key
+                child = (*path, key)
+                line = _key_line(node, tagged)
+                if line is not None:
+                    lines.setdefault(child, line)
+                problems.append(_tag_problem(child, line, f"the key `{key_tag} {key}`", key_tag))
+                out[key] = _plain(node[tagged], child, lines, budget, depth + 1, problems)
                 continue
             child = (*path, key if isinstance(key, str | int) else str(key))
             try:
