@@ -140,6 +140,7 @@ def _tag_problem(path: Path, line: int | None, shown: str, tag: str) -> Diagnost
 
 
 def _key_line(mapping: CommentedMap, key: Any) -> int | None:
+    """The 1-based line of ``key`` in ``mapping``; None for a merged key (``<<``), which has no position of its own."""
     try:
         return int(mapping.lc.key(key)[0]) + 1
     except (KeyError, TypeError, AttributeError):
@@ -173,21 +174,14 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
                 out[key.text] = _plain(node[key], (*path, key.text), lines, budget, depth + 1, problems)
                 continue
             key_tag = _local_tag(key)
-            if key_tag is not None:  # `!foo name: x`: reported at the key, read as its text
-                key, tagged = str(key.value), key
-                child = (*path, key)
-                line = _key_line(node, tagged)
-                if line is not None:
-                    lines.setdefault(child, line)
-                problems.append(_tag_problem(child, line, f"the key `{key_tag} {key}`", key_tag))
-                out[key] = _plain(node[tagged], child, lines, budget, depth + 1, problems)
-                continue
-            child = (*path, key if isinstance(key, str | int) else str(key))
-            try:
-                lines.setdefault(child, node.lc.key(key)[0] + 1)
-            except (KeyError, TypeError, AttributeError):  # merged keys (<<) carry no position of their own
-                pass
-            out[key] = _plain(node[key], child, lines, budget, depth + 1, problems)
+            name = str(key.value) if key_tag is not None else key  # `!foo name: x`: read as its text, reported
+            child = (*path, name if isinstance(name, str | int) else str(name))
+            line = _key_line(node, key)
+            if line is not None:
+                lines.setdefault(child, line)
+            if key_tag is not None:
+                problems.append(_tag_problem(child, line, f"the key `{key_tag} {name}`", key_tag))
+            out[name] = _plain(node[key], child, lines, budget, depth + 1, problems)
         return out
     if isinstance(node, CommentedSeq):
         items = []
