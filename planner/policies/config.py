@@ -40,7 +40,8 @@ class PolicyConfig:
     they were admitted with."""
     consolidation_batch: int | None = None
     """streaming only: the most requests an engine may hold after taking in migrated requests of an older version
-    (None: all its slots, DORA's packing; the planner sets the engine's batching knee, see ``StreamingPolicy``). The
+    (None: all its slots, DORA's packing; the planner sets the engine's batching knee at a tail's context, within its KV
+    cache, see ``StreamingPolicy``). The
     version the trainer must finish next is packed only to half of it."""
 
     def __post_init__(self) -> None:

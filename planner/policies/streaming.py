@@ -17,7 +17,8 @@ older version never drops below ``ceil(R_w / consolidation_batch)`` replicas, an
 replica at a time, the least-loaded first, when the others can absorb its requests.
 
 Consolidation packs an older version's requests only up to ``PolicyConfig.consolidation_batch`` per
-engine (the planner sets it at the engine's batching knee, ``RolloutCostModel.batching_knee``).
+engine (the planner sets it at the engine's batching knee at a tail's context, ``RolloutCostModel.batching_knee``,
+and no higher than the engine's KV cache holds of such tails, ``Space.ctx_tail``).
 Packing is what frees replicas for the newest version, but a fuller batch decodes every one of its
 requests more slowly, and those requests are the tails the trainer later waits for at the bound.
 Below the knee a decode step is dominated by batch-independent costs (weights, overheads), so packing

@@ -17,6 +17,7 @@ beat its k + 1), beyond it as a what-if the report quotes (``SearchOutcome.one_m
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -313,7 +314,8 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
                         length_per_prompt=inp.lengths_per_prompt)
     return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,
                     accelerators_per_group=p.rollout.tp,
-                    train_accelerators=max(1, round(p.train.accelerators * scale.replicas / p.replicas)))
+                    train_accelerators=max(1, round(p.train.accelerators * scale.replicas / p.replicas)),
+                    kv_capacity_tokens=p.rollout.memory.kv_capacity_tokens or math.inf)
 
 
 def _pick_finalists(screened: list[Screened], limit: int, per_mode: bool) -> list[Screened]:

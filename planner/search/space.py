@@ -8,7 +8,10 @@ capacity at the time-averaged context of a sequence:
     ctx_avg = P + E[L^2] / (2 E[L])     (a sequence of length L spends time proportional to L, during which its
                                          context grows from P to P + L: the length-biased mean of P + l/2)
     slots   = min(max_num_seqs_cap, floor(kv_capacity_tokens / ctx_avg))
-and the replica must hold at least one sequence of the full context ``P_max + L_max``.
+and the replica must hold at least one sequence of the full context ``P_max + L_max``. Streaming packs an older
+version's tails up to the batching knee at a tail's context, within the KV cache (``RolloutOption.consolidation_batch``):
+    ctx_tail = P + E[L^2] / E[L]        (the final context of the request a busy slot holds)
+    pack     = min(slots, knee(ctx_tail), floor(kv_capacity_tokens / ctx_tail))
 
 Training: ``tp * pp * cp * dp = T`` with tp dividing the KV heads (GQA; attention heads for MLA) and at most one
 node, pp dividing the layers, cp > 1 only for long contexts, ep dividing the experts and ``tp * dp * cp``.
@@ -43,8 +46,9 @@ class RolloutOption:
     slots: int
     memory: RolloutMemory
     consolidation_batch: int
-    """streaming: the most requests a replica takes in when an older version is consolidated, its batching knee at
-    the mean context (``RolloutCostModel.batching_knee``; ``PolicyConfig.consolidation_batch``) unless pinned."""
+    """streaming: the most requests a replica takes in when an older version is consolidated (``PolicyConfig.
+    consolidation_batch``) unless pinned: its batching knee (``RolloutCostModel.batching_knee``) at the context of
+    the requests it packs, the tails (``Space.ctx_tail``), and no more of them than its KV cache holds."""
     versions: int = 1
     """Policy versions one replica may host in streaming (``placement.rollout.versions_per_engine``; default 1,
     searched over 1..k+1 on ``cpu``), with ``memory`` sized for them."""
@@ -129,6 +133,13 @@ class Space:
         return self.prompt_mean + self.response_sq_mean / (2 * self.response_mean)
 
     @cached_property
+    def ctx_tail(self) -> float:
+        """Context of the requests an older version still runs when streaming consolidates them: the final context of
+        the request a busy slot holds (a slot holds a request for a time proportional to its length, so that request's
+        length is E[L^2] / E[L] on average; ``ctx_avg`` is its midpoint)."""
+        return self.prompt_mean + self.response_sq_mean / self.response_mean
+
+    @cached_property
     def step_tokens(self) -> float:
         """Prompt + response tokens one training step processes."""
         return self.inp.batch_samples * (self.prompt_mean + self.response_mean)
@@ -191,14 +202,17 @@ class Space:
                                     f"engine, which holds {slots} (its KV cache at the mean context "
                                     f"{self.ctx_avg:.0f} tokens, at most {inp.max_num_seqs_cap} sequences)")))
                         continue
-                    if knee is None:
-                        knee = make_rollout_cost_model(
-                            arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes, calib=inp.calibration,
-                            accelerators_per_node=inp.accelerators_per_node).batching_knee(self.ctx_avg,
-                                                                                           inp.max_num_seqs_cap)
+                    pack = pins.consolidation_batch
+                    if pack is None:
+                        if knee is None:
+                            knee = make_rollout_cost_model(
+                                arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
+                                calib=inp.calibration, accelerators_per_node=inp.accelerators_per_node,
+                            ).batching_knee(self.ctx_tail, inp.max_num_seqs_cap)
+                        pack = max(1, min(knee, int(mem.kv_capacity_tokens // self.ctx_tail)))
                     out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem, versions=versions,
                                              versions_searched=len(version_counts) > 1,
-                                             consolidation_batch=min(slots, knee)))
+                                             consolidation_batch=min(slots, pack)))
         return tuple(out)
 
     # ------------------------------------------------------------------ training

@@ -8,6 +8,8 @@ Deterministic: events are ordered by ``(time, sequence)`` and all randomness com
 
 from __future__ import annotations
 
+import math
+
 from planner.policies import PolicyConfig
 from planner.sim.result import SimResult, StepStats
 from planner.sim.simulator import Simulator
@@ -24,13 +26,15 @@ def simulate(
     record_events: bool = True,
     accelerators_per_group: int = 1,
     train_accelerators: int = 1,
+    kv_capacity_tokens: float = math.inf,
 ) -> SimResult:
     """Run ``config.total_steps`` training steps and return the metrics (and the trace if recorded).
 
     ``record_events=False`` skips the per-trajectory trace (``SimResult.events is None``): use it for
     large specs and inside the plan search. ``accelerators_per_group`` and ``train_accelerators``
     only weight the utilisation/bubble metrics (with ``config.colocated`` the trainer uses the
-    rollout pool's devices).
+    rollout pool's devices). ``kv_capacity_tokens`` is one replica's KV cache: sequences that outgrow it are
+    preempted and recomputed, as vLLM does (unlimited by default: only the slots bound a replica).
     """
     return Simulator(
         config=config,
@@ -40,6 +44,7 @@ def simulate(
         record_events=record_events,
         accelerators_per_group=accelerators_per_group,
         train_accelerators=train_accelerators,
+        kv_capacity_tokens=kv_capacity_tokens,
     ).run()
 
 

@@ -150,6 +150,7 @@ class RunMetrics:
         events: tuple[dict[str, Any], ...] | None,
         swap_s_total: float = 0.0,
         suspend_wall_s_total: float = 0.0,
+        preemptions: int = 0,
     ) -> SimResult:
         steps: list[StepStats] = []
         prev_end = 0.0
@@ -207,6 +208,7 @@ class RunMetrics:
             events=events,
             swap_s_total=swap_s_total,
             suspend_wall_s_total=suspend_wall_s_total,
+            preemptions=preemptions,
         )
 
 

@@ -74,6 +74,8 @@ class SimResult:
     suspend_wall_s_total: float = 0.0
     """Colocated streaming: wall seconds from each suspension's start until every replica has moved out, and from each
     resumption's start until every one is back (the slowest replica each time: on the critical path)."""
+    preemptions: int = 0
+    """Sequences put back in their replica's queue because its KV cache was full (recomputed when they restart)."""
 
     def summary(self) -> dict[str, Any]:
         """Scalar metrics as a plain dict (no per-step rows, no events)."""
@@ -90,6 +92,7 @@ class SimResult:
             "weight_load_s_total": self.weight_load_s_total,
             "swap_s_total": self.swap_s_total,
             "suspend_wall_s_total": self.suspend_wall_s_total,
+            "preemptions": self.preemptions,
             "mixed_trajectories": self.mixed_trajectories,
             "unfinished_at_end": self.unfinished_at_end,
         }

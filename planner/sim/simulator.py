@@ -36,6 +36,13 @@ weights and its sequences' KV cache to host memory, ``swap_fixed_s + swap_s_per_
 swap_s_per_token * context``; the trainer gets the accelerators when the slowest replica is done. ``ResumeRollout``
 moves them back the same way; each replica decodes again as soon as its own copy is back (``RolloutResumed`` is
 reported when the slowest one is).
+KV cache (``kv_capacity_tokens`` per replica, vLLM's paged cache; unlimited by default): a replica's running
+sequences hold ``C(pos)`` context tokens, and C grows by B every step. A waiting sequence starts only if its context
+fits beside them (below a 1% watermark, as vLLM admits). When C would outgrow the cache, the replica preempts the
+sequence it scheduled last (vLLM's recompute preemption): it goes back to the front of the queue with its tokens
+and, when it starts again, the replica first re-prefills its prompt and tokens (``prefill_s``). The next event of a
+replica is its next finish or that crossing, whichever comes first. A migrated request the destination cannot hold
+in its cache waits there the same way (its KV is recomputed when it starts).
 Migration moves sequences with their generated tokens; the source replica is busy for
 ``kv_migration_s_per_token * moved context`` before it can load new weights (the destination is
 not slowed: an optimistic simplification).
@@ -44,6 +51,7 @@ not slowed: an optimistic simplification).
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections import deque
 from typing import Any
@@ -74,6 +82,8 @@ _EV_RESUMED = 5  # every replica serves again
 _EPS = 1e-9
 _LENGTH_BLOCK = 4096
 """Most response lengths drawn ahead at once (see ``Simulator.t_len``)."""
+_KV_WATERMARK = 0.01
+"""Share of the KV cache kept free when a waiting sequence starts (vLLM's ``watermark``)."""
 
 
 class LengthStream:
@@ -136,6 +146,7 @@ class Simulator:
         record_events: bool,
         accelerators_per_group: int,
         train_accelerators: int,
+        kv_capacity_tokens: float = math.inf,
     ) -> None:
         self.cfg = config
         self.policy = make_policy(config)
@@ -224,6 +235,20 @@ class Simulator:
             colocated=config.colocated,
         )
         self.migrated = 0
+        self.kv_cap = float(kv_capacity_tokens)
+        """KV-cache tokens one replica holds (module doc); ``inf``: no limit but the slots."""
+        self.kv_limited = self.kv_cap < math.inf
+        self.kv_admit = self.kv_cap * (1.0 - _KV_WATERMARK)
+        """A waiting sequence starts only if the running context plus its own stays below this."""
+        self.e_cross = [False] * n
+        """Replica ``r``'s pending event is its running context reaching ``kv_cap`` (a preemption), not a finish."""
+        self.sched_stamp: dict[int, int] = {}
+        """KV-limited runs: trajectory -> when its replica last scheduled it (the latest is preempted first)."""
+        self.next_stamp = itertools.count().__next__
+        self.recompute: set[int] = set()
+        """Waiting trajectories whose KV cache is gone (preempted, or migrated where it did not fit): re-prefilled
+        when they start."""
+        self.preemptions = 0
 
     # ------------------------------------------------------------------ event plumbing
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -257,8 +282,15 @@ class Simulator:
         dpos = h.top_key() - pos
         if dpos < 0.0:
             dpos = 0.0
-        ctx = b * (self.prompt + pos) - self.e_sum_start[r] + b * dpos * 0.5
-        step = self.decode_step_s(b, ctx)
+        ctx = b * (self.prompt + pos) - self.e_sum_start[r]
+        cross = False
+        if self.kv_limited and b > 1:
+            room = (self.kv_cap - ctx) / b  # steps until the running context fills the KV cache
+            if room < dpos:
+                dpos = room if room > 0.0 else 0.0
+                cross = True
+        self.e_cross[r] = cross
+        step = self.decode_step_s(b, ctx + b * dpos * 0.5)
         if self.multi:
             busy = sum(1 for bv in self.e_vcount[r].values() if bv)
             if busy > 1:
@@ -304,6 +336,7 @@ class Simulator:
         execute = self._execute
         decode_step_s, next_seq, eps = self.decode_step_s, self.next_seq, _EPS
         engine_contention = self.engine_contention != 1.0
+        kv_limited, kv_cap, e_cross = self.kv_limited, self.kv_cap, self.e_cross
         events = 0
         while True:  # not `while heap`: CPython 3.11 only specializes a loop's bytecode after a few JUMP_BACKWARDs
             if not len(heap):
@@ -340,6 +373,11 @@ class Simulator:
                 continue
             events += 1
             self.now = t
+            if e_cross[r]:  # the running context reached the KV cache's size: preempt
+                heap.pop()
+                self._preempt(r)
+                self._flush()
+                continue
             h = e_heap[r]
             # _advance(r, t), except e_pos[r], which is set exactly right after
             dt = t - e_t[r]
@@ -391,7 +429,16 @@ class Simulator:
             dpos = h.top_key() - pos
             if dpos < 0.0:
                 dpos = 0.0
-            step = decode_step_s(nb, nb * (prompt + pos) - e_sum_start[r] + nb * dpos * 0.5)
+            ctx = nb * (prompt + pos) - e_sum_start[r]
+            if kv_limited:
+                cross = False
+                if nb > 1:
+                    room = (kv_cap - ctx) / nb
+                    if room < dpos:
+                        dpos = room if room > 0.0 else 0.0
+                        cross = True
+                e_cross[r] = cross
+            step = decode_step_s(nb, ctx + nb * dpos * 0.5)
             if multi:
                 busy = sum(1 for bv in self.e_vcount[r].values() if bv)
                 if busy > 1:
@@ -420,8 +467,18 @@ class Simulator:
         h, waiting = self.e_heap[r], self.e_wait[r]
         pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
         vcount = self.e_vcount[r] if self.multi else None
+        kv_limited, prompt = self.kv_limited, self.prompt
+        refill = 0.0
         while waiting and len(h) < cap:
-            idx, generated = waiting.popleft()
+            idx, generated = waiting[0]
+            if kv_limited:
+                if len(h) and len(h) * (prompt + pos) - sum_start + prompt + generated > self.kv_admit:
+                    break  # no room in the KV cache: wait for a finish
+                self.sched_stamp[idx] = self.next_stamp()
+                if idx in self.recompute:
+                    self.recompute.discard(idx)
+                    refill += prompt + generated
+            waiting.popleft()
             start = pos - generated if generated else pos + self.ingest_steps
             h.push(start + t_len[idx], idx)
             sum_start += start
@@ -429,6 +486,46 @@ class Simulator:
                 v = self.policy.group_version[idx // self.spp]
                 vcount[v] = vcount.get(v, 0) + 1
         self.e_sum_start[r] = sum_start
+        if refill > 0.0:  # recompute the KV cache of the preempted sequences that start again
+            now = self.now
+            begin = max(self.e_t[r], now)
+            duration = self.timing.prefill_s(round(refill))
+            self.e_t[r] = begin + duration
+            self.m.engine_busy(r, begin, duration, now)
+
+    def _preempt(self, r: int) -> None:
+        """Replica ``r``'s running context reached its KV cache: put the sequences it scheduled last back at the front
+        of its queue, as few as bring the context under the cache (at least one; never the last one running)."""
+        self._advance(r, self.now)
+        h, pos, prompt, t_len = self.e_heap[r], self.e_pos[r], self.prompt, self.t_len
+        pairs = h.pairs()
+        ctx = len(pairs) * (prompt + pos) - self.e_sum_start[r]
+        stamp = self.sched_stamp
+        latest_first = sorted(pairs, key=lambda pair: stamp[pair[1]], reverse=True)
+        out: set[int] = set()
+        sum_start = self.e_sum_start[r]
+        waiting = self.e_wait[r]
+        vcount = self.e_vcount[r] if self.multi else None
+        for finish, idx in latest_first:
+            if len(pairs) - len(out) <= 1 or (out and ctx <= self.kv_cap):
+                break
+            start = finish - t_len[idx]
+            generated = pos - start if pos > start else 0.0
+            ctx -= prompt + generated
+            sum_start -= start
+            out.add(idx)
+            waiting.appendleft((idx, generated))
+            if generated > 0.0:
+                self.recompute.add(idx)
+            if vcount is not None:
+                vcount[self.policy.group_version[idx // self.spp]] -= 1
+        self.preemptions += len(out)
+        self.e_sum_start[r] = sum_start
+        h.clear()
+        for finish, idx in pairs:
+            if idx not in out:
+                h.push(finish, idx)
+        self.dirty.add(r)
 
     def _record_finish(self, idx: int, r: int, length: int) -> None:
         gid, sample = divmod(idx, self.spp)
@@ -472,7 +569,7 @@ class Simulator:
         """Moving replica ``r``'s weights and its sequences' KV cache between device and host memory, one way."""
         h, pos = self.e_heap[r], self.e_pos[r]
         ctx = len(h) * (self.prompt + pos) - self.e_sum_start[r]  # running: prompt + tokens generated so far
-        ctx += sum(self.prompt + generated for _, generated in self.e_wait[r])
+        ctx += sum(self.prompt + generated for idx, generated in self.e_wait[r] if idx not in self.recompute)
         timing = self.timing
         return (timing.swap_fixed_s + timing.swap_s_per_version * self.m.hosted_versions(r)
                 + timing.swap_s_per_token * max(0.0, ctx))
@@ -536,7 +633,7 @@ class Simulator:
         lengths = self.t_len[base:base + n]
         self.group_left.append(n)
         h, waiting = self.e_heap[r], self.e_wait[r]
-        if not waiting and len(h) + n <= self.cap:
+        if not waiting and len(h) + n <= self.cap and not self.kv_limited:
             # what _enqueue does when every sample fits: each starts now, at e_pos[r] (0 tokens generated)
             pos, sum_start = self.e_pos[r], self.e_sum_start[r]
             start = pos + self.ingest_steps
@@ -569,7 +666,7 @@ class Simulator:
         keep = act.keep_loaded and self.multi
         if (len(h) or self.e_wait[r]) and not act.resume_in_flight and not keep:
             raise ValueError(f"LoadWeights v{act.version} on engine {r} with {len(h)} requests in flight")
-        if self.e_wait[r] and not keep:
+        if self.e_wait[r] and not keep and not self.kv_limited:
             raise ValueError(f"LoadWeights v{act.version} resuming engine {r} with queued requests (no queue here)")
         duration = self.timing.weight_load_peer_s if act.source == "peer" else self.timing.weight_load_trainer_s
         if self.record:
@@ -595,6 +692,11 @@ class Simulator:
                 spans.append((act.version, round(first)))
                 ctx += self.prompt + first
             duration += self.timing.prefill_s(round(ctx))  # recompute KV on the new weights
+        for idx, generated in self.e_wait[r]:  # preempted (KV-limited): they continue on the new weights too
+            spans = self.t_spans.get(idx)
+            if spans is None:
+                spans = self.t_spans[idx] = [(self.policy.group_version[idx // self.spp], 0)]
+            spans.append((act.version, round(generated)))
         self.m.load_started(r, start, duration)
         self.e_paused[r] = True
         self.e_t[r] = start + duration
@@ -638,9 +740,13 @@ class Simulator:
             self._advance(dst, now)
             batch = items[i:i + cap]
             i += len(batch)
+            for idx, generated in batch:
+                if idx not in self.recompute:  # a request preempted at the source has no KV cache to send
+                    moved_ctx += self.prompt + generated
             self._enqueue(dst, batch)
-            for _, generated in batch:
-                moved_ctx += self.prompt + generated
+            if self.kv_limited:  # what the destination's cache cannot hold now waits there without its KV
+                queued = {idx for idx, _ in self.e_wait[dst]}
+                self.recompute.update(idx for idx, generated in batch if idx in queued and generated > 0.0)
             moves.append((dst, len(batch)))
             self.dirty.add(dst)
             if self.record and batch:
@@ -761,4 +867,5 @@ class Simulator:
             events=tuple(self.trace) if self.record else None,
             swap_s_total=self.swap_s_total,
             suspend_wall_s_total=self.suspend_wall_s_total,
+            preemptions=self.preemptions,
         )

@@ -133,7 +133,7 @@ def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
     plan, outcome = planned.plan, planned.outcome
     # colocated streaming: rollout and training take turns on all 128 devices, tails suspended across the turns
     assert plan.mode == "streaming" and plan.colocated and plan.train.accelerators == 128
-    assert plan.predictions.speedup_vs_sync > 1.4
+    assert plan.predictions.speedup_vs_sync > 1.38  # 1.40 since engines keep to their KV cache (1.44 before)
     chosen = [c for c in plan.considered if c.status == "chosen"]
     assert len(chosen) == 1 and chosen[0].mode == "streaming"
     # the best disaggregated streaming plan: training on 32 is trainer-bound and on 64 rollout-bound; the balanced
@@ -149,12 +149,13 @@ def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
     assert not any("slower by -" in c.reason for c in plan.considered)
     # a perfect schedule on any placement bounds streaming; the colocated one, rollout and training in turn on all 128
     # devices at full occupancy, is the higher, and the chosen plan reaches most of it (the rest: engines of older
-    # versions below full while their tails finish, and the moves to and from host memory): no schedule reaches 2x
+    # versions below full while their tails finish, as many as their KV cache holds, and the moves to and from host
+    # memory): no schedule reaches 2x
     ceiling = plan.predictions.overlap_ceiling_tokens_per_s
     assert ceiling is not None and chosen[0].trained_tokens_per_s <= ceiling
     by_kind = {kind: rate for kind, rate, _ in outcome.ceiling_by_kind}
     assert ceiling == max(by_kind.values()) == by_kind["colocated"] > by_kind["disaggregated"]
-    assert 0.85 * by_kind["colocated"] < chosen[0].trained_tokens_per_s
+    assert 0.84 * by_kind["colocated"] < chosen[0].trained_tokens_per_s
     assert 0.9 * by_kind["disaggregated"] < disagg.trained_tokens_per_s
     assert ceiling < 2 * outcome.best_sync.trained_tokens_per_s
 
@@ -288,12 +289,33 @@ def test_screen_and_ceiling_count_trained_tokens_as_the_simulator_does() -> None
 
 
 def test_consolidation_batch_is_the_batching_knee_unless_pinned() -> None:
+    from planner.rollout_cost import make_rollout_cost_model
+    from planner.search.core import Space
+
     streaming = SMALL_GPU.replace("staleness: {max_version_lag: 2}", "staleness: {max_version_lag: 2, mode: streaming}")
     streaming += "placement:\n  colocated: false\n"
-    plan = make_plan(_resolved(streaming)).plan
+    resolved = _resolved(streaming)
+    plan = make_plan(resolved).plan
     knee = plan.rollout.consolidation_batch
-    # 1.4K-token mean context on tp8: per-sequence costs stay below the fixed ones (4.2 ms) up to every slot
-    assert plan.mode == "streaming" and knee == plan.rollout.max_num_seqs == 256
+    # the knee at a tail's context (E[L^2]/E[L] = 2.4K tokens here, twice the slots' mean context): below every slot,
+    # and below what the KV cache holds of such tails
+    inputs = search_inputs(resolved)
+    space = Space(inputs)
+    assert space.ctx_tail - space.prompt_mean == pytest.approx(2 * (space.ctx_avg - space.prompt_mean))
+    model = make_rollout_cost_model(inputs.arch, inputs.accelerator, tp=plan.rollout.tp, dtype_bytes=inputs.dtype_bytes,
+                                    calib=inputs.calibration,
+                                    accelerators_per_node=inputs.accelerators_per_node)
+    assert plan.mode == "streaming" and knee == model.batching_knee(space.ctx_tail, 256) == 208
+    assert knee < plan.rollout.max_num_seqs == 256 and knee < plan.rollout.kv_capacity_tokens // space.ctx_tail
+    # dense-32b's tp4 engines: 43 tails of 9.4K tokens (the knee at the mean context, 5.2K, was 79, where the tails
+    # took up to 2.2x the KV cache); the KV cache would hold 93 of them
+    dense = search_inputs(load_spec(str(SPECS / "dense-32b-h800x128.yaml")))
+    space = Space(dense)
+    tp4 = next(o for o in space.rollout_options if o.tp == 4)
+    model = make_rollout_cost_model(dense.arch, dense.accelerator, tp=4, dtype_bytes=dense.dtype_bytes,
+                                    calib=dense.calibration, accelerators_per_node=dense.accelerators_per_node)
+    assert tp4.consolidation_batch == model.batching_knee(space.ctx_tail, 256) == 43
+    assert model.batching_knee(space.ctx_avg, 256) == 79 and tp4.memory.kv_capacity_tokens // space.ctx_tail == 93
     pinned = make_plan(_resolved(streaming + "  rollout: {consolidation_batch: 7}\n")).plan
     assert pinned.rollout.consolidation_batch == 7
     full = make_plan(_resolved(streaming + "  rollout: {consolidation_batch: 100000}\n")).plan

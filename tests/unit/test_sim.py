@@ -420,3 +420,53 @@ def test_unfinished_requests_that_never_started_are_not_reported_finished():
     unfinished = {e["traj"]: e["finished"] for e in r.events if e["type"] == "unfinished_at_end"}
     assert unfinished == {"g1/0": False, "g2/0": False}
     assert r.live_versions[0] == (0.0, (0,))  # the timeline starts at 0
+
+
+def test_a_full_kv_cache_preempts_the_sequence_scheduled_last_and_recomputes_it():
+    # sync, one engine, two 10-token sequences of a 1-token prompt, a 14-token KV cache; decode 1 s, prefill 0.1 s per
+    # token. Both start at 0.2 (two prompt prefills); their context 2 x (1 + pos) reaches 14 at pos 6 (t = 6.2), so the
+    # one scheduled last, g1, goes back to the queue with its 6 tokens. g0 ends at pos 10 (t = 10.2); g1 restarts with
+    # a 7-token re-prefill (0.7 s) and its last 4 tokens end at 14.9; the step trains 14.9-15.9
+    timing = LinearTiming(decode_base_s=1.0, train_base_s=1.0, prefill_per_token_s=0.1)
+    c = cfg("sync", max_version_lag=0, slots_per_group=2, samples_per_prompt=1, prompts_per_step=2, total_steps=1)
+    r = simulate(c, _scripted([10, 10], 10), timing, seed=0, kv_capacity_tokens=14)
+    finished = {e["traj"]: e["t"] for e in r.events if e["type"] == "finished"}
+    assert finished == pytest.approx({"g0/0": 10.2, "g1/0": 14.9})
+    assert r.preemptions == 1 and [s.end_s for s in r.steps] == pytest.approx([15.9])
+    roomy = simulate(c, _scripted([10, 10], 10), timing, seed=0, kv_capacity_tokens=22)
+    assert roomy.preemptions == 0 and [s.end_s for s in roomy.steps] == pytest.approx([11.2])
+
+
+class _ContextLog(LinearTiming):
+    """LinearTiming that remembers the largest context a decode step was evaluated at."""
+
+    most: float = 0.0
+
+    def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
+        _ContextLog.most = max(_ContextLog.most, total_context_tokens)
+        return super().decode_step_s(batch_size, total_context_tokens)
+
+
+@pytest.mark.parametrize("mode,colocated,versions", [
+    ("sync", False, 1), ("one-step-off", False, 1), ("bounded-async", False, 1), ("partial-rollout", False, 1),
+    ("streaming", False, 1), ("streaming", True, 1), ("streaming", False, 3)])
+def test_every_mode_keeps_its_engines_within_their_kv_cache(mode, colocated, versions):
+    """A 400-token KV cache per engine of 8 slots, where the longest sequence takes 305: engines preempt, and still
+    nothing is lost, mixed or run beyond the cache."""
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=600, max_tokens=300), prompt_tokens=5)
+    k = 0 if mode == "sync" else 2
+    c = cfg(mode, max_version_lag=k, num_rollout_groups=4, slots_per_group=8, prompts_per_step=5, samples_per_prompt=4,
+            total_steps=5, allow_version_mixing=mode == "partial-rollout", colocated=colocated,
+            max_versions_per_engine=versions)
+    t = _ContextLog(decode_base_s=0.01, decode_per_context_token_s=1e-5, train_base_s=0.4, weight_publish_s=0.1,
+                    weight_load_trainer_s=0.3, weight_load_peer_s=0.1, prefill_per_token_s=0.001,
+                    kv_migration_s_per_token=1e-5)
+    _ContextLog.most = 0.0
+    r = simulate(c, w, t, seed=3, kv_capacity_tokens=400)
+    assert r.preemptions > 0 and _ContextLog.most <= 400
+    rep = check_trace(list(r.events), k=k, allow_version_mixing=True)
+    assert rep.ok, rep.violations[:3]
+    assert len(r.steps) == 5 and rep.num_consumed == 5 * 5 * 4
+    assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
+    if mode != "partial-rollout" and mode != "bounded-async":
+        assert r.mixed_trajectories == 0
