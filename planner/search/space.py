@@ -180,7 +180,7 @@ class Space:
             for ep in eps:
                 if arch.is_moe and ep > 1 and arch.num_experts % ep:
                     continue
-                knee = pins.consolidation_batch  # else the engine's batching knee, computed once per layout
+                knee: int | None = None  # the engine's batching knee at a tail's context, computed once per layout
                 for versions in version_counts:
                     mem = rollout_instance_memory(
                         arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
