@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from planner.plan import Plan, format_rate
+from planner.plan import Plan, Predictions, format_rate
 from planner.policies import due_consolidation_batch
 
 _GIB = float(1 << 30)
@@ -30,6 +30,14 @@ def _dur(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+
+def _recomputes(p: Predictions) -> str:
+    if p.kv_recomputes_per_step <= 0:
+        return "none: every engine's running contexts fit its KV cache"
+    migrated = p.kv_recomputes_per_step - p.kv_preemptions_per_step
+    return (f"{p.kv_recomputes_per_step:.1f} sequences ({p.kv_preemptions_per_step:.1f} preempted when an engine's "
+            "cache filled" + (f", {migrated:.1f} migrated to an engine without room" if migrated > 0.05 else "")
+            + f"), re-prefilling {format_rate(p.kv_recomputed_tokens_per_step)} tokens")
 
 
 def placement_lines(plan: Plan) -> list[str]:
@@ -76,6 +84,7 @@ def _predictions_table(plan: Plan) -> Table:
             + (f"engines out and back {_dur(p.engine_swap_s)}, " if p.engine_swap_s else "")
             + f"trainer state out and back {_dur(p.trainer_swap_s)}")]
           if plan.colocated else []),
+        ("KV-cache recomputes per step", _recomputes(p)),
         ("mean staleness / live versions", f"{p.mean_staleness:.2f} / up to {p.max_live_versions}"),
         ("time for all steps", _dur(p.total_time_s)),
         ("accelerator-hours", _amount(p.accelerator_hours, 1)),

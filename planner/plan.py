@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """Bump on any change that an older dora could not read correctly."""
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
@@ -118,6 +118,14 @@ class Predictions:
     trainer_swap_s: float
     """Colocated plans: seconds per step moving the trainer's parameters, gradients and optimizer state to host memory
     and back (``weight_sync.trainer_swap_s``), inside ``step_time_s``. 0 on separate accelerators."""
+    kv_preemptions_per_step: float
+    """Sequences per step that an engine put back in its queue because its KV cache was full (vLLM's recompute
+    preemption; simulated: the run's total over its steps)."""
+    kv_recomputes_per_step: float
+    """Sequences per step that started again without their KV cache: the preempted ones, and requests migrated to an
+    engine whose cache could not hold them (streaming)."""
+    kv_recomputed_tokens_per_step: float
+    """Prompt and response tokens per step prefilled again for them."""
     mean_staleness: float
     max_live_versions: int
     total_time_s: float

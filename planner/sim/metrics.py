@@ -151,6 +151,8 @@ class RunMetrics:
         swap_s_total: float = 0.0,
         suspend_wall_s_total: float = 0.0,
         preemptions: int = 0,
+        recomputed_sequences: int = 0,
+        recomputed_tokens: float = 0.0,
     ) -> SimResult:
         steps: list[StepStats] = []
         prev_end = 0.0
@@ -209,6 +211,8 @@ class RunMetrics:
             swap_s_total=swap_s_total,
             suspend_wall_s_total=suspend_wall_s_total,
             preemptions=preemptions,
+            recomputed_sequences=recomputed_sequences,
+            recomputed_tokens=recomputed_tokens,
         )
 
 

@@ -76,6 +76,11 @@ class SimResult:
     resumption's start until every one is back (the slowest replica each time: on the critical path)."""
     preemptions: int = 0
     """Sequences put back in their replica's queue because its KV cache was full (recomputed when they restart)."""
+    recomputed_sequences: int = 0
+    """Sequences that started again without their KV cache: preempted ones, and requests migrated to a replica whose
+    cache could not hold them (they wait there without it)."""
+    recomputed_tokens: float = 0.0
+    """Prompt and response tokens prefilled again for them."""
 
     def summary(self) -> dict[str, Any]:
         """Scalar metrics as a plain dict (no per-step rows, no events)."""
@@ -93,6 +98,8 @@ class SimResult:
             "swap_s_total": self.swap_s_total,
             "suspend_wall_s_total": self.suspend_wall_s_total,
             "preemptions": self.preemptions,
+            "recomputed_sequences": self.recomputed_sequences,
+            "recomputed_tokens": self.recomputed_tokens,
             "mixed_trajectories": self.mixed_trajectories,
             "unfinished_at_end": self.unfinished_at_end,
         }

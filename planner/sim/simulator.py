@@ -249,6 +249,10 @@ class Simulator:
         """Waiting trajectories whose KV cache is gone (preempted, or migrated where it did not fit): re-prefilled
         when they start."""
         self.preemptions = 0
+        self.recomputed_sequences = 0
+        """Sequences that started again without their KV cache (preempted, or migrated where it did not fit)."""
+        self.recomputed_tokens = 0.0
+        """Tokens re-prefilled because their KV cache was gone when they started again."""
 
     # ------------------------------------------------------------------ event plumbing
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -478,6 +482,7 @@ class Simulator:
                 if idx in self.recompute:
                     self.recompute.discard(idx)
                     refill += prompt + generated
+                    self.recomputed_sequences += 1
             waiting.popleft()
             start = pos - generated if generated else pos + self.ingest_steps
             h.push(start + t_len[idx], idx)
@@ -487,6 +492,7 @@ class Simulator:
                 vcount[v] = vcount.get(v, 0) + 1
         self.e_sum_start[r] = sum_start
         if refill > 0.0:  # recompute the KV cache of the preempted sequences that start again
+            self.recomputed_tokens += refill
             now = self.now
             begin = max(self.e_t[r], now)
             duration = self.timing.prefill_s(round(refill))
@@ -740,13 +746,18 @@ class Simulator:
             self._advance(dst, now)
             batch = items[i:i + cap]
             i += len(batch)
-            for idx, generated in batch:
-                if idx not in self.recompute:  # a request preempted at the source has no KV cache to send
-                    moved_ctx += self.prompt + generated
             self._enqueue(dst, batch)
-            if self.kv_limited:  # what the destination's cache cannot hold now waits there without its KV
-                queued = {idx for idx, _ in self.e_wait[dst]}
-                self.recompute.update(idx for idx, generated in batch if idx in queued and generated > 0.0)
+            # what the destination's cache cannot hold now waits there without its KV (not sent: recomputed when it
+            # starts), as does a request preempted at the source; the others' KV is sent
+            queued = {idx for idx, _ in self.e_wait[dst]} if self.kv_limited else set()
+            for idx, generated in batch:
+                if idx in self.recompute:
+                    continue
+                if idx in queued:
+                    if generated > 0.0:
+                        self.recompute.add(idx)
+                    continue
+                moved_ctx += self.prompt + generated
             moves.append((dst, len(batch)))
             self.dirty.add(dst)
             if self.record and batch:
@@ -868,4 +879,6 @@ class Simulator:
             swap_s_total=self.swap_s_total,
             suspend_wall_s_total=self.suspend_wall_s_total,
             preemptions=self.preemptions,
+            recomputed_sequences=self.recomputed_sequences,
+            recomputed_tokens=self.recomputed_tokens,
         )

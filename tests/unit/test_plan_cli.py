@@ -141,6 +141,29 @@ def test_report_gives_a_colocated_plans_host_memory_moves() -> None:
     assert "host memory moves" not in plan_report_text(apart, width=200)
 
 
+def test_report_gives_the_kv_cache_recomputes_per_step() -> None:
+    """A plan says how many sequences per step restart without their KV cache (preempted when an engine's cache filled,
+    as vLLM does, or migrated to an engine without room) and what they re-prefill; a plan whose contexts always fit
+    says none."""
+    from dora.report import plan_report_text
+    from planner.plan import Plan
+
+    plan = Plan.from_dict(json.loads((GOLDEN / "dense-32b-h800x128.plan.json").read_text()))
+    p = plan.predictions
+    assert 0 < p.kv_preemptions_per_step < p.kv_recomputes_per_step  # streaming migrates some where they do not fit
+    # a restart re-prefills its prompt and the tokens it had: at most a whole context each
+    assert 0 < p.kv_recomputed_tokens_per_step <= p.kv_recomputes_per_step * plan.rollout.max_model_len
+    row = next(line for line in plan_report_text(plan, width=200).splitlines() if "KV-cache recomputes" in line)
+    migrated = p.kv_recomputes_per_step - p.kv_preemptions_per_step
+    assert (f"{p.kv_recomputes_per_step:.1f} sequences ({p.kv_preemptions_per_step:.1f} preempted when an engine's "
+            f"cache filled, {migrated:.1f} migrated to an engine without room), re-prefilling ") in row
+    tiny = Plan.from_dict(json.loads((GOLDEN / "local-tiny.plan.json").read_text()))
+    t = tiny.predictions
+    assert t.kv_preemptions_per_step == t.kv_recomputes_per_step == t.kv_recomputed_tokens_per_step == 0
+    row = next(line for line in plan_report_text(tiny, width=200).splitlines() if "KV-cache recomputes" in line)
+    assert "none" in row
+
+
 def test_report_holds_a_colocated_plan_to_the_same_ceiling() -> None:
     # The ceiling is over every placement, colocated ones included (rollout and training in turn), so it bounds a
     # colocated plan too; it once covered the disaggregated placements only and a colocated plan could read "122%".

@@ -432,9 +432,10 @@ def test_a_full_kv_cache_preempts_the_sequence_scheduled_last_and_recomputes_it(
     r = simulate(c, _scripted([10, 10], 10), timing, seed=0, kv_capacity_tokens=14)
     finished = {e["traj"]: e["t"] for e in r.events if e["type"] == "finished"}
     assert finished == pytest.approx({"g0/0": 10.2, "g1/0": 14.9})
-    assert r.preemptions == 1 and [s.end_s for s in r.steps] == pytest.approx([15.9])
+    assert r.preemptions == 1 and r.recomputed_tokens == 7 and [s.end_s for s in r.steps] == pytest.approx([15.9])
     roomy = simulate(c, _scripted([10, 10], 10), timing, seed=0, kv_capacity_tokens=22)
-    assert roomy.preemptions == 0 and [s.end_s for s in roomy.steps] == pytest.approx([11.2])
+    assert roomy.preemptions == 0 and roomy.recomputed_tokens == 0
+    assert [s.end_s for s in roomy.steps] == pytest.approx([11.2])
 
 
 class _ContextLog(LinearTiming):
