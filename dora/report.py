@@ -30,7 +30,6 @@ def _dur(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-
 def _recomputes(p: Predictions) -> str:
     if p.kv_recomputes_per_step <= 0:
         return "none: every engine's running contexts fit its KV cache"

@@ -438,6 +438,24 @@ def test_a_full_kv_cache_preempts_the_sequence_scheduled_last_and_recomputes_it(
     assert [s.end_s for s in roomy.steps] == pytest.approx([11.2])
 
 
+def test_a_request_migrated_to_an_engine_without_room_waits_there_without_its_kv():
+    """Streaming with a tight KV cache (the run of the test below): every request migrated here finds its destination
+    full, or was preempted at its source, so none sends its KV cache; each is re-prefilled when it starts. So the
+    migration's cost per token changes nothing (sending KV that is then dropped made this run 1.6 s longer)."""
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=600, max_tokens=300), prompt_tokens=5)
+    c = cfg("streaming", max_version_lag=2, num_rollout_groups=4, slots_per_group=8, prompts_per_step=5,
+            samples_per_prompt=4, total_steps=5)
+    runs = []
+    for per_token in (0.0, 1e-2):
+        t = LinearTiming(decode_base_s=0.01, decode_per_context_token_s=1e-5, train_base_s=0.4, weight_publish_s=0.1,
+                         weight_load_trainer_s=0.3, weight_load_peer_s=0.1, prefill_per_token_s=0.001,
+                         kv_migration_s_per_token=per_token)
+        runs.append(simulate(c, w, t, seed=3, kv_capacity_tokens=400))
+    free, costly = runs
+    assert free.migrated_trajectories > 0 and free.recomputed_sequences > free.preemptions
+    assert costly.total_time_s == free.total_time_s and costly.recomputed_tokens == free.recomputed_tokens
+
+
 class _ContextLog(LinearTiming):
     """LinearTiming that remembers the largest context a decode step was evaluated at."""
 
