@@ -161,7 +161,13 @@ def test_kill_9_at_five_points_then_resume_loses_and_duplicates_nothing(tmp_path
                   "--max-num-seqs", "16", "--output-dir", str(tmp_path / "planned"))
     assert first.returncode == 0, first.stderr[-2000:]
     config = json.loads((tmp_path / "planned" / "runtime.json").read_text())
-    config.update(steps=8, output_dir=str(out))
+    # Enough steps that the run cannot end before its fifth kill. Each attempt is killed once it has recorded a
+    # seeded number of new finished/train_step events (23, 12, 28, 44 and 6), but the trace is polled every 0.1 s,
+    # and a fast machine overshot a target by 26 events: with 8 steps one run reached step 8 at its fourth kill (4
+    # faults, not 5). At 50 events over each target the five kills take 363 events; 24 steps record at least 408 (16
+    # finished trajectories and the step, each), for about 5 s more in the last attempt.
+    steps = 24
+    config.update(steps=steps, output_dir=str(out))
     runtime = tmp_path / "runtime.json"
     runtime.write_text(json.dumps(config))
     env = {**ENV, "RAY_ADDRESS": gcs}  # each attempt joins the module's head (a fresh Ray per attempt is slow here)
@@ -178,9 +184,9 @@ def test_kill_9_at_five_points_then_resume_loses_and_duplicates_nothing(tmp_path
     counts = ledger(out / "trace.jsonl")
     assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
     assert counts["regenerated"] > 0  # the killed attempts' in-flight groups were generated again
-    steps = [e["step"] for e in events if e["type"] == "train_step"]
-    assert sorted(steps) == list(range(1, 9)) and len(set(steps)) == 8  # every step trained exactly once
-    assert report.num_consumed == 8 * 4 * 4
+    trained = [e["step"] for e in events if e["type"] == "train_step"]
+    assert sorted(trained) == list(range(1, steps + 1))  # every step trained exactly once
+    assert report.num_consumed == steps * 4 * 4
     summary = json.loads((out / "summary.json").read_text())["summary"]
     assert summary["resumed_from_step"] is not None
-    assert len(summary["reward_curve"]) == 8  # what was trained, over every attempt's steps
+    assert len(summary["reward_curve"]) == steps  # what was trained, over every attempt's steps
