@@ -746,12 +746,13 @@ class Simulator:
             self._advance(dst, now)
             batch = items[i:i + cap]
             i += len(batch)
+            kv_less = {idx for idx, _ in batch if idx in self.recompute}  # preempted at the source: no KV to send
             self._enqueue(dst, batch)
             # what the destination's cache cannot hold now waits there without its KV (not sent: recomputed when it
-            # starts), as does a request preempted at the source; the others' KV is sent
+            # starts); the others' KV is sent
             queued = {idx for idx, _ in self.e_wait[dst]} if self.kv_limited else set()
             for idx, generated in batch:
-                if idx in self.recompute:
+                if idx in kv_less:
                     continue
                 if idx in queued:
                     if generated > 0.0:
