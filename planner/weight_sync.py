@@ -14,7 +14,7 @@ t_sync = t_gather + t_convert + t_transfer + t_buckets + t_reload, with
                (broadcast) or t_s/n_s (point-to-point)
     t_convert  dtype change on the trainer (e.g. BF16 -> FP8): read W_s, write W_d per device, (W_s + W_d)/n_s
                / (eta_mem BW)
-    t_transfer colocated: device-local copy of W_d/t_d at eta_mem*BW (CUDA IPC).
+    t_transfer colocated: device-local copy of W_d/t_d (CUDA IPC), which reads and writes it: 2*W_d/t_d / (eta_mem BW).
                disaggregated: max(recv, send) with recv = (W_d/t_d) / (eta_out B_out) per rollout device and
                send = W_d * fan / n_s / (eta_out B_out) per trainer device, fan = 1 with relay broadcast (each
                byte leaves the trainer once and rollout ranks forward it) or R with point-to-point writes
@@ -100,7 +100,7 @@ def weight_sync_time_s(
     convert = (w_src + w_dst) / src_devices / memory_rate if src_dtype_bytes != dst_dtype_bytes else 0.0
 
     if colocated:
-        transfer = w_dst / dst_tp / (calib.hbm_bandwidth_efficiency * dst_acc.hbm_bandwidth_bytes_per_s)
+        transfer = 2 * w_dst / dst_tp / (calib.hbm_bandwidth_efficiency * dst_acc.hbm_bandwidth_bytes_per_s)
     else:
         recv = w_dst / dst_tp / (calib.scale_out_efficiency * dst_acc.scale_out_bandwidth_bytes_per_s)
         fan = 1 if broadcast else replicas
