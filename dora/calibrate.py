@@ -210,6 +210,7 @@ class ModelContext:
     arch: Any
     accelerator: Any
     dtype_bytes: float
+    rollout_weight_bytes: float
     extra_forward_passes: int
     optimizer_steps: int
     micro_batch_tokens: int
@@ -219,7 +220,8 @@ class ModelContext:
 def _rollout_model(ctx: ModelContext, calib: Calibration) -> Any:
     from planner.rollout_cost import make_rollout_cost_model
 
-    return make_rollout_cost_model(ctx.arch, ctx.accelerator, tp=1, dtype_bytes=ctx.dtype_bytes, calib=calib,
+    return make_rollout_cost_model(ctx.arch, ctx.accelerator, tp=1, dtype_bytes=ctx.dtype_bytes,
+                                   weight_dtype_bytes=ctx.rollout_weight_bytes, calib=calib,
                                    accelerators_per_node=ctx.accelerators_per_node)
 
 
@@ -332,6 +334,7 @@ def fit_publish(points: Sequence[Point], ctx: ModelContext, calib: Calibration) 
     def predicted(cal: Calibration) -> float:
         t = cost_model_timing(ctx.arch, rollout_acc=ctx.accelerator, train_acc=ctx.accelerator, rollout_tp=1,
                               num_rollout_groups=1, train_tp=1, train_pp=1, train_dp=1, dtype_bytes=ctx.dtype_bytes,
+                              rollout_weight_bytes=ctx.rollout_weight_bytes,
                               micro_batch_tokens=ctx.micro_batch_tokens, calib=cal,
                               accelerators_per_node=ctx.accelerators_per_node)
         return t.weight_publish_s + t.weight_load_trainer_s
@@ -441,6 +444,7 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
 
     inputs = search_inputs(resolved, DEFAULT_CALIBRATION)
     ctx = ModelContext(arch=inputs.arch, accelerator=inputs.accelerator, dtype_bytes=inputs.dtype_bytes,
+                       rollout_weight_bytes=inputs.rollout_weight_bytes,
                        extra_forward_passes=inputs.extra_forward_passes, optimizer_steps=inputs.optimizer_steps,
                        micro_batch_tokens=max(8192, inputs.max_context_tokens),
                        accelerators_per_node=inputs.accelerators_per_node)

@@ -274,6 +274,7 @@ def fit_weights(publish: Sequence[Point], loads: Sequence[float], ctx: ModelCont
     def timing(cal: Calibration) -> Any:
         return cost_model_timing(ctx.arch, rollout_acc=ctx.accelerator, train_acc=ctx.accelerator, rollout_tp=1,
                                  num_rollout_groups=1, train_tp=1, train_pp=1, train_dp=1, dtype_bytes=ctx.dtype_bytes,
+                                 rollout_weight_bytes=ctx.rollout_weight_bytes,
                                  micro_batch_tokens=ctx.micro_batch_tokens, calib=cal,
                                  accelerators_per_node=ctx.accelerators_per_node)
 

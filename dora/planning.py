@@ -16,7 +16,7 @@ from dora.parallel import fork_map
 from dora.spec import ResolvedSpec
 from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ALL_MODES
-from planner.architecture import DTYPE_BYTES
+from planner.architecture import ACTIVATION_BYTES, DTYPE_BYTES
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import get_accelerator, with_overrides
 from planner.plan import Plan
@@ -120,7 +120,8 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
                     train_ep=p.train.ep, train_dp=p.train.dp, train_cp=p.train.cp)
     return SearchInputs(
         arch=resolved.arch, accelerator=acc, nodes=c.nodes, accelerators_per_node=c.accelerators_per_node,
-        dtype_bytes=DTYPE_BYTES[spec.model.dtype], prompts_per_step=spec.workload.prompts_per_step,
+        dtype_bytes=ACTIVATION_BYTES[spec.model.dtype], rollout_weight_bytes=DTYPE_BYTES[spec.model.dtype],
+        prompts_per_step=spec.workload.prompts_per_step,
         samples_per_prompt=spec.workload.samples_per_prompt, prompt_lengths=resolved.prompt_lengths,
         response_lengths=resolved.response_lengths, steps=spec.workload.steps, max_version_lag=st.max_version_lag,
         modes=modes, allow_version_mixing=st.allow_version_mixing,

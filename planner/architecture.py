@@ -28,8 +28,14 @@ from types import MappingProxyType
 from typing import Any
 
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1})
+"""Bytes per weight of a spec's ``model.dtype``: the rollout engine's weights (fp8: vLLM's ``quantization: fp8``)."""
+ACTIVATION_BYTES: Mapping[str, int] = MappingProxyType({"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2})
+"""Bytes per element of everything else: activations, the KV cache, messages, and the trainer's weights. An fp8 spec
+quantizes only the rollout engine's weights: vLLM keeps the model's bf16 for activations and, with no
+``kv_cache_dtype``, for its KV cache, and the trainer trains bf16 (``dora/lower``)."""
 
 __all__ = [
+    "ACTIVATION_BYTES",
     "DTYPE_BYTES",
     "MLA",
     "MODEL_PRESETS",

@@ -117,6 +117,7 @@ def rollout_instance_memory(
     ep: int = 1,
     dtype_bytes: float,
     kv_dtype_bytes: float | None = None,
+    weight_dtype_bytes: float | None = None,
     gpu_memory_utilization: float = 0.9,
     extra_versions: int = 0,
     context_tokens: int = 4096,
@@ -126,7 +127,8 @@ def rollout_instance_memory(
     """Per-device memory of an instance and its KV capacity.
 
     usable   = util * M                                   (vLLM gpu_memory_utilization, default 0.9)
-    weights  = N * b_w / t                                (every weight sharded over the t devices)
+    weights  = N * b_w / t                                (every weight sharded over the t devices; b_w =
+                                                           ``weight_dtype_bytes``, default ``dtype_bytes``)
     extra    = versions * weights
     reserve  = vllm_reserved_bytes(...)                   (profiling peak and memory outside torch; ``max_num_seqs``
                                                            sizes the sampler's share: pass the engine's cap)
@@ -142,7 +144,7 @@ def rollout_instance_memory(
     calib = calib.resolved_for(acc.name)
     kv_b = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     usable = gpu_memory_utilization * acc.hbm_bytes
-    weights = arch.total_params * dtype_bytes / tp
+    weights = arch.total_params * (dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes) / tp
     extra = extra_versions * weights
     reserve = vllm_reserved_bytes(arch, tp=tp, ep=ep, max_num_seqs=max_num_seqs, calib=calib)
     kv_tok = arch.kv_bytes_per_token_per_device(kv_b, tp=tp)
@@ -296,17 +298,22 @@ def make_rollout_cost_model(
     ep: int = 1,
     dtype_bytes: float,
     kv_dtype_bytes: float | None = None,
+    weight_dtype_bytes: float | None = None,
     calib: Calibration = DEFAULT_CALIBRATION,
     accelerators_per_node: int | None = None,
 ) -> RolloutCostModel:
-    """Precompute the batch-independent constants of one instance (see module docstring)."""
+    """Precompute the batch-independent constants of one instance (see module docstring).
+
+    ``dtype_bytes`` sizes activations and messages, and the KV cache unless ``kv_dtype_bytes`` is given;
+    ``weight_dtype_bytes`` (default ``dtype_bytes``) sizes the weights read each step (1 for fp8 weights)."""
     _check_parallel(arch, tp, ep)
     calib = calib.resolved_for(acc.name)
     kv_b = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    w_b = dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes
     # The input embedding table is only indexed (B rows), never streamed; every other non-expert weight is read.
     lookup_params = 0 if arch.tie_embeddings else arch.vocab_size * arch.hidden_size
-    nonexpert = (arch.non_expert_params - lookup_params) * dtype_bytes / tp
-    expert_on_device = arch.expert_params * dtype_bytes / (1 if ep > 1 else tp)
+    nonexpert = (arch.non_expert_params - lookup_params) * w_b / tp
+    expert_on_device = arch.expert_params * w_b / (1 if ep > 1 else tp)
     expert_matmul = arch.num_moe_layers * arch.expected_routed_experts_per_token * arch.expert_params
     num_allreduces = arch.num_attention_layers + arch.num_dense_ffns + (arch.num_moe_layers if ep == 1 else 0)
     return RolloutCostModel(

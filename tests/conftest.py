@@ -49,6 +49,7 @@ def ctx():
 
     inputs = search_inputs(load_spec(str(REPO / "specs/local-tiny.yaml")))
     return ModelContext(arch=inputs.arch, accelerator=inputs.accelerator, dtype_bytes=inputs.dtype_bytes,
+                        rollout_weight_bytes=inputs.rollout_weight_bytes,
                         extra_forward_passes=inputs.extra_forward_passes, optimizer_steps=inputs.optimizer_steps,
                         micro_batch_tokens=8192,
                         accelerators_per_node=inputs.accelerators_per_node)

@@ -295,7 +295,8 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         inp.arch, rollout_acc=inp.accelerator, train_acc=inp.accelerator, rollout_tp=p.rollout.tp,
         rollout_ep=p.rollout.ep, num_rollout_groups=p.replicas, train_tp=p.train.tp, train_pp=p.train.pp,
         train_dp=p.train.dp, train_ep=p.train.ep, train_cp=p.train.cp, train_recompute=p.train.recompute,
-        colocated=p.colocated, dtype_bytes=inp.dtype_bytes, micro_batch_tokens=p.train.micro_batch_tokens,
+        colocated=p.colocated, dtype_bytes=inp.dtype_bytes, rollout_weight_bytes=inp.rollout_weight_bytes,
+        micro_batch_tokens=p.train.micro_batch_tokens,
         extra_forward_passes=inp.extra_forward_passes, optimizer_steps=inp.optimizer_steps,
         longest_seq_tokens=space.longest_seq_tokens, calib=inp.calibration,
         accelerators_per_node=inp.accelerators_per_node, train_state_bytes_per_device=train_state_bytes(p))

@@ -45,6 +45,9 @@ class SearchInputs:
     nodes: int
     accelerators_per_node: int
     dtype_bytes: float
+    """Bytes per element of activations, the KV cache, messages and the trainer's weights (``ACTIVATION_BYTES``)."""
+    rollout_weight_bytes: float
+    """Bytes per weight in the rollout engines (``DTYPE_BYTES``: 1 for fp8, else ``dtype_bytes``)."""
     prompts_per_step: int
     samples_per_prompt: int
     prompt_lengths: LengthDistribution

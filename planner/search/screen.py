@@ -105,6 +105,7 @@ class Screen:
             inp = self.space.inp
             self._rollout[key] = make_rollout_cost_model(
                 inp.arch, inp.accelerator, tp=opt.tp, ep=opt.ep, dtype_bytes=inp.dtype_bytes,
+                weight_dtype_bytes=inp.rollout_weight_bytes,
                 calib=inp.calibration, accelerators_per_node=inp.accelerators_per_node)
         return self._rollout[key]
 
@@ -117,7 +118,7 @@ class Screen:
                 inp.arch, src_acc=inp.accelerator, dst_acc=inp.accelerator, src_devices=t.accelerators,
                 dst_devices=p.rollout_accelerators, dst_tp=p.rollout.tp, colocated=p.colocated, src_tp=t.tp,
                 src_pp=t.pp, src_ep=t.ep, dst_ep=p.rollout.ep, src_dtype_bytes=inp.dtype_bytes,
-                dst_dtype_bytes=inp.dtype_bytes, calib=inp.calibration)
+                dst_dtype_bytes=inp.rollout_weight_bytes, calib=inp.calibration)
         return self._sync[key]
 
     def expected_max_response(self) -> float:

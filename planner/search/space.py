@@ -184,6 +184,7 @@ class Space:
                 for versions in version_counts:
                     mem = rollout_instance_memory(
                         arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
+                        weight_dtype_bytes=inp.rollout_weight_bytes,
                         gpu_memory_utilization=inp.gpu_memory_utilization, extra_versions=versions - 1,
                         context_tokens=inp.max_context_tokens, max_num_seqs=inp.max_num_seqs_cap,
                         calib=inp.calibration)
@@ -207,6 +208,7 @@ class Space:
                         if knee is None:
                             knee = make_rollout_cost_model(
                                 arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
+                                weight_dtype_bytes=inp.rollout_weight_bytes,
                                 calib=inp.calibration, accelerators_per_node=inp.accelerators_per_node,
                             ).batching_knee(self.ctx_tail, inp.max_num_seqs_cap)
                         pack = max(1, min(knee, int(mem.kv_capacity_tokens // self.ctx_tail)))

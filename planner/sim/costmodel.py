@@ -106,6 +106,7 @@ def cost_model_timing(
     train_recompute: str = "none",
     colocated: bool = False,
     dtype_bytes: float = 2,
+    rollout_weight_bytes: float | None = None,
     micro_batch_tokens: int | None = 16384,
     extra_forward_passes: int = 1,
     optimizer_steps: int = 1,
@@ -119,8 +120,10 @@ def cost_model_timing(
     ``extra_forward_passes=1`` charges the old-logprob forward pass of GRPO-style training. Colocated, every training
     step also moves ``train_state_bytes_per_device`` (parameters, gradients, optimizer state) to host memory and back.
     """
+    rollout_w = dtype_bytes if rollout_weight_bytes is None else rollout_weight_bytes
     rollout = make_rollout_cost_model(arch, rollout_acc, tp=rollout_tp, ep=rollout_ep, dtype_bytes=dtype_bytes,
-                                      calib=calib, accelerators_per_node=accelerators_per_node)
+                                      weight_dtype_bytes=rollout_w, calib=calib,
+                                      accelerators_per_node=accelerators_per_node)
     train = TrainCostModel(arch=arch, acc=train_acc, tp=train_tp, pp=train_pp, dp=train_dp, ep=train_ep,
                            cp=train_cp, micro_batch_tokens=micro_batch_tokens,
                            extra_forward_passes=extra_forward_passes, recompute=train_recompute,  # type: ignore[arg-type]
@@ -131,7 +134,7 @@ def cost_model_timing(
         arch, src_acc=train_acc, dst_acc=rollout_acc, src_devices=train_tp * train_pp * train_dp * train_cp,
         dst_devices=num_rollout_groups * rollout_tp, dst_tp=rollout_tp, colocated=colocated, src_tp=train_tp,
         src_pp=train_pp, src_ep=train_ep, dst_ep=rollout_ep, src_dtype_bytes=dtype_bytes,
-        dst_dtype_bytes=dtype_bytes, calib=calib,
+        dst_dtype_bytes=rollout_w, calib=calib,
     )
     calib_r = calib.resolved_for(rollout_acc.name)
     nic = calib_r.scale_out_efficiency * rollout_acc.scale_out_bandwidth_bytes_per_s

@@ -384,3 +384,22 @@ def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simula
     assert gain < 0.01  # a tie at most, which goes to the lower k
     (warning,) = [w for w in planned.plan.warnings if "oldest version's tail" in w]
     assert f"but k=4 changes trained tokens/s by only {100 * gain:+.1f}% (simulated): the rollout side" in warning
+
+
+def test_fp8_quantizes_the_rollout_weights_only() -> None:
+    """``model.dtype: fp8`` lowers to vLLM's fp8 weights with bf16 activations and KV cache, and a bf16 trainer: the
+    planner prices one byte per rollout weight and two for the KV cache, activations, messages and training."""
+    from planner.rollout_cost import rollout_instance_memory
+
+    bf16 = search_inputs(_resolved(SMALL_GPU))
+    fp8 = search_inputs(_resolved(SMALL_GPU, **{"model: {": "model: {dtype: fp8, "}))
+    assert (fp8.dtype_bytes, fp8.rollout_weight_bytes) == (2, 1)
+    assert (bf16.dtype_bytes, bf16.rollout_weight_bytes) == (2, 2)
+    memory = {inp.rollout_weight_bytes: rollout_instance_memory(
+        inp.arch, inp.accelerator, tp=1, dtype_bytes=inp.dtype_bytes, weight_dtype_bytes=inp.rollout_weight_bytes,
+        max_num_seqs=inp.max_num_seqs_cap) for inp in (bf16, fp8)}
+    assert memory[1].weights_bytes_per_device == pytest.approx(memory[2].weights_bytes_per_device / 2)
+    freed = memory[2].weights_bytes_per_device / 2
+    assert memory[1].kv_bytes_per_device == pytest.approx(memory[2].kv_bytes_per_device + freed)
+    per_token = memory[2].kv_bytes_per_device / memory[2].kv_capacity_tokens  # bf16 KV, both
+    assert memory[1].kv_capacity_tokens == pytest.approx(memory[1].kv_bytes_per_device / per_token, abs=1)
