@@ -278,8 +278,12 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
         "pipeline_dtype": TORCH_DTYPE[dtype] if t.pp > 1 else None,
     }
     # Megatron reduces gradients over the data- and context-parallel ranks together and the distributed optimizer
-    # shards over that group (the memory model divides the optimizer state by dp*cp likewise).
-    distributed = t.dp * t.cp > 1
+    # shards over that group; the experts' gradients and state go over their own data-parallel group, dp*cp*tp/ep
+    # ranks. The memory model divides the optimizer state by those sizes (train_memory_per_device), so the optimizer
+    # is distributed whenever either group has more than one rank: an MoE layout with dp*cp = 1 still shards its
+    # experts' state over tp/ep ranks.
+    expert_dp = t.dp * t.cp * t.tp // t.ep if arch.is_moe else 1
+    distributed = t.dp * t.cp > 1 or expert_dp > 1
     lr = spec.algorithm.learning_rate
     optimizer = {
         "optimizer": "adam", "lr": lr, "min_lr": lr, "weight_decay": 0.0,

@@ -378,3 +378,23 @@ def test_softmax_routing_without_renormalisation_is_softmax_before_the_top_k() -
     resolved, plan = _one_device("dense-8b-h800x64", arch=odd)
     (limit,) = megatron_config(resolved, plan)["limitations"]
     assert limit.startswith("sigmoid routing without renormalised top-k weights")
+
+
+@pytest.mark.parametrize(("tp", "ep", "dp"), [(4, 2, 1), (4, 4, 1), (1, 1, 1), (2, 2, 2), (8, 2, 1)])
+def test_the_optimizer_is_distributed_wherever_the_memory_model_shards_its_state(tp: int, ep: int, dp: int) -> None:
+    """The memory model shards the experts' optimizer state over their data-parallel group, dp*cp*tp/ep ranks
+    (megatron-core's expert data-parallel group). A layout with dp*cp = 1 but tp > ep must still turn the distributed
+    optimizer on, or it keeps the whole state and needs memory the plan did not price."""
+    from planner.hardware import get_accelerator
+    from planner.train_cost import train_memory_per_device
+
+    resolved = load_example("moe-235b-h800x512")
+    plan = example_plan(resolved, "moe-235b-h800x512")
+    pp = plan.train.pp
+    train = dataclasses.replace(plan.train, tp=tp, pp=pp, dp=dp, cp=1, ep=ep, accelerators=tp * pp * dp)
+    config = megatron_config(resolved, dataclasses.replace(plan, train=train))
+    acc = get_accelerator(resolved.spec.cluster.accelerator)
+    memory = {on: train_memory_per_device(resolved.arch, acc, tp=tp, pp=pp, dp=dp, ep=ep, micro_batch_tokens=8192,
+                                          distributed_optimizer=on).optimizer_bytes for on in (True, False)}
+    assert config["optimizer"]["use_distributed_optimizer"] is (memory[True] < memory[False])
+    assert config["ddp"]["use_distributed_optimizer"] is config["optimizer"]["use_distributed_optimizer"]
