@@ -1,7 +1,7 @@
 """One checker for simulated schedules and real runs: the three constraints, each with witnesses.
 
 1. consistency -- every token of a trajectory comes from one version: a finished trajectory with
-   spans of more than one version (or whose first span is not its admission version) violates it,
+   tokens from more than one version (or whose first span is not its admission version) violates it,
    unless version mixing is allowed; then it is listed in ``mixed`` instead.
 2. integrity -- every admitted trajectory is consumed by exactly one training step, after it
    finished, or is accounted for by ``discarded`` or ``unfinished_at_end`` (never both); nothing is
@@ -69,7 +69,8 @@ def check_trace(events: list[dict[str, Any]], *, k: int, allow_version_mixing: b
                 constraint="consistency", traj=traj, versions=(admitted_v, *span_versions), step=None,
                 message=f"{traj} was admitted on v{admitted_v} but its first tokens come from v{span_versions[0]}",
             ))
-        if len(span_versions) > 1:
+        # an update that interrupts a request before its first token leaves an empty span: not a mix
+        if len({v for v, tokens in node["spans"] if tokens > 0}) > 1:
             if allow_version_mixing:
                 mixed.append(traj)
             else:

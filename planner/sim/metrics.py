@@ -33,8 +33,10 @@ class RunMetrics:
         self.live_timeline: list[tuple[float, tuple[int, ...]]] = []
         self._hosted: list[set[int]] = [{0} for _ in range(num_engines)]
         """Versions each engine holds loaded (one, or several on multi-version engines)."""
+        self._serving: list[set[int]] = [{0} for _ in range(num_engines)]
+        """Versions each engine serves: those it holds, but none while it loads new weights in their place."""
         self._engine_versions: Counter[int] = Counter({0: num_engines})
-        """version -> engines holding it."""
+        """version -> engines serving it."""
         self.max_engine_versions = 1
         self._e_ahead: list[list[tuple[float, float]]] = [[] for _ in range(num_engines)]
         """Per engine: busy intervals charged when they start (prefills, KV sends) that may still end after ``now``;
@@ -109,15 +111,23 @@ class RunMetrics:
     def engine_loaded(self, engine: int, version: int, keep_others: bool) -> None:
         """``engine`` serves ``version`` now, beside the versions it holds if ``keep_others`` (a multi-version engine
         that still decodes them), else instead of them."""
-        hosted, ev = self._hosted[engine], self._engine_versions
+        hosted, serving, ev = self._hosted[engine], self._serving[engine], self._engine_versions
         if not keep_others:
-            for v in hosted:
-                self._drop(ev, v)
+            self.engine_unloading(engine)
             hosted.clear()
-        if version not in hosted:
-            hosted.add(version)
+        hosted.add(version)
+        if version not in serving:
+            serving.add(version)
             ev[version] += 1
         self.max_engine_versions = max(self.max_engine_versions, len(ev))
+
+    def engine_unloading(self, engine: int) -> None:
+        """``engine`` pauses to load new weights in place of its versions: it serves none of them meanwhile (they
+        stay in ``hosted_versions`` until the load ends)."""
+        serving = self._serving[engine]
+        for v in serving:
+            self._drop(self._engine_versions, v)
+        serving.clear()
 
     def hosted_versions(self, engine: int) -> int:
         """Versions whose weights ``engine`` holds now."""
@@ -125,9 +135,10 @@ class RunMetrics:
 
     def engine_dropped(self, engine: int, version: int) -> None:
         """A multi-version engine freed ``version``'s weights."""
-        hosted = self._hosted[engine]
-        if version in hosted:
-            hosted.discard(version)
+        self._hosted[engine].discard(version)
+        serving = self._serving[engine]
+        if version in serving:
+            serving.discard(version)
             self._drop(self._engine_versions, version)
 
     @staticmethod

@@ -133,6 +133,17 @@ def length_stream(dist: LengthDistribution, seed: int, per_group: int) -> Length
     return stream
 
 
+def _mixes(spans: list[tuple[int, int]], length: int) -> bool:
+    """Do the spans ``(version, first token)`` of a trajectory of ``length`` tokens generate tokens on more than one
+    version? (An update that interrupts a request before its first token gives it an empty span.)"""
+    versions: set[int] = set()
+    for i, (v, first) in enumerate(spans):
+        end = spans[i + 1][1] if i + 1 < len(spans) else length
+        if end > first:
+            versions.add(v)
+    return len(versions) > 1
+
+
 class Simulator:
     """One run. Use ``planner.sim.simulate``; this class exists to keep the hot state in attributes."""
 
@@ -468,6 +479,8 @@ class Simulator:
         self._start_waiting(r)
 
     def _start_waiting(self, r: int) -> None:
+        if self.suspended:
+            return  # a stopped replica starts nothing (its KV re-prefills would run while the trainer holds it)
         h, waiting = self.e_heap[r], self.e_wait[r]
         pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
         vcount = self.e_vcount[r] if self.multi else None
@@ -608,6 +621,8 @@ class Simulator:
             self.swap_s_total += swap
             self.e_t[r] = max(self.e_t[r], now) + swap
             end = max(end, self.e_t[r])
+            if self.e_wait[r]:  # what a finish freed room for while stopped starts now, after the swap-in
+                self._start_waiting(r)
             self.dirty.add(r)
         self.suspend_wall_s_total += end - now
         self._push(end, _EV_RESUMED, 0)
@@ -627,6 +642,8 @@ class Simulator:
 
     def _admit(self, act: Admit) -> None:
         r, gid, n = act.rollout_group, act.group_id, act.num_samples
+        if act.version != self.policy.latest_version:  # one-step-off: an older version is live again
+            self.m.live_versions_changed(self.now, self.policy.live_versions())
         if gid != len(self.group_left) or n != self.spp:
             raise ValueError(f"policy admitted group {gid} x{n}; expected group {len(self.group_left)} x{self.spp}")
         if self.e_version[r] != act.version or self.e_paused[r]:
@@ -704,6 +721,7 @@ class Simulator:
                 spans = self.t_spans[idx] = [(self.policy.group_version[idx // self.spp], 0)]
             spans.append((act.version, round(generated)))
         self.m.load_started(r, start, duration)
+        self.m.engine_unloading(r)
         self.e_paused[r] = True
         self.e_t[r] = start + duration
         self.e_event[r] = 0
@@ -864,7 +882,7 @@ class Simulator:
                         {"t": end, "type": "unfinished_at_end", "traj": f"g{gid}/{i}",
                          "finished": idx not in in_flight}
                     )
-        mixed = len(self.t_spans)
+        mixed = sum(1 for idx, spans in self.t_spans.items() if _mixes(spans, self.t_len[idx]))
         if self.record:
             self.trace.sort(key=lambda e: e["t"])  # stable: equal times keep emission order
         return self.m.result(

@@ -489,3 +489,47 @@ def test_every_mode_keeps_its_engines_within_their_kv_cache(mode, colocated, ver
     assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
     if mode != "partial-rollout" and mode != "bounded-async":
         assert r.mixed_trajectories == 0
+
+
+def test_a_preempted_sequence_is_recomputed_after_a_colocated_step_not_during_it():
+    # colocated streaming, one engine of 2 slots, a 14-token KV cache; decode 1 s, prefill 0.1 s per token, swaps 1 s.
+    # As above, g1 is preempted at t = 6.2 with 6 tokens and g0 ends at 10.2, which makes step 1 ready: swap-out
+    # 10.2-11.2, train 11.2-12.2, swap-in 12.2-13.2. Only then is g1's KV cache recomputed (0.7 s), and its last 4
+    # tokens end at 17.9 (the re-prefill used to run at 10.2, while rollout was stopping, and g1 ended at 17.2)
+    timing = LinearTiming(decode_base_s=1.0, train_base_s=1.0, prefill_per_token_s=0.1, swap_fixed_s=1.0)
+    c = cfg("streaming", colocated=True, slots_per_group=2, samples_per_prompt=1, total_steps=2)
+    r = simulate(c, _scripted([10, 10], 10), timing, seed=0, kv_capacity_tokens=14)
+    times = {(e["type"], e.get("traj")): e["t"] for e in r.events}
+    assert times[("rollout_resumed", None)] == pytest.approx(13.2)
+    assert times[("finished", "g1/0")] == pytest.approx(13.2 + 0.7 + 4)
+    assert r.preemptions == 1 and r.recomputed_tokens == 7
+
+
+def test_one_step_off_admitting_on_an_older_version_makes_it_live_again():
+    # weight loads (20 s) outlast a training step and its publish (6 s): batch 3 is admitted on v1 at 27, after v2
+    # was published at 13, so v1 is live again beside v2 (the timeline used to keep only v2)
+    timing = dataclasses.replace(HAND, weight_load_trainer_s=20.0)
+    r = simulate(cfg("one-step-off", total_steps=4), FIXED, timing, seed=0)
+    admitted = {e["traj"].split("/")[0]: (e["t"], e["version"]) for e in r.events if e["type"] == "admitted"}
+    assert admitted["g2"] == pytest.approx((27.0, 1))
+    assert (27.0, (1, 2)) in r.live_versions and r.max_live_versions == 2
+
+
+@pytest.mark.parametrize(("mode", "k"), [("sync", 0), ("one-step-off", 1)])
+def test_an_engine_loading_new_weights_in_place_serves_no_version_meanwhile(mode: str, k: int):
+    c = cfg(mode, max_version_lag=k, num_rollout_groups=2, slots_per_group=2, prompts_per_step=2, total_steps=3)
+    assert simulate(c, FIXED, HAND, seed=0).max_engine_versions == 1
+
+
+def test_an_update_before_a_requests_first_token_does_not_mix_versions():
+    # partial-rollout, one slot, a 10-token prompt (1 s prefill), decode 1 s, train 0.5 s, load 0.5 s. g0 (2 tokens)
+    # ends at 3; step 1 trains 3-3.5 while g1's prompt is prefilled (3-4); v1's load interrupts g1 at 3.5, before
+    # its first token: all 5 of its tokens come from v1. Its trace keeps the empty v0 span, and nothing counts as mixed
+    timing = LinearTiming(decode_base_s=1.0, prefill_per_token_s=0.1, train_base_s=0.5, weight_load_trainer_s=0.5)
+    c = cfg("partial-rollout", samples_per_prompt=1, slots_per_group=1, total_steps=2, allow_version_mixing=True)
+    r = simulate(c, _scripted([2, 5], 5, prompt_tokens=10), timing, seed=0)
+    spans = {e["traj"]: e["spans"] for e in r.events if e["type"] == "finished"}
+    assert spans["g1/0"] == [[0, 0], [1, 5]]
+    assert r.mixed_trajectories == 0
+    report = check_trace(list(r.events), k=1, allow_version_mixing=False)
+    assert report.ok and report.mixed == ()
