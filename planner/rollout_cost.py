@@ -277,6 +277,10 @@ class RolloutCostModel:
         lengths (default: one prompt, num_tokens^2).
 
         flops = 2*N_c*P/t + attn_pair * (S2 + P)/2 / t     (causal: a prompt of s tokens has s(s+1)/2 pairs)
+            N_c keeps the LM head for every prompt token, as dora's CPU engine computes it; vLLM computes logits
+            at each prompt's last position only, so on GPUs this overstates prefill's matmuls by V h / (N_c - V h):
+            2.5% for Qwen2.5-32B, 9.0% for Qwen3-8B, 11.4% for Qwen3-30B-A3B (less with attention; prefill is a
+            small share of a rollout step)
         bytes = weights touched by P tokens + P * kv_tok_dev (KV written)
         t = max(bytes / (eta_mem BW), flops / (eta_pre F)) + t_comm(P) + t_step
         """
