@@ -6,13 +6,16 @@ not pull torch or ray — so the CLI, the lowering and the tests can use it anyw
 ``planner.architecture.ModelArch``.
 
 ``to_json`` is deterministic (sorted keys, fixed indentation, a trailing newline). ``from_json`` is strict: an
-unknown or missing field, or a value of the wrong type, raises ``RuntimeConfigError`` naming the dotted path of
-the field (``algorithm.tis_cap``), so a hand-edited or stale file fails before any actor starts.
+unknown or missing field, a value of the wrong type, or one out of its range (a count of 0, a negative rate)
+raises ``RuntimeConfigError`` naming the dotted path of the field (``algorithm.tis_cap``), so a hand-edited or
+stale file fails before any actor starts. (Whether the scheduling values fit together, e.g. a prompt group on one
+engine, is the scheduling policy's check: the driver makes it before Ray starts.)
 """
 
 from __future__ import annotations
 
 import json
+import math
 import types
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -205,7 +208,66 @@ class RuntimeConfig:
         if config.format_version != FORMAT_VERSION:
             raise RuntimeConfigError("format_version", f"this dora reads version {FORMAT_VERSION}, "
                                      f"got {config.format_version}; re-run `dora plan --out`")
+        _check_ranges(config)
         return config
+
+
+# ----- value ranges ------------------------------------------------------------------------------------------
+AT_LEAST_ONE = (
+    "rollout_workers", "max_num_seqs", "max_model_len", "prompts_per_step", "samples_per_prompt", "steps",
+    "versions_per_engine", "consolidation_batch", "accelerators_per_rollout_worker", "rollout_accelerators",
+    "train_accelerators", "train_micro_batch_tokens", "train_num_microbatches",
+    "prompt_length.max_tokens", "prompt_length.median_tokens", "prompt_length.p99_tokens",
+    "response_length.max_tokens", "response_length.median_tokens", "response_length.p99_tokens",
+    "algorithm.ppo_epochs", "algorithm.minibatches_per_step",
+    "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.num_kv_heads", "model.head_dim",
+    "model.ffn_hidden_size", "model.vocab_size",
+)
+"""Counts the runtime sizes things by (null, where a field may be, is not checked)."""
+AT_LEAST_ZERO = ("max_version_lag", "seed", "task.warmup_steps", "prompt_length.min_tokens",
+                 "response_length.min_tokens")
+ABOVE_ZERO = ("algorithm.learning_rate", "algorithm.tis_cap", "algorithm.clip_ratio", "model.rope_theta",
+              "model.norm_eps")
+"""Numbers the runtime multiplies or divides by."""
+NOT_NEGATIVE = ("algorithm.kl_coef", "algorithm.temperature")
+"""``algorithm.temperature`` 0 samples greedily (``dora.runtime.engines.sampling``); its log-probs, in the
+rollout and in training alike, are then under ``softmax(logits)``."""
+
+
+def _check_ranges(config: RuntimeConfig) -> None:
+    """Raise RuntimeConfigError naming the first value out of its range. Lowering never writes one (the spec's
+    bounds are tighter), but a hand-edited file would otherwise get past the type checks and start Ray, then die
+    with a traceback while the run starts (a count of 0), or train on nonsense (a rate of 0 or NaN)."""
+    for path in AT_LEAST_ONE + AT_LEAST_ZERO + ABOVE_ZERO + NOT_NEGATIVE:
+        value = _value(config, path)
+        if value is None:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RuntimeConfigError(path, f"must be a finite number, got {value}")
+        if path in AT_LEAST_ONE and value < 1:
+            raise RuntimeConfigError(path, f"must be at least 1, got {value}")
+        if path in AT_LEAST_ZERO and value < 0:
+            raise RuntimeConfigError(path, f"must be at least 0, got {value}")
+        if path in ABOVE_ZERO and not value > 0:
+            raise RuntimeConfigError(path, f"must be above 0, got {value:g}")
+        if path in NOT_NEGATIVE and value < 0:
+            greedy = " (0 samples greedily)" if path == "algorithm.temperature" else ""
+            raise RuntimeConfigError(path, f"must be at least 0{greedy}, got {value:g}")
+    for lengths in ("prompt_length", "response_length"):
+        dist: LengthConfig = getattr(config, lengths)
+        if dist.min_tokens > dist.max_tokens:
+            raise RuntimeConfigError(f"{lengths}.min_tokens", f"{dist.min_tokens} is above {lengths}.max_tokens "
+                                     f"({dist.max_tokens})")
+
+
+def _value(config: RuntimeConfig, path: str) -> Any:
+    """The value at dotted ``path``; None where it or a parent is null."""
+    node: Any = config
+    for name in path.split("."):
+        if node is None:
+            return None
+        node = getattr(node, name)
+    return node
 
 
 # ----- strict decoding ---------------------------------------------------------------------------------------

@@ -68,6 +68,22 @@ def _mutated(path: list[str], value) -> str:
     (["algorithm", "name"], None, r"field 'algorithm\.name': must be one of 'grpo', 'ppo', got None"),
     (["algorithm"], None, r"field 'algorithm': expected an object, got null"),
     (["format_version"], FORMAT_VERSION + 1, rf"field 'format_version': this dora reads version {FORMAT_VERSION}, got {FORMAT_VERSION + 1}"),
+    # values in range: a hand-edited count of 0 once started Ray and died there with a traceback (exit 1, not 2)
+    (["steps"], 0, r"field 'steps': must be at least 1, got 0"),
+    (["max_num_seqs"], 0, r"field 'max_num_seqs': must be at least 1, got 0"),
+    (["samples_per_prompt"], 0, r"field 'samples_per_prompt': must be at least 1, got 0"),
+    (["rollout_workers"], 0, r"field 'rollout_workers': must be at least 1, got 0"),
+    (["consolidation_batch"], 0, r"field 'consolidation_batch': must be at least 1, got 0"),
+    (["consolidation_batch"], None, None),
+    (["max_version_lag"], -1, r"field 'max_version_lag': must be at least 0, got -1"),
+    (["algorithm", "minibatches_per_step"], 0, r"field 'algorithm\.minibatches_per_step': must be at least 1"),
+    (["algorithm", "learning_rate"], 0, r"field 'algorithm\.learning_rate': must be above 0, got 0"),
+    (["algorithm", "tis_cap"], float("nan"), r"field 'algorithm\.tis_cap': must be a finite number, got nan"),
+    (["algorithm", "temperature"], -0.5, r"field 'algorithm\.temperature': must be at least 0 \(0 samples greedily\)"),
+    (["algorithm", "temperature"], 0, None),  # greedy: sampler and trainers take log-probs under softmax(logits)
+    (["response_length", "min_tokens"], 10**6, r"field 'response_length\.min_tokens': 1000000 is above "
+                                                r"response_length\.max_tokens"),
+    (["model", "num_layers"], 0, r"field 'model\.num_layers': must be at least 1, got 0"),
 ])
 def test_from_json_names_the_bad_field(path, value, message) -> None:
     text = _mutated(path, value)
@@ -90,6 +106,29 @@ def test_unknown_field_and_bad_document_are_refused() -> None:
         RuntimeConfig.from_json("[]")
     with pytest.raises(RuntimeConfigError, match=r"not JSON dora reads: it nests too deeply"):
         RuntimeConfig.from_json("[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"steps": 0}, r"field 'steps': must be at least 1, got 0"),
+    ({"samples_per_prompt": 65, "max_num_seqs": 64},
+     r"its values do not fit together: slots_per_group\(64\) < samples_per_prompt\(65\)"),
+])
+def test_the_driver_refuses_a_bad_config_with_exit_2_before_ray_starts(tmp_path, monkeypatch, capsys, changes,
+                                                                        message) -> None:
+    """Out of range (``from_json``) or not fitting together (the scheduling policy's checks, made before Ray
+    starts): a message naming the values and exit 2, never a traceback from inside a started run."""
+    import re
+
+    from dora.runtime import driver
+
+    data = {**json.loads(_config("local-tiny").to_json()), **changes}
+    path = tmp_path / "runtime.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.chdir(tmp_path)
+    assert driver.main(["--config", str(path), "--no-live"]) == driver.EXIT_BAD_CONFIG
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert re.search(message, err) and "Traceback" not in err, err
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
 
 def test_importing_the_config_pulls_neither_torch_nor_ray() -> None:

@@ -152,6 +152,30 @@ def test_train_step_versions_staleness_and_on_policy_weights(correction: str) ->
     assert abs(m2.is_weight_mean - 1.0) > 1e-4 or m2.is_weight_max > 1.001
 
 
+def test_temperature_zero_samples_greedily_and_trains_on_the_log_probs_it_recorded() -> None:
+    """Temperature 0 (greedy; runtime.json accepts it): the engine records log-probs under ``softmax(logits)``, and
+    the trainer scores under the same (it divided the logits by 0: NaN log-probs, silently)."""
+    trainer = TorchTrainer(TrainerConfig(model=MODEL, temperature=0.0, seed=3))
+    version, weights = trainer.export_weights()
+    engine = TorchRolloutEngine(RolloutConfig(model=MODEL, eos_token_id=1, max_num_seqs=4, max_model_len=24))
+    engine.load_weights(version, weights)
+    for i in range(4):
+        engine.add_request(GenerationRequest(request_id=f"r{i}", prompt_ids=(0, 3 + i % 2), version=version,
+                                             max_new_tokens=12, temperature=0.0, seed=i))
+    trajs: list[FinishedTrajectory] = []
+    while engine.num_active() or engine.num_waiting():
+        trajs.extend(engine.step())
+    trajs.sort(key=lambda t: t.request_id)
+    assert trajs[0].response_ids == trajs[2].response_ids  # greedy: the seed does not matter
+    packed = pack([(t.prompt_ids, t.response_ids) for t in trajs], 24)
+    with torch.no_grad():
+        scored = token_logprobs(trainer.model, packed, temperature=0.0)
+    recorded = torch.tensor([lp for t in trajs for lp in t.behaviour_logprobs])
+    torch.testing.assert_close(scored, recorded, atol=1e-5, rtol=0)
+    metrics = trainer.train_step(_scored(trajs))
+    assert math.isfinite(metrics.loss) and metrics.is_weight_mean == pytest.approx(1.0, abs=1e-4)
+
+
 def test_training_raises_the_reward_direction() -> None:
     trainer = TorchTrainer(TrainerConfig(model=MODEL, learning_rate=5e-3, seed=4))
     model = trainer.model
@@ -193,6 +217,36 @@ def test_warm_up_is_cached_by_content(tmp_path) -> None:
     assert a.version == b.version == 0
     c = TorchTrainer(TrainerConfig(model=MODEL, seed=0))
     assert len(warm_up(c, task, lengths, seed=2, cache_dir=tmp_path)) == 3  # another seed: not the cached file
+
+
+def test_two_runs_filling_the_warm_up_cache_at_once_never_clash(tmp_path, monkeypatch) -> None:
+    """Runs sharing a cache that finish warm-up together: here run B warms up and fills the cache while run A is
+    between writing its copy and renaming it. A fixed temporary name once made A rename a file B had already moved
+    (FileNotFoundError) or publish half a file; each now writes its own, and both end with the cached weights."""
+    import dora.runtime.engines.torch_trainer as trainer_module
+
+    task = TaskConfig(number_tokens=17, warmup_steps=1, warmup_batch_size=4)
+    lengths = LengthDistribution.lognormal(median=4, p99=12, max_tokens=16)
+    save, saved = torch.save, []
+    b = TorchTrainer(TrainerConfig(model=MODEL, seed=0))
+
+    def save_then_let_b_finish(obj, f, *args, **kwargs) -> None:
+        save(obj, f, *args, **kwargs)
+        saved.append(f)
+        if len(saved) == 1:  # A's copy is written, not yet renamed
+            assert len(warm_up(b, task, lengths, seed=1, cache_dir=tmp_path)) == 1
+
+    monkeypatch.setattr(trainer_module.torch, "save", save_then_let_b_finish)
+    a = TorchTrainer(TrainerConfig(model=MODEL, seed=0))
+    assert len(warm_up(a, task, lengths, seed=1, cache_dir=tmp_path)) == 1
+    assert len(saved) == 2
+    monkeypatch.undo()
+    (cached,) = tmp_path.iterdir()  # one file, no temporary left behind
+    assert cached.name.startswith("warmup-") and cached.suffix == ".pt"
+    c = TorchTrainer(TrainerConfig(model=MODEL, seed=0))
+    assert warm_up(c, task, lengths, seed=1, cache_dir=tmp_path) == []
+    for key, value in a.export_weights()[1].items():
+        assert torch.equal(value, b.export_weights()[1][key]) and torch.equal(value, c.export_weights()[1][key])
 
 
 def test_supervised_step_label_smoothing_by_hand() -> None:

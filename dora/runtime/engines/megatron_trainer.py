@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from dora.runtime.engines.base import ScoredTrajectory, TrainMetrics
+from dora.runtime.engines.sampling import logit_scale
 from dora.runtime.engines.tiny_model import packed_attention_mask
 from dora.runtime.engines.torch_trainer import GRPOSettings, PackedRows, grpo_step
 
@@ -385,8 +386,9 @@ class _TokenLogProb(torch.autograd.Function):
 
 
 def token_logprob(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``[N]`` ``log softmax(logits / temperature)[targets]`` for ``logits [N, vocab]``, computed in fp32."""
-    out: torch.Tensor = _TokenLogProb.apply(logits, targets, temperature)
+    """``[N]`` ``log softmax(logits / temperature)[targets]`` for ``logits [N, vocab]``, computed in fp32 (temperature
+    0, greedy sampling: under ``softmax(logits)``, as the sampler records it)."""
+    out: torch.Tensor = _TokenLogProb.apply(logits, targets, logit_scale(temperature))
     return out
 
 

@@ -41,6 +41,13 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int)
     return (h.to(torch.float64) + 0.5) / 2.0**32
 
 
+def logit_scale(temperature: float) -> float:
+    """What logits are divided by for log-probs at ``temperature``: itself, or 1 when greedy (``temperature <= 0``,
+    see the module doc). The trainers score tokens with it too, so a greedy run's behaviour and trained log-probs
+    are under the same ``softmax(logits)`` (dividing by 0 gave NaN)."""
+    return temperature if temperature > 0 else 1.0
+
+
 def sample_tokens(
     logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +56,7 @@ def sample_tokens(
     ``positions[b]`` is the index of the token being sampled within the response.
     """
     greedy = temperatures <= 0
-    scale = torch.where(greedy, torch.ones_like(temperatures), temperatures)
+    scale = torch.where(greedy, torch.ones_like(temperatures), temperatures)  # logit_scale, per row
     logp = torch.log_softmax(logits.float() / scale[:, None], dim=-1)
     gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
     gumbel = torch.where(greedy[:, None], torch.zeros_like(gumbel), gumbel)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import random
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from typing import Protocol
 import torch
 
 from dora.runtime.engines.base import ScoredTrajectory, TrainMetrics
+from dora.runtime.engines.sampling import logit_scale
 from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer, export_weights
 from dora.runtime.grpo import LossStats, OffPolicyCorrection, group_advantages, policy_loss
 from dora.runtime.tasks import LengthSampler, TaskConfig, warmup_examples
@@ -46,7 +49,8 @@ class TrainerConfig:
     num_minibatches: int = 1
     """Optimiser steps per ``train_step``; > 1 makes the PPO clip (and proximal forward) matter."""
     temperature: float = 1.0
-    """Must equal the rollout temperature: log-probs are of ``softmax(logits / temperature)``."""
+    """Must equal the rollout temperature: log-probs are of ``softmax(logits / temperature)`` (of ``softmax(logits)``
+    at 0, greedy sampling)."""
     pack_len: int = 256
     """Tokens per packed row (a longer sequence gets a row of its own length)."""
     num_threads: int = 1
@@ -124,9 +128,10 @@ def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int
 
 def trained_log_softmax(logits: torch.Tensor, packed: PackedRows, temperature: float) -> torch.Tensor:
     """``[N, vocab]`` log-softmax of ``logits / temperature`` (``logits [R, L, vocab]`` of ``packed``'s rows)
-    at the positions predicting trained tokens."""
+    at the positions predicting trained tokens; temperature 0 (greedy) scores under ``softmax(logits)``, as the
+    sampler records it (``sampling.logit_scale``)."""
     picked = logits.reshape(-1, logits.shape[-1])[packed.logit_index.to(logits.device)]
-    return torch.log_softmax(picked.float() / temperature, dim=-1)
+    return torch.log_softmax(picked.float() / logit_scale(temperature), dim=-1)
 
 
 def target_logprobs(logits: torch.Tensor, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
@@ -367,8 +372,24 @@ def warm_up(
         for _ in range(task.warmup_steps)
     ]
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(export_weights(trainer.model), tmp)
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        _save_atomic(export_weights(trainer.model), path)
     return losses
+
+
+def _save_atomic(obj: object, path: Path) -> None:
+    """``torch.save`` ``obj`` to ``path`` through a temporary file of its own in the same directory, fsynced, then
+    renamed: a concurrent reader never sees half a file, and runs sharing the cache that warm up at the same time
+    never write through one another's temporary file. When another run renamed its copy in first, this one replaces
+    it with the same weights (the name is a hash of everything that determines them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; the cache is meant to be shared like the run's other outputs
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
