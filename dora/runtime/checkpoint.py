@@ -24,6 +24,11 @@ Resume semantics (the audit of the combined, append-only trace proves them):
 - The sample buffer and in-flight generations of the dead attempt are therefore not reloaded but
   regenerated: their tokens came from processes that no longer exist, and a partial buffer restored
   next to a fresh policy would let one group be counted twice.
+- Every trajectory the stopped attempt admitted and left neither trained nor accounted for (a kill skips the
+  ``unfinished_at_end`` events of a run's end) gets its ``unfinished_at_end`` event at the seam, with whether it
+  had finished, as the attempt's end would have written it. The trace then accounts for every admission however the
+  attempt stopped: a regeneration supersedes the event, and an attempt that already trained every step (a kill after
+  the last commit) passes its audit.
 - The trace's clock continues from its last event (the trace stays ordered); ``resumed`` marks the seam.
 """
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,11 +188,44 @@ def _changed_settings(previous_file: Path, key: str, runtime_json: dict[str, Any
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def unaccounted(events: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """``[(traj, finished)]``, in id order: the trajectories of ``events`` admitted, and since their last
+    (re)generation neither consumed by a step nor accounted for (``unfinished_at_end``, ``discarded``); ``finished``:
+    whether they had finished. What the ``unfinished_at_end`` events of an attempt's end (``Controller._close``)
+    cover, so empty after an attempt that ended; a killed attempt leaves them."""
+    open_: dict[str, bool] = {}
+    seen: set[str] = set()
+    for e in events:
+        kind, traj = e.get("type"), str(e.get("traj"))
+        if kind == "regenerated" or (kind == "admitted" and traj not in seen):
+            seen.add(traj)
+            open_[traj] = False
+        elif kind == "finished" and traj in open_:
+            open_[traj] = True
+        elif kind in ("unfinished_at_end", "discarded"):
+            open_.pop(traj, None)
+        elif kind == "train_step":
+            for consumed in e["consumed"]:
+                open_.pop(consumed, None)
+    return sorted(open_.items(), key=lambda item: tuple(int(n) for n in item[0][1:].split("/")))
+
+
+def _append(path: Path, events: list[dict[str, Any]]) -> None:
+    """Append ``events`` to the trace in one write, then fsync. A kill halfway through leaves a cut last line, which
+    the next resume repairs before writing what is still missing again."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n" for e in events))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoint | None:
     """The resume point of ``output_dir``, or ``None`` for a fresh run (no checkpoint yet).
 
-    Repairs the trace tail and writes the checkpointed step's event if the crash lost it; keeps only
-    the metrics rows of checkpointed steps, and writes the checkpointed step's row if the crash lost it. Raises ``CheckpointError`` for another job's checkpoint.
+    Repairs the trace tail and writes the checkpointed step's event if the crash lost it, then the
+    ``unfinished_at_end`` events the stopped attempt did not write (``unaccounted``: a kill before its end); keeps only
+    the metrics rows of checkpointed steps, and writes the checkpointed step's row if the crash lost it. Raises
+    ``CheckpointError`` for another job's checkpoint.
     """
     ckpt = check_resumable(output_dir, runtime_json)
     if ckpt is None:
@@ -200,10 +239,14 @@ def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoin
         raise CheckpointError(f"{trace} records steps {later} after the checkpoint's step {ckpt.step}: not this "
                               "run's checkpoint; use another --output-dir")
     clock = max((float(e.get("t", 0.0)) for e in events), default=0.0)
+    missing: list[dict[str, Any]] = []
     if ckpt.step_event is not None and ckpt.step not in steps:
-        with trace.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(ckpt.step_event, sort_keys=True, separators=(",", ":")) + "\n")
+        missing.append(ckpt.step_event)
         clock = max(clock, float(ckpt.step_event["t"]))
+    missing += [{"t": clock, "type": "unfinished_at_end", "traj": traj, "finished": finished}
+                for traj, finished in unaccounted(events + missing)]
+    if missing:
+        _append(trace, missing)
     admitted = {int(e["traj"][1:].split("/")[0]) for e in events if e.get("type") == "admitted"}
     consumed = frozenset(ckpt.consumed_groups)
     metrics = Path(output_dir) / "metrics.jsonl"
@@ -224,4 +267,4 @@ def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoin
 
 
 __all__ = ["Checkpoint", "CheckpointError", "ResumePoint", "check_resumable", "config_key", "prepare_resume",
-           "read_checkpoint", "resume_hint", "write_checkpoint"]
+           "read_checkpoint", "resume_hint", "unaccounted", "write_checkpoint"]

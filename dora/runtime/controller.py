@@ -89,6 +89,25 @@ class WorkerLost(RuntimeError):
     """A rollout worker died and was not restarted in time (or ran out of restarts)."""
 
 
+class TrainerLost(RuntimeError):
+    """The trainer's process died (the kernel's OOM killer, a lost node). It is not restarted: its state since the
+    last checkpoint is gone, so the run stops, and a re-run resumes from that checkpoint."""
+
+
+def _trainer_argument_lost(exc: BaseException) -> bool:
+    """Whether a rollout worker's call failed because an argument from the trainer (published weights) could not be
+    computed: the trainer died. Ray raises that as the call's ``RayTaskError`` whose cause is the trainer's
+    ``RayActorError``, and the error is an instance of both classes: caught as the worker's own death, it made the
+    controller restart a live worker, whose reload of the same weights failed again."""
+    return isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, ray.exceptions.RayActorError)
+
+
+def _trainer_lost(exc: BaseException, when: str) -> TrainerLost:
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    return TrainerLost(f"the trainer died {when} ({type(cause).__name__}); the usual cause is the kernel's OOM "
+                       "killer (see dmesg), or its node was lost")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ControllerConfig:
     """Everything one run needs, already resolved (``dora.runtime.driver`` builds it from the runtime config)."""
@@ -290,18 +309,19 @@ class Controller:
             self._phase(f"starting the trainer and {self._workers_text()}; warm-up: "
                         f"{cfg.task.warmup_steps} supervised steps on the task's answers"
                         + (f", unless {cache}/ holds their result" if cache else ""))
-            steps, seconds = ray.get(self._trainer.warm_up.remote(cache))
+            steps, seconds = self._get_trainer(self._trainer.warm_up.remote(cache), "during the warm-up")
             self.stats.warmup_steps, self.stats.warmup_s = steps, seconds
             self._phase(f"warm-up: {steps} steps in {seconds:.1f} s" if steps else
                         f"warm-up: weights loaded from {cache} in {seconds:.1f} s")
             trainer_file = self._trainer_file(0)
             if trainer_file is not None:
-                ray.get(self._trainer.save_state.remote(trainer_file))
+                self._get_trainer(self._trainer.save_state.remote(trainer_file), "while saving its warmed-up state")
             self._checkpoint(0, None)
         else:
             self._phase(f"starting the trainer and {self._workers_text()}; restoring the trainer "
                         f"from {cfg.resume.trainer_state}")
-            held = ray.get(self._trainer.load_state.remote(str(cfg.resume.trainer_state)))
+            held = self._get_trainer(self._trainer.load_state.remote(str(cfg.resume.trainer_state)),
+                                     f"while restoring {cfg.resume.trainer_state}")
             if held != self.base:
                 raise RuntimeError(f"checkpoint {cfg.resume.trainer_state} holds v{held}, expected v{self.base}")
         self._phase(f"loading v{self.base} on {self._workers_text()}")
@@ -309,12 +329,29 @@ class Controller:
         tokens = ray.get([w.actor.incarnation.remote() for w in self._workers])
         for w, token in zip(self._workers, tokens, strict=True):
             w.incarnation = token
-        ray.get([w.actor.load_weights.remote(self.base, self._weights[self.base], incarnation=w.incarnation)
-                 for w in self._workers])
+        self._get_loads([w.actor.load_weights.remote(self.base, self._weights[self.base], incarnation=w.incarnation)
+                         for w in self._workers], f"before it published v{self.base}")
         ray.get([w.actor.start_clock.remote(incarnation=w.incarnation) for w in self._workers])
         now = time.perf_counter()
         for w in self._workers:
             w.last_heard = now
+
+    def _get_trainer(self, ref: Any, when: str) -> Any:
+        """``ray.get`` of a trainer call; ``TrainerLost`` (``when`` says what it did) if its process died."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise _trainer_lost(exc, when) from None
+
+    def _get_loads(self, refs: Any, when: str) -> Any:
+        """``ray.get`` of rollout workers' weight loads; ``TrainerLost`` if the weights, which the trainer computes,
+        could not be (``_trainer_argument_lost``)."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as exc:
+            if _trainer_argument_lost(exc):
+                raise _trainer_lost(exc, when) from None
+            raise
 
     def _phase(self, what: str) -> None:
         if self.on_phase is not None:
@@ -406,6 +443,8 @@ class Controller:
             try:
                 result = ray.get(ref)
             except (ray.exceptions.RayActorError, WorkerRestarted) as exc:
+                if _trainer_argument_lost(exc):  # the worker is fine; the weights it was to load never came
+                    raise _trainer_lost(exc, f"before it published the weights for rollout worker {w.index}") from None
                 self._worker_failed(w, exc)
                 return
             self._next_command(w)
@@ -495,11 +534,14 @@ class Controller:
                 time.sleep(0.1)
         lost = list(w.requests.values())
         w.requests.clear()
+        reload = f"before it published the weights for restarted rollout worker {w.index}"
         if w.target is not None:
-            ray.get(w.actor.load_weights.remote(w.target, self._weights[w.target], incarnation=w.incarnation))
+            self._get_loads(w.actor.load_weights.remote(w.target, self._weights[w.target], incarnation=w.incarnation),
+                            reload)
         if w.migration is None:  # a multi-version engine also held requests of older versions: host them again
             for v in sorted({r.version for r in lost} - {w.target}):
-                ray.get(w.actor.load_weights.remote(v, self._weights[v], keep_loaded=True, incarnation=w.incarnation))
+                self._get_loads(w.actor.load_weights.remote(v, self._weights[v], keep_loaded=True,
+                                                            incarnation=w.incarnation), reload)
         if self._rollout_stopped:  # the trainer has the cores: the new process stays stopped too
             ray.get(w.actor.set_suspended.remote(True, incarnation=w.incarnation))
         self.trace.event(self.now(), "worker_restarted", rollout_group=w.index, version=w.target or 0)
@@ -679,7 +721,7 @@ class Controller:
         versions = [self._group_version[g] for g in groups for _ in range(self.spp)]
 
         def trained(ref: Any) -> None:
-            metrics: TrainMetrics = ray.get(ref)
+            metrics: TrainMetrics = self._get_trainer(ref, f"while training step {step}")
             end = self.now()
             event = {"t": round(self.trace.offset_s + end, 6), "type": "train_step", "step": step,
                      "start_t": round(self.trace.offset_s + start, 6),
@@ -705,7 +747,9 @@ class Controller:
         ref = self._trainer.publish.remote(v)
         self._weights[v] = ref
 
-        def published(_: Any) -> None:  # ready in the object store; the controller never fetches it
+        # Ready in the object store; the controller never fetches it. If the trainer died instead, the first worker
+        # to load it fails for want of its argument: TrainerLost (see _next_command).
+        def published(_: Any) -> None:
             self.trace.event(self.now(), "weights_published", version=v)
             self._progressed()
             self._execute(self.policy.handle(WeightsPublished(version=act.version)))
@@ -776,7 +820,10 @@ class Controller:
 
         A group a train step took is untrained until that step finished: when the run stops while the step runs
         (Ctrl-C, a lost worker), its trajectories are recorded ``unfinished_at_end`` with ``finished=True``, and a
-        resume regenerates them from the last checkpoint."""
+        resume regenerates them from the last checkpoint. A resumed attempt's groups to regenerate that it never
+        re-admitted need no event here: ``prepare_resume`` recorded every leftover of the attempt before unfinished
+        at the seam (or that attempt's own end did), and only a regeneration, which re-admits, supersedes that. The
+        same holds when this method never runs (a kill): the next ``prepare_resume`` writes what it would have."""
         t = self.now()
         finished_ids = {s.trajectory.request_id for g in self._scored for s in self._scored[g]}
         for g in sorted(self._scored):

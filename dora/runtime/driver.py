@@ -49,7 +49,8 @@ class JobResult:
 
 
 class JobStopped(Exception):
-    """The run stopped before its end (stalled pipeline, lost worker, unusable checkpoint): a message, no traceback."""
+    """The run stopped before its end (stalled pipeline, lost worker or trainer, unusable checkpoint): a message, no
+    traceback."""
 
 
 def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
@@ -149,8 +150,8 @@ def run_job(rc: RuntimeConfig, *, console: Any = None, live: bool = True, base_d
     """Run ``rc`` to the end (Ray started here if needed), resuming from its checkpoint if there is one;
     audit the whole trace, write the outputs. The output directory is locked meanwhile (``run_dir_lock``).
 
-    Raises ``JobStopped`` when the run cannot go on (stalled, worker lost, foreign checkpoint, another run holding
-    the output directory). ``KeyboardInterrupt`` propagates after the actors are stopped, the trace is flushed and
+    Raises ``JobStopped`` when the run cannot go on (stalled, worker or trainer lost, foreign checkpoint, another run
+    holding the output directory). ``KeyboardInterrupt`` propagates after the actors are stopped, the trace is flushed and
     the Ray instance this call started is shut down.
     """
     from dora.runtime.runlock import RunDirBusy, run_dir_lock
@@ -170,10 +171,16 @@ def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, war
     from rich.console import Console
 
     from dora.runtime.checkpoint import CheckpointError, prepare_resume
-    from dora.runtime.controller import Controller, PipelineStalled, WorkerLost
+    from dora.runtime.controller import Controller, PipelineStalled, TrainerLost, WorkerLost
     from dora.runtime.display import LiveDisplay
 
     check_engines(rc)  # before Ray starts
+    try:  # so is a resolution of the whole config: values that do not fit together (a group wider than an engine)
+        controller_config(rc, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir, watchdog_s=watchdog_s)
+    except RuntimeConfigError:
+        raise
+    except ValueError as exc:
+        raise RuntimeConfigError("", f"its values do not fit together: {exc}") from None
     console = console or Console(stderr=True)
     out = base_dir / rc.output_dir
     try:
@@ -187,7 +194,7 @@ def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, war
         previous = {"mode": rc.mode, "steps": resume.step, "total_steps": rc.steps, "wall_s": 0.0,
                     "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 0, **_previous_summary(out)}
         return finish_job(out, previous, k=rc.max_version_lag, allow_version_mixing=rc.allow_version_mixing,
-                          title=title)
+                          title=title, whole_run=True)
     if resume is not None:
         say(console, f"resuming {out}/ after step {resume.step}: {len(resume.regenerate)} admitted, untrained "
                      f"prompt group(s) regenerated on v{resume.step}")
@@ -210,7 +217,7 @@ def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, war
         with LiveDisplay(console, header, enabled=live) as display:
             try:
                 stats = Controller(config, on_progress=display.update, on_phase=display.phase).run()
-            except (PipelineStalled, WorkerLost) as exc:
+            except (PipelineStalled, TrainerLost, WorkerLost) as exc:
                 raise JobStopped(f"{exc}\n  trace and last checkpoint in {out}/; re-run the same command to "
                                  "resume from the checkpoint") from None
     finally:
@@ -238,11 +245,12 @@ def _quiet_token_auth_notice() -> None:
 
 
 def _whole_run_counts(events: list[dict[str, Any]], report: Any) -> dict[str, int]:
-    """Weight loads, migrated and version-mixed trajectories over every attempt of a resumed run: from its trace and
-    the checker's report of it (a trajectory regenerated after a resume counts once, as it last finished)."""
+    """Weight loads, migrated, version-mixed and unfinished trajectories over every attempt of a resumed run: from its
+    trace and the checker's report of it (a trajectory regenerated after a resume counts once, as it last finished;
+    the leftovers of a killed attempt, which the resume recorded, count as unfinished unless regenerated)."""
     return {"weight_loads": sum(e.get("type") == "weights_loaded" for e in events),
             "migrated_trajectories": sum(len(e.get("trajs", ())) for e in events if e.get("type") == "migrated"),
-            "mixed_trajectories": len(report.mixed)}
+            "mixed_trajectories": len(report.mixed), "unfinished_at_end": len(report.unfinished_at_end)}
 
 
 def _previous_summary(out: Path) -> dict[str, Any]:
@@ -253,15 +261,19 @@ def _previous_summary(out: Path) -> dict[str, Any]:
 
 
 def finish_job(output_dir: Path, summary: dict[str, Any], *, k: int, allow_version_mixing: bool,
-               title: str) -> JobResult:
-    """Audit ``trace.jsonl`` with the planner's checker; write ``timeline.html`` and ``summary.json``."""
+               title: str, whole_run: bool = False) -> JobResult:
+    """Audit ``trace.jsonl`` with the planner's checker; write ``timeline.html`` and ``summary.json``.
+
+    The counts the trace holds come from the trace (``_whole_run_counts``) for a resumed attempt, whose counters
+    held that attempt only, and with ``whole_run`` (a run audited again, whose summary is an earlier attempt's, or
+    none when a kill came first)."""
     from dora.runtime.trace import read_jsonl, write_json_atomic, write_text_atomic
     from planner.schedule import TraceError, check_trace, timeline_html
 
     events = read_jsonl(output_dir / "trace.jsonl")
     try:
         report = check_trace(events, k=k, allow_version_mixing=allow_version_mixing)
-        if summary.get("resumed_from_step") is not None:  # the counters held this attempt; the trace every attempt
+        if whole_run or summary.get("resumed_from_step") is not None:  # the trace holds every attempt
             summary = {**summary, **_whole_run_counts(events, report)}
         audit = {
             "ok": report.ok, "num_trajectories": report.num_trajectories, "num_consumed": report.num_consumed,

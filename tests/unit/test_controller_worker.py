@@ -192,6 +192,53 @@ def test_admissions_queued_behind_an_add_in_flight_go_out_as_one_command(monkeyp
     assert list(w.requests) == [f"g0/{i}" for i in range(5)] and not w.busy
 
 
+def test_a_dead_trainer_stops_the_run_and_is_never_taken_for_a_dead_rollout_worker(monkeypatch):
+    # The controller's side (no Ray). The trainer's process died (the OOM killer): a worker's load of weights it never
+    # published fails with the worker's RayTaskError whose cause is the trainer's ActorDiedError, an instance of
+    # RayActorError too. Taken for the worker's own death, it restarted a live worker, whose reload of the same weights
+    # then crashed the run with a raw Ray traceback.
+    import ray
+
+    import dora.runtime.controller as ctl
+
+    trainer_died = ray.exceptions.ActorDiedError()
+    unresolved = ray.exceptions.RayTaskError("RolloutWorker.load_weights", "", trainer_died).as_instanceof_cause()
+    worker_died = ray.exceptions.ActorDiedError()
+    refused = ray.exceptions.RayTaskError("RolloutWorker.poll", "", WorkerRestarted("old")).as_instanceof_cause()
+
+    def get(ref, **_):  # here a call's reference is the error its ray.get raises
+        raise ref
+
+    monkeypatch.setattr(ctl, "ray", SimpleNamespace(get=get, exceptions=ray.exceptions))
+    controller = object.__new__(ctl.Controller)
+    controller._pending = {}
+    restarted: list[BaseException] = []
+
+    def worker_failed(w, exc) -> None:
+        restarted.append(exc)
+        w.commands.clear()
+        w.running, w.busy = None, False
+
+    controller._worker_failed = worker_failed
+    w = ctl._Worker(index=1, actor=None)
+
+    def load_failing_with(exc: BaseException) -> None:
+        controller._command(w, "load", lambda: exc, lambda _: None)
+        ref, done = controller._pending.popitem()
+        done(ref)
+
+    for exc in (worker_died, refused):  # the worker's own death, a call refused by its new process: restart it
+        load_failing_with(exc)
+    assert restarted == [worker_died, refused]
+    with pytest.raises(ctl.TrainerLost, match=r"the trainer died before it published the weights for rollout "
+                                              r"worker 1 \(ActorDiedError\); the usual cause is the kernel's OOM"):
+        load_failing_with(unresolved)
+    assert len(restarted) == 2  # the live worker was left alone
+    # A trainer call whose process died: TrainerLost too, naming what it did.
+    with pytest.raises(ctl.TrainerLost, match=r"the trainer died while training step 7 \(ActorDiedError\)"):
+        controller._get_trainer(trainer_died, "while training step 7")
+
+
 def _counters(slot_s: float, busy_s: float, gen: int, wall_s: float = 0.0) -> SimpleNamespace:
     return SimpleNamespace(busy_slot_s=slot_s, busy_s=busy_s, generated_tokens=gen, num_active=4, wall_s=wall_s)
 
@@ -371,7 +418,8 @@ def test_a_resumed_runs_counts_come_from_every_attempts_trace():
         {"t": 3, "type": "resumed", "step": 1}, loaded(3), loaded(3),
         {"t": 3, "type": "regenerated", "traj": "g0/0", "version": 1}, admitted("g0/0", 1),
         finished(4, "g0/0", [[1, 5]]), migrated(4, ["g1/0"]),
+        {"t": 5, "type": "unfinished_at_end", "traj": "g0/0", "finished": True},
     ]
     report = check_trace(events, k=1, allow_version_mixing=True)
     assert _whole_run_counts(events, report) == {"weight_loads": 3, "migrated_trajectories": 3,
-                                                 "mixed_trajectories": 1}
+                                                 "mixed_trajectories": 1, "unfinished_at_end": 1}

@@ -148,7 +148,11 @@ def test_resume_repairs_the_trace_restores_the_lost_step_and_regenerates_untrain
     point = prepare_resume(out, {"mode": "sync", "steps": 9, "output_dir": "elsewhere"})  # steps may change
     assert point is not None and point.step == 1 and point.regenerate == (1, 3) and point.next_group == 4
     events = read_jsonl(out / "trace.jsonl")
-    assert events[-1]["type"] == "train_step" and events[-1]["step"] == 1  # written from the checkpoint
+    assert events[-5]["type"] == "train_step" and events[-5]["step"] == 1  # written from the checkpoint
+    # then what the killed attempt's end would have written: its untrained groups, finished (g1) or not (g3)
+    assert [(e["type"], e["traj"], e["finished"]) for e in events[-4:]] == [
+        ("unfinished_at_end", "g1/0", True), ("unfinished_at_end", "g1/1", True),
+        ("unfinished_at_end", "g3/0", False), ("unfinished_at_end", "g3/1", False)]
     assert point.clock_s > max(e["t"] for e in events)
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1]
     # What the resumed attempt writes (the controller's protocol), then the audit of the combined trace.
@@ -187,6 +191,77 @@ def test_resume_restores_the_metrics_row_a_kill_after_the_commit_lost(tmp_path):
     assert read_jsonl(out / "metrics.jsonl") == [row]
     prepare_resume(out, {"mode": "sync", "steps": 9, "output_dir": "elsewhere"})  # a row already there stays one
     assert read_jsonl(out / "metrics.jsonl") == [row]
+
+
+def _finished_run_killed_before_its_end(out: Path, config: dict, *, closed: int = 0) -> None:
+    """Two steps trained and committed (groups 0-3), then SIGKILL before ``Controller._close``: groups 4 (finished)
+    and 5 (one sample finished) admitted, never trained, and only the first ``closed`` of their
+    ``unfinished_at_end`` events written."""
+    def traj(g: int, s: int) -> str:
+        return f"g{g}/{s}"
+
+    events: list[dict] = [{"t": 0.1 * g, "type": "admitted", "traj": traj(g, s), "version": 0, "rollout_group": 0}
+                          for g in range(6) for s in range(2)]
+    events += [{"t": 1 + 0.1 * g, "type": "finished", "traj": traj(g, s), "num_tokens": 3, "spans": [[0, 3]],
+                "rollout_group": 0} for g in range(5) for s in range(2)]
+    events.append({"t": 1.9, "type": "finished", "traj": "g5/0", "num_tokens": 2, "spans": [[0, 2]],
+                   "rollout_group": 0})
+    for step in (1, 2):
+        events.append({"t": 2.0 + step, "type": "train_step", "step": step, "start_t": 1.95 + step,
+                       "produced_version": step,
+                       "consumed": [traj(g, s) for g in (2 * step - 2, 2 * step - 1) for s in range(2)]})
+    leftovers = [("g4/0", True), ("g4/1", True), ("g5/0", True), ("g5/1", False)]
+    events += [{"t": 4.5, "type": "unfinished_at_end", "traj": t, "finished": f} for t, f in leftovers[:closed]]
+    out.mkdir(parents=True)
+    (out / "trace.jsonl").write_text("".join(_line(e) for e in events))
+    (out / "checkpoint").mkdir()
+    (out / "checkpoint" / "trainer-000002.pt").write_bytes(b"state")
+    write_checkpoint(out, Checkpoint(step=2, consumed_groups=(0, 1, 2, 3), trainer_state="trainer-000002.pt",
+                                     step_event=events[-1 - closed], config_key=config_key(config)))
+
+
+@pytest.mark.parametrize("closed", [0, 1, 4])
+def test_a_kill_after_the_last_commit_leaves_no_trajectory_unaccounted(tmp_path, closed):
+    """Killed between the last step's commit and the end's ``unfinished_at_end`` events (or halfway through
+    writing them): the run once failed its audit on every re-run. Re-running writes the missing events, each with
+    whether it had finished, once."""
+    from dora.runtime.checkpoint import unaccounted
+
+    out = tmp_path / "run"
+    _finished_run_killed_before_its_end(out, {"mode": "sync"}, closed=closed)
+    before = read_jsonl(out / "trace.jsonl")
+    assert not check_trace(before, k=1, allow_version_mixing=False).ok or closed == 4
+    for _ in range(2):  # a second re-run finds nothing left to write
+        point = prepare_resume(out, {"mode": "sync", "steps": 2})
+        assert point is not None and point.step == 2 and point.regenerate == (4, 5) and point.next_group == 6
+        events = read_jsonl(out / "trace.jsonl")
+        added = [(e["traj"], e["finished"]) for e in events[len(before):]]
+        assert added == [("g4/0", True), ("g4/1", True), ("g5/0", True), ("g5/1", False)][closed:]
+        end = max(e["t"] for e in before)  # at the seam: the trace stays in time order
+        assert all(e["type"] == "unfinished_at_end" and e["t"] == end for e in events[len(before):])
+        assert unaccounted(events) == []
+        report = check_trace(events, k=1, allow_version_mixing=False)
+        assert report.ok, report.violations
+        assert len(report.unfinished_at_end) == 4
+        assert ledger(out / "trace.jsonl")["lost"] == 0
+
+
+def test_re_running_a_run_killed_after_its_last_commit_audits_it_clean_without_ray(tmp_path):
+    """The driver's path for a run that already holds every step: audited, every leftover accounted, the summary's
+    unfinished count taken from the trace (the killed run wrote no summary)."""
+    from rich.console import Console
+    from test_runtime_config import _config
+
+    from dora.runtime.driver import run_job
+
+    rc = dataclasses.replace(_config("local-tiny"), steps=2, output_dir="run")
+    _finished_run_killed_before_its_end(tmp_path / "run", json.loads(rc.to_json()))
+    console = Console(record=True, width=200, force_terminal=False)
+    result = run_job(rc, console=console, live=False, base_dir=tmp_path)
+    assert result.ok, result.audit["violations"]
+    assert "already holds 2 trained steps" in console.export_text()
+    assert result.audit["unfinished_at_end"] == result.summary["unfinished_at_end"] == 4
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["audit"]["ok"]
 
 
 def test_resume_refuses_another_jobs_checkpoint(tmp_path):
