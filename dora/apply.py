@@ -150,7 +150,8 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
 
 def _outside_spec(plan: Any, spec: Any) -> list[str]:
     """What a saved plan decides beyond what its spec allows (its hash matched, so only an edit of the plan file
-    gets here): staleness, mode, version mixing, accelerators."""
+    gets here): staleness, mode, version mixing, accelerators, parallel sizes, slots -- the bounds the command-line
+    overrides get, each named by its plan.json field."""
     st, out = spec.staleness, []
     if plan.max_version_lag > st.max_version_lag:
         out.append(f"max_version_lag {plan.max_version_lag} is over staleness.max_version_lag {st.max_version_lag}")
@@ -172,6 +173,26 @@ def _outside_spec(plan: Any, spec: Any) -> list[str]:
     if r.kv_capacity_tokens < r.max_model_len:
         out.append(f"rollout.kv_capacity_tokens {r.kv_capacity_tokens} cannot hold one sequence of max_model_len "
                    f"{r.max_model_len}")
+    from dora.planning import CPU_MAX_NUM_SEQS, VLLM_MAX_NUM_SEQS
+
+    in_flight = (plan.max_version_lag + 1) * w.prompts_per_step * w.samples_per_prompt  # `--max-num-seqs`' bound
+    cap = CPU_MAX_NUM_SEQS if spec.cluster.accelerator == "cpu" else VLLM_MAX_NUM_SEQS  # the planner's, a small batch
+    if r.max_num_seqs > max(in_flight, cap):
+        out.append(f"rollout.max_num_seqs {r.max_num_seqs:,} is more than the {in_flight:,} trajectories the plan can "
+                   f"ever have in flight ((k + 1) x prompts x samples = {plan.max_version_lag + 1} x "
+                   f"{w.prompts_per_step} x {w.samples_per_prompt}) and than the engine's cap of {cap} slots that "
+                   "`dora plan` chooses within")
+    if r.gpu_memory_utilization > 1:
+        out.append(f"rollout.gpu_memory_utilization {r.gpu_memory_utilization:g} is more than all of the memory (at "
+                   "most 1)")
+    t, total = plan.train, spec.total_accelerators
+    for name, size in (("rollout.tp", r.tp), ("rollout.ep", r.ep), ("train.tp", t.tp), ("train.pp", t.pp),
+                       ("train.dp", t.dp), ("train.cp", t.cp), ("train.ep", t.ep)):
+        if size > total:
+            out.append(f"{name} {size:,} is more than the cluster's {total} accelerators")
+    if t.tp * t.pp * t.dp * t.cp != t.accelerators:
+        out.append(f"train.tp x pp x dp x cp = {t.tp} x {t.pp} x {t.dp} x {t.cp} is not train.accelerators "
+                   f"{t.accelerators}")
     return out
 
 

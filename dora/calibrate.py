@@ -31,14 +31,17 @@ Exit codes: 0 written; 2 invalid spec or a spec whose engines cannot be measured
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import pickle
 import platform
+import secrets
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -429,9 +432,10 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
                        f"{spec.cluster.accelerator!r} with backend {spec.runtime.backend!r}. Calibrate on a local CPU "
                        "spec (e.g. specs/local-tiny.yaml)")
         return EXIT_INVALID
-    problem = _unwritable(out_path)
-    if problem:  # before minutes of measuring
-        error(console, f"cannot write {out_path}: {problem}\n  to fix: give --out a file path in a writable directory")
+    unwritable = _unwritable(out_path)
+    if unwritable:  # before minutes of measuring
+        problem, fix = unwritable
+        error(console, f"cannot write {out_path}: {problem}\n  to fix: {fix}")
         return EXIT_INVALID
     try:
         cc = controller_config(runtime_config_for(resolved, ApplyOverrides()))
@@ -509,32 +513,79 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
     return _write(console, spec_path, out_path, text, calib, fits)
 
 
-def _unwritable(out_path: str) -> str | None:
-    """Why ``out_path`` cannot receive the calibration file, or ``None`` (checks only; creates nothing)."""
+def _unwritable(out_path: str) -> tuple[str, str] | None:
+    """Why ``out_path`` cannot receive the calibration file and what to do, or ``None``.
+
+    Tried for real before minutes of measuring (``os.access`` says yes to root, and on /proc or a read-only mount):
+    the temporary file ``_write`` writes first is created and removed again -- or, when ``_write`` will create
+    directories, a temporary directory in the nearest existing one -- and the names to create are checked against
+    the filesystem's limit. Leaves nothing behind."""
     if not out_path.strip():
-        return "the path is empty"
+        return "the path is empty", "give --out a file path in a writable directory"
     out = Path(out_path)
-    if out.is_dir():
-        return "it is a directory"
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # _write creates the missing directories below the nearest existing one
-    if not parent.is_dir():
-        return f"{parent} is not a directory"
+    if os.path.isdir(out):
+        return "it is a directory", "give --out a file path in a writable directory"
+    if os.path.exists(out) and not os.path.isfile(out):
+        return "it is not a regular file", "give --out a file path in a writable directory"
+    parent, to_create = out.parent, [] if os.path.lexists(out) else [out.name]
+    while not os.path.lexists(parent) and parent != parent.parent:
+        to_create.append(parent.name)  # _write creates the missing directories below the nearest existing one
+        parent = parent.parent
+    if not os.path.isdir(parent):
+        return f"{parent} is not a directory", "give --out a file path in a writable directory"
     if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{parent} is not writable"
+        return f"{parent} is not writable", "give --out a file path in a writable directory"
+    limit = _name_max(parent)
+    for name in to_create:
+        size = len(os.fsencode(name))
+        if size > limit:
+            shown = name if len(name) <= 40 else name[:37] + "..."
+            return (f"the name {shown!r} is {size} bytes long; this filesystem allows at most {limit}",
+                    "give --out a shorter file name")
+    try:
+        if parent == out.parent:
+            os.unlink(_create_temporary(parent))
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent))
+    except OSError as exc:
+        return (f"cannot create a file in {parent}: {exc.strerror or exc}",
+                "give --out a file path in a writable directory")
     return None
+
+
+TEMPORARY_PREFIX = ".dora-calibration-"
+"""The file ``_write`` writes before renaming it onto --out: a short random name, whatever the length of --out's."""
+
+
+def _name_max(directory: Path) -> int:
+    """The longest file name, in bytes, the filesystem holding ``directory`` allows."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _create_temporary(directory: Path) -> str:
+    """Create an empty, new temporary file in ``directory`` (permissions as a plain open() would give) and return
+    its path."""
+    path = os.path.join(directory, f"{TEMPORARY_PREFIX}{secrets.token_hex(4)}.tmp")
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    return path
 
 
 def _write(console: Any, spec_path: str, out_path: str, text: str, calib: Calibration, fits: Sequence[Fit]) -> int:
     out = Path(out_path)
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp: str | None = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out)
+        tmp = _create_temporary(out.parent)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         error(console, f"cannot write {out_path}: {exc.strerror or exc}")
         return EXIT_FAILED
     _print_fits(console, fits)

@@ -7,10 +7,12 @@ Exit codes: 0 success; 2 invalid input (spec diagnostics, or `plan --detailed-ex
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dora import __version__
 
@@ -250,6 +252,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class StdoutWriteError(Exception):
+    """Writing to standard output failed (a full disk, an I/O error): the environment's problem, not dora's."""
+
+    def __init__(self, cause: OSError):
+        super().__init__(cause.strerror or str(cause))
+        self.cause = cause
+
+
+class _GuardedStdout:
+    """``sys.stdout`` whose failed write or flush raises ``StdoutWriteError``, so that ``main`` tells it apart from
+    an ``OSError`` of anything else (a closed pipe stays ``BrokenPipeError``: `dora schema | head` is no error)."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutWriteError(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutWriteError(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ... as the stream has them
+        return getattr(self._stream, name)
+
+
+def _drop_stdout(stream: Any) -> None:
+    """Point the process's stdout at /dev/null once writing it failed, so that the interpreter's flush at exit does
+    not fail again on what is left in the buffer ("Exception ignored ..."). Only for the real stdout."""
+    real = sys.__stdout__
+    if real is None or stream is not real:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, real.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -257,12 +308,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return EXIT_ERROR
+    stdout = sys.stdout
+    if stdout is not None:
+        sys.stdout = _GuardedStdout(stdout)  # type: ignore[assignment]
     try:
-        return func(args)
+        status = func(args)
+        sys.stdout.flush()  # output that fit in the buffer is written here: a full disk fails here, not at exit
+        return status
     except KeyboardInterrupt:
         _err_console().print("interrupted")
         return 130
     except BrokenPipeError:
+        _drop_stdout(stdout)
+        return EXIT_ERROR
+    except StdoutWriteError as exc:
+        _drop_stdout(stdout)
+        full = exc.cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        _error(f"cannot write to standard output: {exc}\n  to fix: "
+               + ("free space where standard output goes, or " if full else "") + "redirect it to a writable file")
         return EXIT_ERROR
     except Exception as exc:  # a bug in dora, not bad input: short message, traceback only on request
         if os.environ.get("DORA_DEBUG"):
@@ -270,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(f"{type(exc).__name__}: {exc}\n  this is a bug in dora; rerun with DORA_DEBUG=1 for the traceback and "
                "report it", label="internal error")
         return EXIT_ERROR
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

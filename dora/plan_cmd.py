@@ -113,6 +113,8 @@ def _write_fix(exc: OSError) -> str:
         return "move that out of the way, or choose another directory for --out"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "choose a writable directory for --out"
+    if exc.errno == errno.ENAMETOOLONG:
+        return "choose a shorter name for --out"
     return "choose another directory for --out"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from dora import __version__
 from dora.parallel import fork_map
 from dora.spec import ResolvedSpec
+from dora.spec.diagnostics import did_you_mean
 from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ALL_MODES
 from planner.architecture import ACTIVATION_BYTES, DTYPE_BYTES
@@ -57,11 +58,21 @@ def read_json_object(path: str, what: str, error: type[Exception]) -> dict:
     return data
 
 
+CALIBRATION_FILE_KEYS = frozenset({"calibration", "format", "spec", "machine", "measurements", "fits"})
+"""The top-level keys of a calibration file (``dora.calibrate.calibration_document``); only "calibration" is read."""
+
+
 def load_calibration(path: str | None) -> Calibration:
     if path is None:
         return DEFAULT_CALIBRATION
     data = read_json_object(path, "calibration file", CalibrationFileError)
     values = data.get("calibration", data)
+    if "calibration" in data and (unknown := sorted(set(data) - CALIBRATION_FILE_KEYS)):
+        known = ", ".join(sorted(CALIBRATION_FILE_KEYS - {"calibration"}))
+        raise CalibrationFileError(f"calibration file '{path}' has an unknown top-level key '{unknown[0]}': beside "
+                                   f"\"calibration\" it holds only {known} (what `dora calibrate` writes); remove "
+                                   "it, or move a constant into \"calibration\""
+                                   + did_you_mean(unknown[0], CALIBRATION_FILE_KEYS))
     if not isinstance(values, dict):
         raise CalibrationFileError(f"calibration file '{path}': \"calibration\" must be an object of constants "
                                    f"(name: value), got {json.dumps(values)[:60]}; `dora calibrate` writes one")

@@ -86,6 +86,9 @@ def write_launch_artifacts(resolved: ResolvedSpec, plan: Plan, out_dir: Path,
 
 # ----------------------------------------------------------------------------- all-or-nothing writing
 STAGING_PREFIX, BACKUP_PREFIX = ".dora-new-", ".dora-old-"
+STAGING_NAME_CHARS = 32
+"""How much of the output directory's name a staging directory beside it carries (``.NAME.dora-new-XXXXXXXX``):
+enough to tell whose it is, short enough that any name the filesystem allows for the directory fits."""
 
 
 def install_files(out_dir: Path, files: Mapping[str, str], modes: Mapping[str, int] | None = None) -> None:
@@ -113,6 +116,7 @@ def install_files(out_dir: Path, files: Mapping[str, str], modes: Mapping[str, i
             raise ValueError(f"not a path inside the output directory: {rel!r}")
         tops[parts[0]] = tops.get(parts[0], False) or len(parts) > 1
     _check_targets(out_dir, tops)
+    _check_name_lengths(out_dir)
     fresh = not os.path.lexists(out_dir)
     created = _make_parents(out_dir.parent) if fresh else []
     staging: Path | None = None
@@ -120,7 +124,7 @@ def install_files(out_dir: Path, files: Mapping[str, str], modes: Mapping[str, i
         home = out_dir.parent if fresh else out_dir
         if not home.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(home))
-        staging = _mkdtemp(home, f".{out_dir.name}{STAGING_PREFIX}" if fresh else STAGING_PREFIX)
+        staging = _mkdtemp(home, f".{out_dir.name[:STAGING_NAME_CHARS]}{STAGING_PREFIX}" if fresh else STAGING_PREFIX)
         try:
             for rel, text in files.items():
                 _write_file(staging / rel, text, modes.get(rel, 0o666 & ~umask))
@@ -165,6 +169,25 @@ def _check_targets(out_dir: Path, tops: Mapping[str, bool]) -> None:
                                                     "directory", str(target))
         elif target.is_dir():
             raise IsADirectoryError(errno.EISDIR, "a directory is in the way of a plan file", str(target))
+
+
+def _check_name_lengths(out_dir: Path) -> None:
+    """Refuse, naming it, a directory to create (``out_dir`` or a missing parent) whose name is longer than its
+    filesystem allows: mkdir would fail with a bare "File name too long" after the parents before it were made."""
+    missing = []
+    directory = out_dir
+    while not os.path.lexists(directory) and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    try:
+        limit = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for path in reversed(missing):
+        size = len(os.fsencode(path.name))
+        if size > limit:
+            raise OSError(errno.ENAMETOOLONG, f"File name too long: {size} bytes, and this filesystem allows at most "
+                                              f"{limit}", str(path))
 
 
 def _make_parents(directory: Path) -> list[Path]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from ruamel.yaml.nodes import ScalarNode
+from ruamel.yaml.resolver import VersionedResolver
 
 from dora.spec.diagnostics import Diagnostic, Path, did_you_mean
 from dora.spec.models import UNION_TAGS, PinnedPlacement, Spec
@@ -60,6 +62,28 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _quoted(value: Any, *kinds: str) -> bool:
+    """Whether ``value`` is text that YAML would have read as one of ``kinds`` (int, float, bool) unquoted: the
+    quotes (``nodes: "2"``) are what made it a string. ``2:0`` or ``two`` is text however it was written."""
+    if not isinstance(value, str):
+        return False
+    tag = str(VersionedResolver().resolve(ScalarNode, value, (True, False)))  # a ruamel Tag, not a str
+    return tag in {f"tag:yaml.org,2002:{kind}" for kind in kinds}
+
+
+def _key_description(key: Any) -> str:
+    """A mapping key that is not text, as its author wrote it (pydantic gives the key itself)."""
+    if key is None:
+        return "the key `~` (null, or nothing before the colon)"
+    if isinstance(key, bool):
+        return f"the key `{'true' if key else 'false'}` (YAML reads it as a boolean)"
+    if isinstance(key, int | float):
+        return f"the key `{_describe(key)}` (YAML reads it as a number)"
+    if isinstance(key, tuple | list):
+        return "a `? [...]` key (a list)"
+    return f"the key {_describe(key)}"
+
+
 def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     seen: set[tuple[Path, str]] = set()
@@ -68,7 +92,15 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
         kind = err["type"]
         value = err.get("input")
         ctx = err.get("ctx") or {}
-        if kind == "extra_forbidden":
+        line = doc.line_of(path)
+        if kind == "invalid_key":  # `true: 3`, `~: 3`, `3: x`, `? [a, b]`: YAML built a key that is not text
+            path = path[:-1]  # reported at the mapping; the line is the key's (yamlio records it as pydantic spells it)
+            parent = _model_at(path)
+            valid = sorted(parent.model_fields) if parent else []
+            msg = f"{_key_description(value)} is not a field name"
+            hint = (f"valid keys here: {', '.join(valid)}" if valid else "write a field name") + \
+                " (`dora schema` describes them all)"
+        elif kind == "extra_forbidden":
             key = str(path[-1])
             parent = _model_at(path[:-1])
             valid = sorted(parent.model_fields) if parent else []
@@ -92,16 +124,16 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
             hint = f"set a value {rel} {bound}"
         elif kind in ("int_type", "int_parsing", "int_from_float"):
             msg = f"expected an integer, got {_describe(value)}"
-            hint = "write a whole number" + (" without quotes" if isinstance(value, str) else "") + ", e.g. 8"
+            hint = "write a whole number" + (" without quotes" if _quoted(value, "int", "float") else "") + ", e.g. 8"
         elif kind in ("float_type", "float_parsing"):
             msg = f"expected a number, got {_describe(value)}"
-            hint = "write a number" + (" without quotes" if isinstance(value, str) else "") + ", e.g. 0.5"
+            hint = "write a number" + (" without quotes" if _quoted(value, "int", "float") else "") + ", e.g. 0.5"
         elif kind == "finite_number":
             msg = f"must be a finite number, got {_describe(value)}"
             hint = "write a finite number, e.g. 0.5"
         elif kind in ("bool_type", "bool_parsing"):
             msg = f"expected true or false, got {_describe(value)}"
-            hint = "write true or false without quotes"
+            hint = "write true or false" + (" without quotes" if _quoted(value, "bool") else "")
         elif kind in ("string_type",):
             msg = f"expected a string, got {_describe(value)}"
             hint = "quote the value"
@@ -112,6 +144,9 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
         elif kind in ("string_too_short", "string_too_long"):
             msg = err["msg"].lower()
             hint = "use a non-empty name of at most 128 characters"
+        elif kind == "string_pattern_mismatch":  # `name: "   "`: the only pattern, at least one visible character
+            msg = f"is blank, got {_describe(value)}"
+            hint = "write a name with at least one visible character (at most 128 characters)"
         elif kind == "string_unicode":
             msg = "is not valid text (it holds a lone UTF-16 surrogate, such as an escaped \\ud800)"
             hint = "remove the \\u escape, or write the character itself"
@@ -125,5 +160,5 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
         if seen_key in seen:
             continue
         seen.add(seen_key)
-        out.append(Diagnostic(path=path, line=doc.line_of(path), message=msg, hint=hint, file=file))
+        out.append(Diagnostic(path=path, line=line, message=msg, hint=hint, file=file))
     return out

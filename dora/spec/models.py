@@ -322,8 +322,8 @@ class RuntimeSpec(StrictModel):
 class Spec(StrictModel):
     """A dora spec: the model, the cluster, the workload and the staleness budget of an RL post-training job."""
 
-    name: Annotated[str, Field(min_length=1, max_length=128)]
-    """Job name (free text; sanitised wherever it becomes an identifier)."""
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"\S")]
+    """Job name (free text with at least one visible character; sanitised wherever it becomes an identifier)."""
     model: ModelSpec
     """The policy model."""
     cluster: ClusterSpec

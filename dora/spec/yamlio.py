@@ -19,7 +19,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
-from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
+from ruamel.yaml.constructor import ConstructorError, DuplicateKeyError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from ruamel.yaml.reader import ReaderError
@@ -228,8 +228,12 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         problem = exc.problem or exc.context or "invalid YAML"
+        hint = "check indentation and quoting near that line"
+        if isinstance(exc, DuplicateKeyError):  # problem: found duplicate key "name" with value ... (original ...)
+            key = problem.split('"')[1] if problem.count('"') >= 2 else "the key"
+            hint = f"remove one of the two `{key}:` entries of that mapping"
         raise SpecError(file, [Diagnostic(path=(), line=line, message=f"not valid YAML: {problem}",
-                                          hint="check indentation and quoting near that line")]) from None
+                                          hint=hint)]) from None
     except ReaderError as exc:  # a character YAML does not allow: ruamel gives its position, not its line
         if not isinstance(exc.character, int) or not isinstance(exc.position, int):
             raise SpecError(file, [Diagnostic(path=(), message=f"not valid YAML: {exc}",

@@ -155,3 +155,25 @@ def test_doubtful_fits_are_named_with_the_reason() -> None:
     assert any("publish: fitted from 1 point(s)" in w for w in warnings)
     assert any("publish: median residual 60%" in w for w in warnings)
     assert any("cpu_weight_reload_fixed_s was clamped to 0" in w for w in warnings)
+
+
+def test_the_file_is_written_through_a_short_temporary_name(tmp_path, capsys) -> None:
+    """The temporary file was `.NAME.tmp`: a legal --out of 251+ bytes failed after minutes of measuring."""
+    import os
+
+    from rich.console import Console
+
+    from dora.calibrate import _write
+
+    console = Console(stderr=True)
+    out = tmp_path / ("c" * 255)
+    assert _write(console, LOCAL, str(out), "{}\n", DEFAULT_CALIBRATION, []) == 0
+    assert [p.name for p in tmp_path.iterdir()] == [out.name] and out.read_text() == "{}\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() makes it, not mkstemp's private 0600
+    blocked = tmp_path / "blocked"
+    (blocked / "sub").mkdir(parents=True)  # a directory where the file goes: the rename fails
+    assert _write(console, LOCAL, str(blocked), "{}\n", DEFAULT_CALIBRATION, []) == 1
+    assert "cannot write" in capsys.readouterr().err
+    assert [p.name for p in blocked.parent.iterdir() if p.name.startswith(".")] == []  # no temporary file left

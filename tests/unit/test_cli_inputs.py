@@ -444,3 +444,97 @@ def test_a_jobs_api_that_never_answers_is_given_up_on(tmp_path: Path, capsys, mo
         assert not thread.is_alive()
     err = capsys.readouterr().err
     assert f"cannot reach the Ray Jobs API at {address}: no answer in 1 s" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("command", [["schema"], ["examples", "local-tiny"], ["examples"],
+                                     ["validate", "--json", "specs/local-tiny.yaml"],
+                                     ["plan", "specs/local-tiny.yaml", "--json"]])
+def test_standard_output_on_a_full_disk_is_an_error_not_a_bug(command: list[str]) -> None:
+    """Printed `internal error: OSError: [Errno 28] ... this is a bug in dora`."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "dora.cli", *command], stdout=full, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "error: cannot write to standard output: No space left on device" in proc.stderr
+    assert "bug" not in proc.stderr and "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
+def test_an_os_error_not_from_standard_output_is_still_reported_as_a_bug(capsys, monkeypatch) -> None:
+    import dora.cli
+
+    def broken(args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dora.cli, "cmd_schema", broken)
+    assert main(["schema"]) == 1
+    assert "internal error: OSError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["c" * 256, "c" * 256 + "/x.json"])
+def test_calibrate_refuses_a_name_too_long_before_measuring(tmp_path: Path, capsys, name: str) -> None:
+    """It measured for minutes, then crashed on its temporary file's name (`.NAME.tmp`, 5 bytes longer)."""
+    out = tmp_path / name
+    assert main(["calibrate", str(TINY), "--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {out}: the name 'ccc" in err and "is 256 bytes long" in err
+    assert "to fix: give --out a shorter file name" in err and "decode" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs procfs")
+def test_calibrate_tries_its_output_directory_before_measuring(capsys) -> None:
+    """`os.access` says /proc is writable to root: the run measured, then failed to write."""
+    assert main(["calibrate", str(TINY), "--quick", "--out", "/proc/x.json"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write /proc/x.json: " in err and "decode" not in err and "internal" not in err
+    for other in ("/dev/null", "/proc/self"):
+        assert main(["calibrate", str(TINY), "--quick", "--out", other]) == 2
+        assert f"cannot write {other}: it is " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    (("rollout", "max_num_seqs"), 10**12, "rollout.max_num_seqs 1,000,000,000,000 is more than the 512 trajectories"),
+    (("rollout", "gpu_memory_utilization"), 5.0, "rollout.gpu_memory_utilization 5 is more than all of the memory"),
+    (("rollout", "tp"), 64, "rollout.tp 64 is more than the cluster's 2 accelerators"),
+    (("train", "pp"), 64, "train.pp 64 is more than the cluster's 2 accelerators"),
+    (("train", "cp"), 2, "train.tp x pp x dp x cp = 1 x 1 x 1 x 2 is not train.accelerators 1"),
+])
+def test_a_saved_plan_s_own_fields_get_the_bounds_of_the_flags(tmp_path: Path, capsys, monkeypatch, field, value,
+                                                               message) -> None:
+    """An edited plan.json (spec hash unchanged) passed every check with a value the flag refuses."""
+    monkeypatch.chdir(REPO)
+    data = json.loads(GOLDEN_PLAN.read_text())
+    data[field[0]][field[1]] = value
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    # an address nothing listens on: a plan that passed its checks would fail to connect (exit 1), not exit 2
+    assert main(["apply", str(tmp_path / "plan.json"), "--address", "http://127.0.0.1:9", "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert f"saved plan {tmp_path / 'plan.json'} breaks its spec specs/local-tiny.yaml: {message}" in err
+    assert "run `dora plan specs/local-tiny.yaml --out" in err and "cannot reach" not in err
+
+
+def test_the_bounds_on_a_saved_plan_pass_every_plan_dora_writes(tmp_path: Path) -> None:
+    from dora.apply import _outside_spec, plan_for_apply
+
+    small = tmp_path / "small.yaml"  # more slots than trajectories in flight: the planner's cap, not an edit
+    small.write_text(TINY.read_text().replace("prompts_per_step: 16", "prompts_per_step: 1")
+                     .replace("samples_per_prompt: 8", "samples_per_prompt: 2"))
+    for spec, mode in ((TINY, None), (small, None), (small, "sync")):
+        resolved, plan = plan_for_apply(str(spec), mode, None)
+        assert _outside_spec(plan, resolved.spec) == []
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    ('{"calibration": {"cpu_compute_efficiency": 0.5}, "extra": 1}', "unknown top-level key 'extra'"),
+    ('{"calibration": {"cpu_compute_efficiency": 0.5}, "fit": []}', "did you mean 'fits'?"),
+])
+def test_a_calibration_file_with_an_unknown_key_beside_its_constants_is_refused(tmp_path: Path, capsys, document,
+                                                                                 message) -> None:
+    (tmp_path / "cal.json").write_text(document)
+    assert main(["plan", str(TINY), "--calibration", str(tmp_path / "cal.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "holds only fits, format, machine, measurements, spec" in err

@@ -166,3 +166,28 @@ def test_plan_out_on_a_full_disk_says_so(tmp_path: Path, capsys: pytest.CaptureF
     assert f"cannot write the plan to {out}/: No space left on device" in err
     assert "free space" in err and "writable" not in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_long_legal_directory_name_is_written(tiny, tmp_path: Path) -> None:
+    """The staging directory beside a new DIR was `.DIR.dora-new-XXXXXXXX`: a name of 240+ bytes could not be
+    written, and the error blamed the parent."""
+    out = tmp_path / "plans" / ("p" * 250)
+    write_plan_dir(tiny[0], tiny[1], out)
+    assert sorted(p.name for p in out.iterdir()) == TOP
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no staging directory left beside it
+
+
+@pytest.mark.parametrize("where", ["dir", "parent"])
+def test_a_name_too_long_for_the_filesystem_is_named_before_anything_is_made(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture[str],
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              where: str) -> None:
+    monkeypatch.chdir(REPO)
+    long = tmp_path / "plans" / ("p" * 256)
+    out = long if where == "dir" else long / "x"
+    assert main(["plan", str(TINY), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the plan to {out}/: File name too long: 256 bytes, and this filesystem allows at most" in err
+    assert "to fix: choose a shorter name for --out" in err and "Traceback" not in err
+    assert (f"({long})" in err) == (where == "parent")  # the directory whose name is too long, when not --out's
+    assert list(tmp_path.iterdir()) == []

@@ -171,3 +171,66 @@ def test_a_character_yaml_refuses_is_reported_at_its_line() -> None:
     (diag,) = info.value.diagnostics
     text = (CORPUS / "control_character.yaml").read_text().splitlines()
     assert diag.line is not None and "\x07" in text[diag.line - 1]
+
+
+@pytest.mark.parametrize(("key", "shown"), [("true: 3", "the key `true` (YAML reads it as a boolean)"),
+                                            ("~: 3", "the key `~` (null, or nothing before the colon)"),
+                                            ("3: 3", "the key `3` (YAML reads it as a number)"),
+                                            ("? [a, b]\n: 3", "a `? [...]` key (a list)")])
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_key_that_is_not_text_is_named_with_its_line_and_the_valid_keys(key: str, shown: str, nested: bool) -> None:
+    """Said `[1] (line N): Keys should be strings` (`true` read as 1), `None`, `('a', 'b')`."""
+    from dora.spec.loader import load_spec_text
+
+    lines = TINY.read_text().splitlines()
+    at = lines.index("cluster:") + 1 if nested else len(lines)
+    lines[at:at] = [("  " if nested else "") + line for line in key.split("\n")]
+    with pytest.raises(SpecError) as info:
+        load_spec_text("\n".join(lines) + "\n", "x.yaml", TINY.parent)
+    (diag,) = info.value.diagnostics
+    assert diag.message == f"{shown} is not a field name"
+    assert diag.path == (("cluster",) if nested else ())
+    assert diag.line == at + 1
+    valid = "accelerator, accelerators_per_node, nodes" if nested else "algorithm, cluster, model, name"
+    assert diag.hint.startswith(f"valid keys here: {valid}") and "`dora schema`" in diag.hint
+
+
+@pytest.mark.parametrize(("written", "hint"), [
+    ('"2"', "write a whole number without quotes, e.g. 8"),
+    ("'0x10'", "write a whole number without quotes, e.g. 8"),
+    ("2:0", "write a whole number, e.g. 8"),
+    ("2001-12-14", "write a whole number, e.g. 8"),
+    ('"two"', "write a whole number, e.g. 8"),
+])
+def test_without_quotes_is_said_only_when_the_quotes_made_it_text(written: str, hint: str) -> None:
+    from dora.spec.loader import load_spec_text
+
+    text = TINY.read_text().replace("  nodes: 1\n", f"  nodes: {written}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    (diag,) = info.value.diagnostics
+    assert diag.path == ("cluster", "nodes") and diag.hint == hint
+
+
+@pytest.mark.parametrize("name", ['"   "', '"\\t"', "'\u00a0'"])
+def test_a_blank_name_is_refused_at_its_line(name: str) -> None:
+    from dora.spec.loader import load_spec_text
+
+    text = TINY.read_text().replace("name: local-tiny\n", f"name: {name}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    (diag,) = info.value.diagnostics
+    assert diag.path == ("name",) and diag.message.startswith("is blank, got ")
+    assert text.splitlines()[diag.line - 1].startswith("name: ") and "visible character" in diag.hint
+
+
+def test_a_duplicate_key_says_which_two_entries_to_choose_from() -> None:
+    from dora.spec.loader import load_spec_text
+
+    text = TINY.read_text().replace("  nodes: 1\n", "  nodes: 1\n  nodes: 2\n")
+    first = text.splitlines().index("  nodes: 1") + 1
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    (diag,) = info.value.diagnostics
+    assert diag.line == first + 1 and 'duplicate key "nodes"' in diag.message
+    assert diag.hint == "remove one of the two `nodes:` entries of that mapping"
