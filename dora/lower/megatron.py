@@ -236,7 +236,9 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
         "num_attention_heads": arch.num_attention_heads, "num_query_groups": arch.num_kv_heads,
         "kv_channels": arch.head_dim, "ffn_hidden_size": arch.ffn_hidden_size,
         "normalization": "RMSNorm", "gated_linear_unit": True, "activation_func": "silu",
-        "add_bias_linear": False, "add_qkv_bias": arch.qkv_bias, "qk_layernorm": arch.qk_norm,
+        "add_bias_linear": False, "add_qkv_bias": arch.qkv_bias,
+        # megatron-core builds MLA's latent norms (the checkpoint's q_a_layernorm and kv_a_layernorm) from this flag too
+        "qk_layernorm": arch.qk_norm or arch.mla is not None,
         "hidden_dropout": 0.0, "attention_dropout": 0.0,
         "recompute_granularity": "full" if t.recompute else None,
         "recompute_method": "uniform" if t.recompute else None,

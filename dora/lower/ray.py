@@ -6,6 +6,7 @@ from ``placement_groups.json``; the Jobs API body mirrors what ``launch.sh`` pas
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from typing import Any
 
@@ -101,8 +102,15 @@ def entrypoint() -> str:
 
 def runtime_env(resolved: ResolvedSpec) -> dict[str, Any]:
     """The job's runtime_env: the plan directory is uploaded as working_dir, without the run outputs."""
-    out = resolved.output_dir.strip("/")
-    return {"working_dir": ".", "excludes": [f"/{out}/"], "env_vars": {"PYTHONUNBUFFERED": "1"}}
+    out = posixpath.normpath(resolved.output_dir)  # as written, `./runs/x` or `runs/y/../x` would exclude nothing
+    # nothing to exclude when the outputs are not under working_dir (not uploaded), or are working_dir itself
+    excludes = [] if out in (".", "..") or out.startswith(("/", "../")) else [f"/{_glob_escaped(out)}/"]
+    return {"working_dir": ".", "excludes": excludes, "env_vars": {"PYTHONUNBUFFERED": "1"}}
+
+
+def _glob_escaped(path: str) -> str:
+    """``path`` as a literal gitignore pattern (Ray's ``excludes``): ``[``, ``*``, ``?`` and ``\\`` escaped."""
+    return "".join("\\" + c if c in "[]*?\\" else c for c in path)
 
 
 def job_metadata(resolved: ResolvedSpec, plan: Plan) -> dict[str, str]:

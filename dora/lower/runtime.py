@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from dora.lower.megatron import megatron_config
+from dora.runtime.checkpoint import (
+    CHECKPOINT_DIR,  # where the runtime writes them (it was named "checkpoints" here)
+)
 from dora.runtime.config import (
     FORMAT_VERSION,
     AlgorithmConfig,
@@ -21,7 +24,6 @@ from planner.workload import LengthDistribution
 
 TRACE_FILE = "trace.jsonl"
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_DIR = "checkpoints"
 
 
 def _lengths(spec: LengthSpec, dist: LengthDistribution) -> LengthConfig:

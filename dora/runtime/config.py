@@ -188,6 +188,7 @@ class RuntimeConfig:
     """Event trace (JSON lines) under output_dir, audited by the same checker as simulated schedules."""
     metrics_file: str
     checkpoint_dir: str
+    """Under output_dir: the directory the runtime keeps its checkpoints in (``dora.runtime.checkpoint``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

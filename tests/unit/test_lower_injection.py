@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shlex
 import subprocess
@@ -146,3 +147,28 @@ def test_ray_address_environment_overrides_the_spec(tmp_path: Path) -> None:
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[3] == "http://other:8265 $(touch PWNED)"
     assert not list(tmp_path.rglob("PWNED"))
+
+
+@pytest.mark.parametrize(("output_dir", "excludes"), [
+    ("runs/local-tiny", ["/runs/local-tiny/"]),
+    ("./runs/local-tiny", ["/runs/local-tiny/"]),
+    ("runs/x/../local-tiny", ["/runs/local-tiny/"]),
+    ("runs/exp[1]*", ["/runs/exp\\[1\\]\\*/"]),
+    ("../elsewhere", []),
+    ("/abs/runs", []),
+])
+def test_the_run_outputs_are_left_out_of_the_upload(output_dir: str, excludes: list[str], tmp_path: Path) -> None:
+    """Ray matches ``excludes`` as gitignore patterns (its own matcher here): `./runs/x` as written matched nothing
+    (every earlier run's checkpoints went up with the job), and `[` or `*` in a name are patterns unless escaped."""
+    import types
+
+    from ray._private.runtime_env.packaging import _get_excludes
+
+    from dora.lower.ray import runtime_env
+
+    env = runtime_env(types.SimpleNamespace(output_dir=output_dir))  # type: ignore[arg-type]
+    assert env["excludes"] == excludes
+    if excludes:
+        excluded = _get_excludes(tmp_path, excludes)
+        inside = tmp_path / posixpath.normpath(output_dir) / "checkpoint" / "trainer-000001.pt"
+        assert excluded(inside) and not excluded(tmp_path / "launch.sh")

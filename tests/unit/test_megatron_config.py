@@ -398,3 +398,18 @@ def test_the_optimizer_is_distributed_wherever_the_memory_model_shards_its_state
                                           distributed_optimizer=on).optimizer_bytes for on in (True, False)}
     assert config["optimizer"]["use_distributed_optimizer"] is (memory[True] < memory[False])
     assert config["ddp"]["use_distributed_optimizer"] is config["optimizer"]["use_distributed_optimizer"]
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3", "kimi-k2"])
+def test_mla_keeps_its_latent_norms_in_megatron(preset: str) -> None:
+    """The checkpoint's q_a_layernorm and kv_a_layernorm exist only if qk_layernorm is set: megatron-core builds
+    MLA's latent norms from that flag, and without them the trainer computes another function than vLLM."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    resolved, plan = _one_device("dense-8b-h800x64", arch=get_preset(preset))
+    config = megatron_config(resolved, plan)
+    assert config["transformer"]["qk_layernorm"] is True
+    assert _flag(megatron_lm_args(config), "--qk-layernorm") == ""
+    spec = get_gpt_layer_local_spec(multi_latent_attention=True, qk_layernorm=True)
+    submodules = spec.submodules.self_attention.submodules
+    assert "IdentityOp" not in (submodules.q_layernorm.__name__, submodules.kv_layernorm.__name__)
