@@ -339,7 +339,9 @@ class Spec(StrictModel):
     runtime: RuntimeSpec = RuntimeSpec()
     """Engines and backend for `dora apply`."""
     objective: Literal["throughput", "cost", "time"] = "throughput"
-    """What the planner optimises: samples/s, dollars per sample, or time to finish all steps."""
+    """What the planner ranks plans by: `throughput`, trained tokens/s in the steady state; `time`, the time to finish
+    all steps (the first, while the pipeline fills, included); `cost`, dollars per sample, which ranks as `time`:
+    every accelerator of the cluster is paid for the whole run."""
 
     @property
     def total_accelerators(self) -> int:

@@ -220,6 +220,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
     sync_t = c.screened.sync_s
     # the cost counts every accelerator of the cluster, so the bubble does too: a placement that leaves some idle
     # (pinned sizes) adds them to the simulated bubble of the ones it uses
+    kv = outcome.chosen_whole or s  # the KV cache's figures, from the whole batch (SearchOutcome.chosen_whole)
     used = p.rollout_accelerators + (0 if p.colocated else p.train.accelerators)
     bubble = 1 - (1 - s.bubble_fraction) * min(used, n) / n
     preds = Predictions(
@@ -230,9 +231,9 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         engine_swap_s=s.suspend_wall_s_total / len(s.steps) if s.steps else 0.0,
         trainer_swap_s=trainer_swap_s(inputs.accelerator, state_bytes_per_device=train_state_bytes(p),
                                       calib=inputs.calibration) if p.colocated else 0.0,
-        kv_preemptions_per_step=s.preemptions / len(s.steps) if s.steps else 0.0,
-        kv_recomputes_per_step=s.recomputed_sequences / len(s.steps) if s.steps else 0.0,
-        kv_recomputed_tokens_per_step=s.recomputed_tokens / len(s.steps) if s.steps else 0.0,
+        kv_preemptions_per_step=kv.preemptions / len(kv.steps) if kv.steps else 0.0,
+        kv_recomputes_per_step=kv.recomputed_sequences / len(kv.steps) if kv.steps else 0.0,
+        kv_recomputed_tokens_per_step=kv.recomputed_tokens / len(kv.steps) if kv.steps else 0.0,
         mean_staleness=_mean_staleness(c),
         max_live_versions=s.max_live_versions, total_time_s=total_time, accelerator_hours=acc_hours,
         cost_usd=acc_hours * price if price is not None else None,

@@ -403,3 +403,43 @@ def test_fp8_quantizes_the_rollout_weights_only() -> None:
     assert memory[1].kv_bytes_per_device == pytest.approx(memory[2].kv_bytes_per_device + freed)
     per_token = memory[2].kv_bytes_per_device / memory[2].kv_capacity_tokens  # bf16 KV, both
     assert memory[1].kv_capacity_tokens == pytest.approx(memory[1].kv_bytes_per_device / per_token, abs=1)
+
+
+def test_a_train_accelerators_pin_below_the_cluster_means_disaggregated() -> None:
+    """Colocated plans train on every accelerator: a pinned smaller trainer rules them out (it used to be ignored by
+    the colocated candidates, which then won)."""
+    plan = make_plan(_resolved(SMALL_GPU + "placement:\n  train: {accelerators: 8}\n")).plan
+    assert not plan.colocated and plan.train.accelerators == 8
+
+
+def test_objective_time_ranks_by_the_time_to_finish_every_step() -> None:
+    """With few steps the first one, while the pipeline fills, weighs: `time` (and `cost`, which follows it) picks the
+    finalist that finishes the run first, `throughput` the best steady state."""
+    from planner.search.core import objective_rate
+
+    few = SMALL_GPU.replace("steps: 20", "steps: 3").replace("accelerators_per_node: 8}",
+                                                             "accelerators_per_node: 8, price_per_accelerator_hour_usd: 2}")
+    for objective in ("time", "cost", "throughput"):
+        inputs = search_inputs(_resolved(few + f"objective: {objective}\n"))
+        outcome = search(inputs)
+        rates = {s.screened.label: objective_rate(s, inputs) for s in outcome.finalists}
+        assert objective_rate(outcome.chosen, inputs) >= max(rates.values()) * (1 - 0.01)
+        total = {s.screened.label: s.sim.steps[0].duration_s + 2 * s.sim.step_time_s for s in outcome.finalists}
+        if objective != "throughput":
+            assert total[outcome.chosen.screened.label] <= min(total.values()) * 1.01
+        else:
+            assert rates[outcome.chosen.screened.label] == outcome.chosen.trained_tokens_per_s
+
+
+def test_the_kv_cache_figures_come_from_the_whole_batch() -> None:
+    """A large batch is ranked on a reduced-scale simulation, which holds fewer of the longest responses: the plan's
+    KV-cache figures come from the chosen candidate simulated over the whole cluster and batch."""
+    big = _resolved(SMALL_GPU.replace("prompts_per_step: 32", "prompts_per_step: 512"))
+    result = make_plan(big)
+    outcome, preds = result.outcome, result.plan.predictions
+    assert outcome.chosen.scale > 1 and outcome.chosen_whole is not None
+    whole = outcome.chosen_whole
+    assert sum(s.num_samples for s in whole.steps) == len(whole.steps) * big.spec.workload.prompts_per_step * 8
+    n = len(whole.steps)
+    assert (preds.kv_preemptions_per_step, preds.kv_recomputes_per_step, preds.kv_recomputed_tokens_per_step) == (
+        whole.preemptions / n, whole.recomputed_sequences / n, whole.recomputed_tokens / n)
