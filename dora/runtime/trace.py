@@ -29,10 +29,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 
 class JsonlWriter:
@@ -90,12 +90,18 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write`` on a temporary file of its own in ``path``'s directory, fsync it, and rename it onto ``path``: a
+    reader never sees half a file, and writers of one path at the same time never write through one another's file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; outputs are meant to be shared like any other file
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

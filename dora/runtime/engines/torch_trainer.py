@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -381,15 +379,6 @@ def _save_atomic(obj: object, path: Path) -> None:
     renamed: a concurrent reader never sees half a file, and runs sharing the cache that warm up at the same time
     never write through one another's temporary file. When another run renamed its copy in first, this one replaces
     it with the same weights (the name is a hash of everything that determines them)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; the cache is meant to be shared like the run's other outputs
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from dora.runtime.trace import write_atomic
+
+    write_atomic(path, lambda f: torch.save(obj, f))
