@@ -48,50 +48,51 @@ def _bundle(accelerator: str) -> dict[str, int]:
     return {"CPU": 1} if accelerator == "cpu" else {"CPU": CPUS_PER_GPU_BUNDLE, "GPU": 1}
 
 
-def _strategy(bundles: int, per_node: int, what: str) -> tuple[str, str]:
-    if bundles <= per_node:
-        return "STRICT_PACK", f"{what} fits one node ({bundles} <= {per_node}): keep its collectives on the " \
-                              "intra-node links"
-    return "PACK", f"{what} spans nodes ({bundles} > {per_node}): pack onto as few nodes as possible"
+def _node_groups(prefix: str, role: str, count: int, per_node: int, bundle: dict[str, int],
+                 groups: list[dict[str, Any]]) -> list[list[Any]]:
+    """Append ``count`` bundles to ``groups`` as STRICT_PACK groups of at most one node each (named ``prefix``, or
+    ``prefix-node-NNN`` when it takes several); return ``[group name, bundle index]`` of each accelerator in order.
+    Consecutive accelerators share a node, so a TP group a plan keeps inside a node stays there: one PACK group
+    spanning nodes would not, because Ray places identical bundles in no fixed order (its scheduler sorts them with
+    an unstable sort, and fills each node in that order)."""
+    chunks = [min(per_node, count - first) for first in range(0, count, per_node)]
+    slots: list[list[Any]] = []
+    for j, size in enumerate(chunks):
+        name = prefix if len(chunks) == 1 else f"{prefix}-node-{j:03d}"
+        groups.append({"name": name, "role": role, "bundles": [bundle] * size, "strategy": "STRICT_PACK"})
+        slots.extend([name, k] for k in range(size))
+    return slots
 
 
 def placement_groups(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
-    """Placement groups matching the plan: one per rollout replica and one for the trainer (disaggregated), or
-    one shared group whose bundles the replicas split and the trainer time-shares (colocated)."""
+    """Placement groups matching the plan, none larger than a node (``_node_groups``): per rollout replica and for
+    the trainer (disaggregated), or per node, whose bundles the replicas split and the trainer time-shares
+    (colocated). Each replica and the trainer get their ``[placement group, bundle index]`` per rank, in rank
+    order."""
     _check_sizes(resolved, plan)
     cluster = resolved.spec.cluster
     name = slug(resolved.spec.name)
     bundle = _bundle(cluster.accelerator)
+    per_node = cluster.accelerators_per_node
     r, t = plan.rollout, plan.train
     width = max(3, len(str(r.replicas - 1)))
     groups: list[dict[str, Any]] = []
     replicas: list[dict[str, Any]] = []
-    # Why each role's strategy was chosen, once per role rather than once per group (there may be thousands).
-    why: dict[str, str] = {}
+    why = {"strict_pack": f"every group fits one node ({per_node} accelerators): a rank's bundle is on the node "
+                          "its place in the list says, and a TP group kept inside a node stays on its links"}
     if plan.colocated:
-        shared = f"dora-{name}-shared"
-        strategy, why["shared"] = _strategy(r.accelerators, cluster.accelerators_per_node, "the shared group")
-        why["shared"] += "; rollout replicas split its bundles and the trainer time-shares all of them"
-        groups.append({"name": shared, "role": "shared", "bundles": [bundle] * r.accelerators,
-                       "strategy": strategy})
+        shared = _node_groups(f"dora-{name}-shared", "shared", r.accelerators, per_node, bundle, groups)
+        why["shared"] = "colocated: rollout replicas split the node groups' bundles and the trainer time-shares all"
         for i in range(r.replicas):
             first = i * r.accelerators_per_replica
-            replicas.append({"replica": i, "placement_group": shared,
-                             "bundle_indices": list(range(first, first + r.accelerators_per_replica))})
-        trainer = {"placement_group": shared, "bundle_indices": list(range(t.accelerators))}
+            replicas.append({"replica": i, "bundles": shared[first:first + r.accelerators_per_replica]})
+        trainer = {"bundles": shared[:t.accelerators]}
     else:
         for i in range(r.replicas):
-            pg = f"dora-{name}-rollout-{i:0{width}d}"
-            strategy, why["rollout"] = _strategy(r.accelerators_per_replica, cluster.accelerators_per_node,
-                                                 "a rollout replica")
-            groups.append({"name": pg, "role": "rollout", "bundles": [bundle] * r.accelerators_per_replica,
-                           "strategy": strategy})
-            replicas.append({"replica": i, "placement_group": pg,
-                             "bundle_indices": list(range(r.accelerators_per_replica))})
-        pg = f"dora-{name}-train"
-        strategy, why["train"] = _strategy(t.accelerators, cluster.accelerators_per_node, "the trainer")
-        groups.append({"name": pg, "role": "train", "bundles": [bundle] * t.accelerators, "strategy": strategy})
-        trainer = {"placement_group": pg, "bundle_indices": list(range(t.accelerators))}
+            replicas.append({"replica": i, "bundles": _node_groups(
+                f"dora-{name}-rollout-{i:0{width}d}", "rollout", r.accelerators_per_replica, per_node, bundle,
+                groups)})
+        trainer = {"bundles": _node_groups(f"dora-{name}-train", "train", t.accelerators, per_node, bundle, groups)}
     return {"colocated": plan.colocated, "accelerator": cluster.accelerator, "placement_groups": groups,
             "rollout_replicas": replicas, "trainer": trainer, "strategy_why": why}
 

@@ -77,28 +77,33 @@ def test_placement_groups_match_the_plan(stem: str) -> None:
     resolved = load_example(stem)
     plan = example_plan(resolved, stem)
     groups = json.loads(render_launch(resolved, plan)["launch/placement_groups.json"])
-    assert len(groups["rollout_replicas"]) == plan.rollout.replicas
-    if plan.colocated:  # one group the replicas split and the trainer time-shares
-        (shared,) = groups["placement_groups"]
-        assert shared["role"] == "shared" and len(shared["bundles"]) == plan.rollout.accelerators
-        assert groups["trainer"]["bundle_indices"] == list(range(plan.train.accelerators))
-        assert set(groups["strategy_why"]) == {"shared"}
-        return
-    rollout = [g for g in groups["placement_groups"] if g["role"] == "rollout"]
-    train = [g for g in groups["placement_groups"] if g["role"] == "train"]
-    assert len(rollout) == plan.rollout.replicas and len(train) == 1
-    assert {len(g["bundles"]) for g in rollout} == {plan.rollout.accelerators_per_replica}
-    assert len(train[0]["bundles"]) == plan.train.accelerators
+    per_node = resolved.spec.cluster.accelerators_per_node
+    by_name = {g["name"]: g for g in groups["placement_groups"]}
+    assert len(by_name) == len(groups["placement_groups"])  # unique names
     gpu = resolved.spec.cluster.accelerator != "cpu"
-    for g in groups["placement_groups"]:
+    for g in groups["placement_groups"]:  # none larger than a node: Ray keeps a STRICT_PACK group on one
+        assert g["strategy"] == "STRICT_PACK" and 1 <= len(g["bundles"]) <= per_node
         assert all(b == ({"CPU": 4, "GPU": 1} if gpu else {"CPU": 1}) for b in g["bundles"])
-        assert g["strategy"] in ("PACK", "STRICT_PACK")
-    assert set(groups["strategy_why"]) == {"rollout", "train"}
-    names = [g["name"] for g in groups["placement_groups"]]
-    assert len(set(names)) == len(names)
+    assert len(groups["rollout_replicas"]) == plan.rollout.replicas
+    ranks = [tuple(b) for r in groups["rollout_replicas"] for b in r["bundles"]]
+    assert all(len(r["bundles"]) == plan.rollout.accelerators_per_replica for r in groups["rollout_replicas"])
+    trainer = [tuple(b) for b in groups["trainer"]["bundles"]]
+    assert len(trainer) == plan.train.accelerators and len(set(trainer)) == len(trainer)
+    for pg, index in ranks + trainer:
+        assert 0 <= index < len(by_name[pg]["bundles"])
+    if plan.colocated:  # node groups the replicas split and the trainer time-shares
+        assert {g["role"] for g in by_name.values()} == {"shared"} and len(set(ranks)) == len(ranks)
+        assert set(trainer) <= set(ranks) and "shared" in groups["strategy_why"]
+    else:  # a replica's or the trainer's groups are its own
+        assert {g["role"] for g in by_name.values()} == {"rollout", "train"}
+        assert not set(ranks) & set(trainer) and len(set(ranks)) == len(ranks)
+    # a TP group that fits a node lies inside one: consecutive ranks fill one node's group before the next
+    for r in groups["rollout_replicas"]:
+        if plan.rollout.accelerators_per_replica <= per_node and per_node % plan.rollout.accelerators_per_replica == 0:
+            assert len({pg for pg, _ in r["bundles"]}) == 1
 
 
-def test_colocated_plan_shares_one_placement_group() -> None:
+def test_colocated_plan_shares_node_groups() -> None:
     resolved = load_example("dense-8b-h800x64")
     plan = example_plan(resolved, "dense-8b-h800x64")
     plan = dataclasses.replace(
@@ -107,10 +112,12 @@ def test_colocated_plan_shares_one_placement_group() -> None:
         train=dataclasses.replace(plan.train, accelerators=64, tp=2, pp=1, cp=1, ep=1, dp=32))
     files = render_launch(resolved, plan)
     groups = json.loads(files["launch/placement_groups.json"])
-    (shared,) = groups["placement_groups"]
-    assert shared["role"] == "shared" and len(shared["bundles"]) == 64 and shared["strategy"] == "PACK"
-    assert [r["bundle_indices"] for r in groups["rollout_replicas"]][:2] == [[0, 1], [2, 3]]
-    assert groups["trainer"]["bundle_indices"] == list(range(64))
+    names = [g["name"] for g in groups["placement_groups"]]
+    assert len(names) == 8 and all(len(g["bundles"]) == 8 for g in groups["placement_groups"])
+    first = names[0]
+    assert [r["bundles"] for r in groups["rollout_replicas"]][:2] == [[[first, 0], [first, 1]], [[first, 2], [first, 3]]]
+    assert groups["rollout_replicas"][4]["bundles"] == [[names[1], 0], [names[1], 1]]
+    assert groups["trainer"]["bundles"] == [[n, k] for n in names for k in range(8)]
     assert json.loads(files["launch/vllm/engine_args.json"])["enable_sleep_mode"] is True
 
 
