@@ -196,14 +196,17 @@ def inputs_diff(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[
 
 
 def tree_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
-    """(symbol, path, old, new) for every changed leaf of two nested objects (specs, plans)."""
+    """(symbol, path, old, new) for every changed leaf of two nested objects (specs, plans). A leaf that is null on
+    one side and absent on the other is no change (``placement: auto`` against pins that leave fields unset)."""
     a, b = _flatten(old), _flatten(new)
     out = []
     for key in sorted(set(a) | set(b)):
         if key not in a:
-            out.append(("+", key, None, b[key]))
+            if b[key] is not None:
+                out.append(("+", key, None, b[key]))
         elif key not in b:
-            out.append(("-", key, a[key], None))
+            if a[key] is not None:
+                out.append(("-", key, a[key], None))
         elif a[key] != b[key]:
             out.append(("~", key, a[key], b[key]))
     return out

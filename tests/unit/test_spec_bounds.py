@@ -158,3 +158,16 @@ def test_dora_diff_of_a_plan_with_a_huge_lag(tmp_path: Path, capsys: pytest.Capt
     out, err = capsys.readouterr()
     assert rc in (0, 2) and "internal error" not in err and "Traceback" not in err
     assert rc == 2 or "max_version_lag: 3 -> 1.00000e+400" in out
+
+
+def test_a_diff_lists_no_unset_field_as_added_or_removed() -> None:
+    """`placement: auto` against pins that leave most fields unset (null): only the pinned field is a change."""
+    from dora.report import tree_diff
+
+    auto = {"placement": "auto", "name": "x"}
+    pinned = {"placement": {"colocated": None, "train": {"accelerators": 24, "tp": None}}, "name": "x"}
+    assert tree_diff(auto, pinned) == [("-", "placement", "auto", None),
+                                       ("+", "placement.train.accelerators", None, 24)]
+    assert tree_diff(pinned, auto) == [("+", "placement", None, "auto"),
+                                       ("-", "placement.train.accelerators", 24, None)]
+    assert tree_diff({"cost": 3.0}, {"cost": None}) == [("~", "cost", 3.0, None)]
