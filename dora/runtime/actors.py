@@ -415,19 +415,14 @@ class TrainerActor:
         return metrics
 
     def save_state(self, path: str) -> int:
-        """Write weights, optimizer, step and version to ``path`` (temporary file, fsync, rename); the version."""
-        import os
+        """Write weights, optimizer, step and version to ``path`` (a temporary file of its own, fsync, rename); the
+        version. A kill halfway leaves the temporary file, which the next commit removes (``write_checkpoint``)."""
         from pathlib import Path
 
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
+        from dora.runtime.trace import write_atomic
+
         state = self._policy().state_dict()
-        with tmp.open("wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        write_atomic(Path(path), lambda f: torch.save(state, f))
         return int(state["version"])  # type: ignore[call-overload]
 
     def load_state(self, path: str) -> int:

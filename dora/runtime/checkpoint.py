@@ -105,12 +105,15 @@ def checkpoint_dir(output_dir: Path) -> Path:
 
 
 def write_checkpoint(output_dir: Path, ckpt: Checkpoint) -> None:
-    """Commit ``ckpt`` (its trainer file must already be written), then drop older trainer files."""
+    """Commit ``ckpt`` (its trainer file must already be written), then drop older trainer files, and the temporary
+    files of saves a kill cut short (the trainer saves one step at a time, and the commit comes between two saves)."""
     directory = checkpoint_dir(output_dir)
     write_json_atomic(directory / CHECKPOINT_FILE, ckpt.to_json())
     for old in directory.glob("trainer-*.pt"):
         if old.name != ckpt.trainer_state:
             old.unlink(missing_ok=True)
+    for cut in directory.glob(".trainer-*.tmp"):
+        cut.unlink(missing_ok=True)
 
 
 def read_checkpoint(output_dir: Path) -> Checkpoint | None:

@@ -344,3 +344,16 @@ def test_dora_apply_names_an_output_dir_it_cannot_write(tmp_path, capsys):
     assert code == 2, err
     assert f"cannot write the run's outputs to {blocker / 'run'}/" in err and "--output-dir" in err
     assert "Traceback" not in err and "internal error" not in err
+
+
+def test_a_commit_removes_older_trainer_files_and_saves_a_kill_cut_short(tmp_path):
+    """A kill during a trainer save leaves its temporary file (a name of its own per save); the next commit, which
+    comes between two saves, removes it with the older trainer files."""
+    out = tmp_path / "run"
+    directory = out / "checkpoint"
+    directory.mkdir(parents=True)
+    for name in ("trainer-000001.pt", "trainer-000002.pt", ".trainer-000002.pt.k3j9x1.tmp", "notes.txt"):
+        (directory / name).write_bytes(b"x")
+    write_checkpoint(out, Checkpoint(step=2, consumed_groups=(0, 1), trainer_state="trainer-000002.pt",
+                                     step_event=None, config_key="k"))
+    assert sorted(p.name for p in directory.iterdir()) == ["checkpoint.json", "notes.txt", "trainer-000002.pt"]
