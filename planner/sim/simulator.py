@@ -692,9 +692,10 @@ class Simulator:
         if self.e_wait[r] and not keep and not self.kv_limited:
             raise ValueError(f"LoadWeights v{act.version} resuming engine {r} with queued requests (no queue here)")
         duration = self.timing.weight_load_peer_s if act.source == "peer" else self.timing.weight_load_trainer_s
+        start = now if keep else max(self.e_t[r], now)  # in place: after the prefill or KV send it waits behind
         if self.record:
             self.trace.append(
-                {"t": now, "type": "weights_load_started", "rollout_group": r, "version": act.version,
+                {"t": start, "type": "weights_load_started", "rollout_group": r, "version": act.version,
                  "source": act.source}
             )
         if keep:  # staged while the replica decodes; served from the end of the load
@@ -702,7 +703,6 @@ class Simulator:
             self.m.load_started(r, now, duration)
             self._push(now + duration, _EV_LOADED, r, act.version)
             return
-        start = max(self.e_t[r], now)
         if len(h):
             pos = self.e_pos[r]
             ctx = 0.0

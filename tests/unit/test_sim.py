@@ -531,5 +531,7 @@ def test_an_update_before_a_requests_first_token_does_not_mix_versions():
     spans = {e["traj"]: e["spans"] for e in r.events if e["type"] == "finished"}
     assert spans["g1/0"] == [[0, 0], [1, 5]]
     assert r.mixed_trajectories == 0
+    # the load, asked for at 3.5, starts when the prefill it waits behind ends (the trace said 3.5)
+    assert [e["t"] for e in r.events if e["type"] == "weights_load_started"] == pytest.approx([4.0])
     report = check_trace(list(r.events), k=1, allow_version_mixing=False)
     assert report.ok and report.mixed == ()
