@@ -7,6 +7,7 @@ Exit codes: 0 success; 2 invalid input (spec diagnostics, or `plan --detailed-ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -293,12 +294,10 @@ def _drop_stdout(stream: Any) -> None:
     real = sys.__stdout__
     if real is None or stream is not real:
         return
-    try:
+    with contextlib.suppress(OSError, ValueError):  # best effort: at worst Python prints its own notice at exit
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, real.fileno())
         os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
