@@ -268,6 +268,15 @@ def megatron_config(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
             "qk_pos_emb_head_dim": arch.mla.qk_rope_head_dim, "v_head_dim": arch.mla.v_head_dim,
         })
     transformer.update(rope_fields)
+    # megatron-core splits the embedding and output layer by rows over TP ranks (VocabParallelEmbedding divides the
+    # vocabulary by tp). A checkpoint whose vocabulary does not divide gets zero rows appended, as Megatron-LM pads.
+    padded_vocab = -(-arch.vocab_size // t.tp) * t.tp
+    if padded_vocab != arch.vocab_size:
+        gpt_model["vocab_size"] = padded_vocab
+        notes.append(f"vocabulary: the checkpoint's {arch.vocab_size} rows do not divide over tp={t.tp}; the "
+                     f"trainer's embedding and output layer have {padded_vocab} rows, so a checkpoint converter must "
+                     f"append {padded_vocab - arch.vocab_size} zero rows on load and drop them on export to vLLM, and the "
+                     f"loss must mask their logits (a zero row scores 0, not minus infinity)")
     model_parallel = {
         "tensor_model_parallel_size": t.tp, "pipeline_model_parallel_size": t.pp,
         "context_parallel_size": t.cp, "expert_model_parallel_size": t.ep,
@@ -390,6 +399,9 @@ def megatron_lm_args(config: dict[str, Any]) -> list[list[str]]:
         out.append(["--untie-embeddings-and-output-weights"])
     if trn["tokenizer_model"] is not None:
         out += [["--tokenizer-type", "HuggingFaceTokenizer"], ["--tokenizer-model", trn["tokenizer_model"]]]
+    # Without it Megatron-LM sizes the embedding from the tokenizer (len(tokenizer), 151,665 for Qwen2.5) rounded up
+    # to --make-vocab-size-divisible-by (128) x tp: 151,680 rows at tp=1 where the checkpoint has 152,064.
+    out.append(["--padded-vocab-size", str(gpt["vocab_size"])])
     return out
 
 

@@ -102,7 +102,7 @@ LM_ONLY_FLAGS = {
     "--max-position-embeddings", "--micro-batch-size", "--global-batch-size", "--train-iters", "--seed",
     "--untie-embeddings-and-output-weights", "--tokenizer-type", "--tokenizer-model",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--norm-epsilon",
-    "--use-rope-scaling", "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor",
+    "--use-rope-scaling", "--rope-scaling-factor", "--rotary-seq-len-interpolation-factor", "--padded-vocab-size",
 }
 """Checked against Megatron-LM's megatron/training/arguments.py (2026-08): ``--norm-epsilon`` is
 ``layernorm_epsilon``'s flag (its ``argparse_meta``); the RoPE flags are GPTModel arguments."""
@@ -413,3 +413,37 @@ def test_mla_keeps_its_latent_norms_in_megatron(preset: str) -> None:
     spec = get_gpt_layer_local_spec(multi_latent_attention=True, qk_layernorm=True)
     submodules = spec.submodules.self_attention.submodules
     assert "IdentityOp" not in (submodules.q_layernorm.__name__, submodules.kv_layernorm.__name__)
+
+
+@pytest.mark.parametrize("stem", GPU_SPECS)
+def test_megatron_lm_sizes_the_vocabulary_as_the_checkpoint_does(stem: str) -> None:
+    """Megatron-LM sizes its embedding from the tokenizer (``len(tokenizer)``: 151,665 for Qwen2.5) rounded up to
+    128 x tp unless ``--padded-vocab-size`` is given: 151,680 rows at tp=1 against the checkpoint's 152,064. args.txt
+    gives the checkpoint's size, which megatron-core's vocabulary-parallel split must divide over tp."""
+    from megatron.core.tensor_parallel.utils import VocabUtility
+
+    resolved = load_example(stem)
+    plan = example_plan(resolved, stem)
+    config = megatron_config(resolved, plan)
+    size = int(_flag(megatron_lm_args(config), "--padded-vocab-size"))
+    assert size == config["gpt_model"]["vocab_size"] == resolved.arch.vocab_size
+    first, last = VocabUtility.vocab_range_from_global_vocab_size(size, plan.train.tp - 1, plan.train.tp)
+    assert last == size and (last - first) * plan.train.tp == size
+
+
+def test_a_vocabulary_tp_does_not_divide_is_padded_and_noted() -> None:
+    """32,001 rows (a Llama tokenizer plus a pad token) over tp=2: megatron-core would refuse the split, so the
+    trainer gets 32,002 rows and the notes tell the checkpoint converter to add and drop the extra row."""
+    from megatron.core.tensor_parallel.utils import VocabUtility
+
+    resolved, plan = _one_device("dense-8b-h800x64")
+    resolved = dataclasses.replace(resolved, arch=dataclasses.replace(resolved.arch, vocab_size=32001))
+    plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, tp=2, accelerators=2))
+    with pytest.raises(AssertionError):
+        VocabUtility.vocab_range_from_global_vocab_size(32001, 0, 2)
+    config = megatron_config(resolved, plan)
+    assert config["gpt_model"]["vocab_size"] == 32002
+    assert _flag(megatron_lm_args(config), "--padded-vocab-size") == "32002"
+    assert any("32001 rows do not divide over tp=2" in note and "append 1 zero rows" in note
+               for note in config["notes"])
+    VocabUtility.vocab_range_from_global_vocab_size(32002, 1, 2)
