@@ -431,8 +431,9 @@ class TrainerActor:
         trainer.load_state_dict(torch.load(path, weights_only=True))
         return int(trainer.version)
 
-    def publish(self, version: int) -> dict[str, torch.Tensor]:
-        """The weights of ``version`` (the return value lands in Ray's object store; workers fetch it)."""
+    def publish(self, version: int) -> tuple[int, dict[str, torch.Tensor]]:
+        """``(version, its weights)``: the controller calls it with ``num_returns=2`` and fetches only the version;
+        the weights land in Ray's object store, and workers fetch them."""
         have, weights = self._policy().export_weights()
         if have != version:
             raise RuntimeError(f"publish v{version} but the trainer holds v{have}")
@@ -440,4 +441,4 @@ class TrainerActor:
             from dora.runtime.engines.tiny_model import tiny_weights
 
             weights = tiny_weights(weights, self._trainer.config.model)
-        return weights
+        return have, weights

@@ -325,7 +325,7 @@ class Controller:
             if held != self.base:
                 raise RuntimeError(f"checkpoint {cfg.resume.trainer_state} holds v{held}, expected v{self.base}")
         self._phase(f"loading v{self.base} on {self._workers_text()}")
-        self._weights[self.base] = self._trainer.publish.remote(self.base)
+        _, self._weights[self.base] = self._trainer.publish.options(num_returns=2).remote(self.base)
         tokens = ray.get([w.actor.incarnation.remote() for w in self._workers])
         for w, token in zip(self._workers, tokens, strict=True):
             w.incarnation = token
@@ -744,17 +744,18 @@ class Controller:
 
     def _publish(self, act: PublishWeights) -> None:
         v = act.version + self.base
-        ref = self._trainer.publish.remote(v)
-        self._weights[v] = ref
+        # Two results: the version held (fetched here, a few bytes) and the weights (left in the object store for the
+        # workers; the controller never fetches them). If publish raised, both hold its error and the fetch raises it
+        # before the trace says v was published.
+        held, self._weights[v] = self._trainer.publish.options(num_returns=2).remote(v)
 
-        # Ready in the object store; the controller never fetches it. If the trainer died instead, the first worker
-        # to load it fails for want of its argument: TrainerLost (see _next_command).
-        def published(_: Any) -> None:
+        def published(ref: Any) -> None:
+            self._get_trainer(ref, f"while publishing v{v}")
             self.trace.event(self.now(), "weights_published", version=v)
             self._progressed()
             self._execute(self.policy.handle(WeightsPublished(version=act.version)))
 
-        self._submit(ref, published)
+        self._submit(held, published)
 
     def _forget_old_weights(self) -> None:
         latest = self.policy.latest_version + self.base

@@ -423,3 +423,44 @@ def test_a_resumed_runs_counts_come_from_every_attempts_trace():
     report = check_trace(events, k=1, allow_version_mixing=True)
     assert _whole_run_counts(events, report) == {"weight_loads": 3, "migrated_trajectories": 3,
                                                  "mixed_trajectories": 1, "unfinished_at_end": 1}
+
+
+def test_a_publish_that_raises_stops_the_run_before_the_trace_says_the_version_was_published(monkeypatch):
+    """publish runs on the trainer; if it raises (here its own check that it holds the version asked for), the
+    controller must not record ``weights_published`` and hand the policy a version whose weights never existed: the
+    error surfaced only later, as a worker's failed load, after the trace had claimed the version."""
+    import ray
+
+    import dora.runtime.controller as ctl
+    from planner.policies.vocabulary import PublishWeights
+
+    failed = ray.exceptions.RayTaskError("TrainerActor.publish", "",
+                                         RuntimeError("publish v3 but the trainer holds v2")).as_instanceof_cause()
+
+    def get(ref, **_):  # a reference here is the value (or the error) its ray.get gives
+        if isinstance(ref, BaseException):
+            raise ref
+        return ref
+
+    monkeypatch.setattr(ctl, "ray", SimpleNamespace(get=get, exceptions=ray.exceptions))
+    results = {2: (2, "weights of v2"), 3: (failed, failed)}
+    options = SimpleNamespace(remote=lambda v: results[v])
+    controller = object.__new__(ctl.Controller)
+    controller._pending, controller._weights, controller.base = {}, {}, 0
+    controller._trainer = SimpleNamespace(publish=SimpleNamespace(options=lambda num_returns: options))
+    events: list[tuple[str, dict]] = []
+    controller.trace = SimpleNamespace(event=lambda t, kind, **fields: events.append((kind, fields)))
+    controller.now = lambda: 0.0
+    handled: list = []
+    controller.policy = SimpleNamespace(handle=lambda e: handled.append(e) or [])
+    controller._progressed = lambda: None
+
+    for version in (2, 3):
+        controller._publish(PublishWeights(version=version))
+    (ref2, ok), (ref3, fails) = controller._pending.items()
+    ok(ref2)
+    assert events == [("weights_published", {"version": 2})] and controller._weights[2] == "weights of v2"
+    with pytest.raises(ray.exceptions.RayTaskError) as raised:
+        fails(ref3)
+    assert str(raised.value.cause) == "publish v3 but the trainer holds v2"
+    assert events == [("weights_published", {"version": 2})] and len(handled) == 1

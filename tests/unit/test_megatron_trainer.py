@@ -432,14 +432,14 @@ def test_the_runtimes_trainer_actor_trains_with_megatron_and_restores_what_it_sa
 
     a = actor()
     torch_v0 = export_weights(a._trainer.model)
-    v0 = a.publish(0)
+    _, v0 = a.publish(0)
     assert v0.keys() == torch_v0.keys() and all(torch.equal(v0[k], torch_v0[k]) for k in v0)
     metrics = a.train_step(_batch())
     assert metrics.version == 1 and type(a._megatron).__name__ == "MegatronTrainer"
     assert a.save_state(str(tmp_path / "trainer.pt")) == 1
     b = actor()
     assert b.load_state(str(tmp_path / "trainer.pt")) == 1
-    wa, wb = a.publish(1), b.publish(1)
+    (_, wa), (_, wb) = a.publish(1), b.publish(1)
     assert all(torch.equal(wa[k], wb[k]) for k in wa) and not torch.equal(wa["layers.0.qkv.weight"],
                                                                           v0["layers.0.qkv.weight"])
 
