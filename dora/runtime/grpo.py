@@ -51,10 +51,10 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, eps_
     advantages = [0.0] * len(rewards)
     for idx in members.values():
         values = [rewards[i] for i in idx]
+        if all(v == values[0] for v in values):
+            continue  # tested exactly: the float mean of equal values can differ from them in the last bit
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-        if std == 0.0:
-            continue
         for i in idx:
             advantages[i] = (rewards[i] - mean) / (std + eps_std)
     return advantages

@@ -4,6 +4,7 @@ Every test runs twice: prompts prefilled by a forward of their own (``decode_ing
 prompts ingested one token per step inside the decode batch (the default for short prompts).
 """
 
+import dataclasses
 import threading
 
 import pytest
@@ -211,9 +212,31 @@ def test_version_lifecycle_errors() -> None:
     assert [r.request_id for r in engine.in_flight_requests()] == ["r0"] and engine.num_waiting() == 1
     with pytest.raises(RuntimeError, match="cannot drop version 0: 1 requests"):
         engine.drop_version(0)
+    with pytest.raises(RuntimeError, match="cannot replace version 0's weights: 1 requests use it"):
+        engine.load_weights(0, W1)  # its KV cache was computed under W0
     _drain(engine)
+    engine.load_weights(0, W1)  # idle: replacing is fine
     engine.drop_version(0)
     assert engine.hosted_versions() == ()
+
+
+def test_a_request_with_nothing_to_generate_is_refused_not_run_past_its_cap() -> None:
+    """``max_new_tokens`` caps the response, prefix included: at 0, or already reached by the prefix, the prefill
+    sampled one token past it. An empty prompt was accepted and then broke every later step."""
+    engine = _engine()
+    with pytest.raises(ValueError, match=r"max_new_tokens\(0\) leaves no token to generate after the prefix\(0\)"):
+        engine.add_request(_request(0, max_new_tokens=0))
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        engine.add_request(dataclasses.replace(_request(1), prompt_ids=()))
+    engine.add_request(_request(2, max_new_tokens=3))
+    _step_until_generated(engine, 2)
+    partial = engine.abort("r2")
+    assert partial is not None and len(partial.response_ids) == 2 and engine.num_active() == 0
+    with pytest.raises(ValueError, match=r"max_new_tokens\(2\) leaves no token to generate after the prefix\(2\)"):
+        engine.add_request(_request(2, max_new_tokens=2, prefix=partial))
+    assert engine.num_waiting() == 0
+    engine.add_request(_request(2, max_new_tokens=3, prefix=partial))
+    assert len(_drain(engine)["r2"].response_ids) == 3
 
 
 def test_sampling_follows_the_softmax() -> None:

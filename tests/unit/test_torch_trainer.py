@@ -63,6 +63,8 @@ def test_group_advantages_by_hand() -> None:
     adv3 = group_advantages([0.0, 0.3, 0.9], ["g"] * 3)
     mean, std = 0.4, math.sqrt(((0.4) ** 2 + 0.1**2 + 0.5**2) / 3)
     assert adv3 == pytest.approx([(r - mean) / std for r in (0.0, 0.3, 0.9)], rel=1e-5)
+    # Equal rewards whose float mean is not exactly theirs (0.1 * 3 / 3): still exactly 0, not +-1e-11.
+    assert group_advantages([0.1] * 3 + [1 / 7] * 8, ["e"] * 3 + ["f"] * 8) == [0.0] * 11
     with pytest.raises(ValueError, match=r"len\(rewards\)\(2\) != len\(group_ids\)\(1\)"):
         group_advantages([1.0, 2.0], ["a"])
 

@@ -145,6 +145,10 @@ class TorchRolloutEngine:
     def install_weights(self, version: int, staged: object) -> None:
         if not isinstance(staged, TinyTransformer) or staged.config != self.config.model:
             raise TypeError(f"install_weights(v{version}): expected stage_weights' model, got {type(staged).__name__}")
+        busy = [s.request.request_id for s in (*self._slots, *self._waiting) if s.request.version == version]
+        if busy and version in self._models:
+            raise RuntimeError(f"cannot replace version {version}'s weights: {len(busy)} requests use it "
+                               f"(e.g. {busy[0]!r}) and would go on under other weights with their old KV cache")
         self._models[version] = staged
         self._stacks.clear()
 
@@ -183,6 +187,11 @@ class TorchRolloutEngine:
                 f"{self.hosted_versions()}; call load_weights first"
             )
         prefix_len = 0 if request.prefix is None else len(request.prefix.response_ids)
+        if not request.prompt_ids:
+            raise ValueError(f"request {request.request_id!r}: the prompt is empty (the first token needs one)")
+        if request.max_new_tokens <= prefix_len:
+            raise ValueError(f"request {request.request_id!r}: max_new_tokens({request.max_new_tokens}) leaves no "
+                             f"token to generate after the prefix({prefix_len}); it caps the response, prefix included")
         if len(request.prompt_ids) + prefix_len >= self.config.max_model_len:
             raise ValueError(
                 f"request {request.request_id!r}: prompt({len(request.prompt_ids)}) + prefix({prefix_len}) "
