@@ -138,7 +138,8 @@ class RolloutStats:
     steps: int
     """Calls to ``step()`` that ran at least one forward."""
     decode_forwards: int
-    """Batched decode forwards (one per hosted version with active sequences, per step)."""
+    """Batched decode forwards: at most one per step, however many versions its sequences use (an engine that
+    decodes each version in a pass of its own counts one per version with active sequences)."""
     decoded_tokens: int
     prefill_tokens: int
     generated_tokens: int
