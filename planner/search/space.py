@@ -19,6 +19,8 @@ node, pp dividing the layers, cp > 1 only for long contexts, ep dividing the exp
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -281,9 +283,9 @@ class Space:
         if best is None and closest is not None:
             self.rejections.append(Rejection(what=f"train on {accelerators}", reason=closest[1],
                                              need_over_have=closest[0]))
-        elif best is None:
+        elif best is None:  # no layout at all: never the "closest" to fitting (sorts after every size that ran out)
             self.rejections.append(Rejection(
-                what=f"train on {accelerators}", need_over_have=1.0,
+                what=f"train on {accelerators}", need_over_have=math.inf,
                 reason=(f"no layout tp*pp*cp*dp = {accelerators} has a dp dividing the {inp.samples_per_minibatch} "
                         "samples of an optimizer step (and tp dividing the heads, pp splitting the layers)")))
         self._train_cache[accelerators] = best
@@ -293,8 +295,10 @@ class Space:
     def train_sizes(self, replica: int) -> list[int]:
         """Candidate training sizes for a disaggregated split with rollout replicas of ``replica`` accelerators.
 
-        Whole nodes when the cluster has several; every feasible size on a single node. Large clusters get a
-        coarse grid (about 48 points, denser at small training shares) that ``refine_sizes`` sharpens.
+        Whole nodes when the cluster has several, and a trainer or a rollout pool smaller than one node (the two
+        sides then share that node: verl's one-step-off runs Qwen2.5-7B with 4 rollout and 12 training GPUs on two
+        nodes of 8); every feasible size on a single node. Large clusters get a coarse grid (about 48 points, denser
+        at small training shares) that ``refine_sizes`` sharpens.
         """
         inp = self.inp
         n, g = inp.total_accelerators, inp.accelerators_per_node
@@ -311,6 +315,8 @@ class Space:
                 # sizes whose data-parallel degree can divide a power-of-two batch (pp may be 3, 5 or 7 x 2^i)
                 grid |= {m * unit * 2 ** i for m in (1, 3, 5, 7) for i in range(20) if m * unit * 2 ** i < n}
                 sizes = sorted(grid)
+            if inp.nodes > 1:
+                sizes = sorted({*sizes, *range(1, g), *range(n - g + 1, n)})
         return [t for t in sizes if 0 < t < n and (n - t) % replica == 0 and (n - t) >= replica]
 
     def refine_sizes(self, around: int, replica: int) -> list[int]:
