@@ -20,7 +20,6 @@ node, pp dividing the layers, cp > 1 only for long contexts, ep dividing the exp
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from functools import cached_property
 
