@@ -42,6 +42,8 @@ class JobResult:
     summary: dict[str, Any]
     audit: dict[str, Any]
     output_dir: Path
+    timeline_error: str | None = None
+    """Why ``timeline.html`` is missing (the audit and the summary do not depend on it); None when it was drawn."""
 
     @property
     def ok(self) -> bool:
@@ -266,11 +268,15 @@ def finish_job(output_dir: Path, summary: dict[str, Any], *, k: int, allow_versi
 
     The counts the trace holds come from the trace (``_whole_run_counts``) for a resumed attempt, whose counters
     held that attempt only, and with ``whole_run`` (a run audited again, whose summary is an earlier attempt's, or
-    none when a kill came first)."""
+    none when a kill came first).
+
+    The timeline is only a picture: if drawing it fails, the audit and ``summary.json`` are written all the same, with
+    the reason under ``timeline_error`` (and no stale ``timeline.html`` of an earlier attempt is left behind)."""
     from dora.runtime.trace import read_jsonl, write_json_atomic, write_text_atomic
     from planner.schedule import TraceError, check_trace, timeline_html
 
     events = read_jsonl(output_dir / "trace.jsonl")
+    timeline_error: str | None = None
     try:
         report = check_trace(events, k=k, allow_version_mixing=allow_version_mixing)
         if whole_run or summary.get("resumed_from_step") is not None:  # the trace holds every attempt
@@ -283,13 +289,23 @@ def finish_job(output_dir: Path, summary: dict[str, Any], *, k: int, allow_versi
                            for v in report.violations[:50]],
             "num_violations": len(report.violations),
         }
-        write_text_atomic(output_dir / "timeline.html", timeline_html(events, title=f"dora apply — {title}"))
     except TraceError as exc:
         audit = {"ok": False, "num_trajectories": 0, "num_consumed": 0, "num_violations": len(exc.problems),
                  "violations": [{"constraint": "trace", "traj": "", "step": None, "message": p}
                                 for p in exc.problems[:50]]}
-    write_json_atomic(output_dir / "summary.json", {"summary": summary, "audit": audit})
-    return JobResult(summary=summary, audit=audit, output_dir=output_dir)
+        timeline_error = "not drawn: the trace is malformed (see the audit)"
+    if timeline_error is None:
+        try:
+            write_text_atomic(output_dir / "timeline.html", timeline_html(events, title=f"dora apply — {title}"))
+        except Exception as exc:  # a picture must never cost the audit and the summary
+            timeline_error = f"drawing it failed: {type(exc).__name__}: {exc}"
+    if timeline_error is not None:
+        (output_dir / "timeline.html").unlink(missing_ok=True)
+    record: dict[str, Any] = {"summary": summary, "audit": audit}
+    if timeline_error is not None:
+        record["timeline_error"] = timeline_error
+    write_json_atomic(output_dir / "summary.json", record)
+    return JobResult(summary=summary, audit=audit, output_dir=output_dir, timeline_error=timeline_error)
 
 
 def report(result: JobResult, console: Any) -> int:
@@ -297,13 +313,16 @@ def report(result: JobResult, console: Any) -> int:
     from dora.runtime.display import render_summary
 
     console.print(render_summary(result.summary, result.audit))
+    if result.timeline_error is not None:
+        error(console, f"no {result.output_dir / 'timeline.html'}: {result.timeline_error}", label="timeline")
     if not result.ok:
         for v in result.audit["violations"][:10]:
             console.print(Text.assemble("  ", (str(v["constraint"]), "red"), f": {v['message']}"))
         error(console, f"{result.audit['num_violations']} violation(s); see {result.output_dir / 'trace.jsonl'} and "
                        f"{result.output_dir / 'summary.json'}", label="audit failed")
         return EXIT_FAILED
-    say(console, f"outputs in {result.output_dir}/ (trace.jsonl, metrics.jsonl, timeline.html, summary.json)")
+    files = "trace.jsonl, metrics.jsonl, " + ("" if result.timeline_error is not None else "timeline.html, ")
+    say(console, f"outputs in {result.output_dir}/ ({files}summary.json)")
     return EXIT_OK
 
 

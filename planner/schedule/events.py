@@ -1,14 +1,16 @@
 """Trace event schema: plain dicts, one per line in a JSON-lines file, written by simulator and runtime.
 
 Every event has ``t`` (seconds since the run started, a number >= 0) and ``type``. Trajectory ids are
-strings ``"g{group}/{sample}"``. Versions and steps are ints; version 0 is the initial weights and
-training step ``s`` produces version ``s``.
+strings ``"g{group}/{sample}"``, both numbers in ASCII digits without leading zeros (``g12/3``; not ``g012/3``
+nor ``g１/3``), so that one trajectory has one id. Versions and steps are ints; version 0 is the initial weights
+and training step ``s`` produces version ``s``.
 
 =====================  ======================================================================
 type                   fields (besides ``t``, ``type``)
 =====================  ======================================================================
-run_config             mode: str, k: int, allow_version_mixing: bool, num_rollout_groups: int,
-                       slots_per_group: int  (optional header; exporters use it)
+run_config             mode: str, k: int, allow_version_mixing: bool, num_rollout_groups: int >= 1,
+                       slots_per_group: int >= 1  (optional header; exporters use it; with it, every
+                       ``rollout_group``, ``src`` and ``dst`` must be < num_rollout_groups)
 admitted               traj, version, rollout_group
 finished               traj, num_tokens, spans: [[version, tokens], ...] (in generation order;
                        tokens sum to num_tokens), rollout_group
@@ -22,7 +24,8 @@ train_step             step, start_t, consumed: [traj, ...], produced_version (=
 discarded              traj, reason: str  (dropped on purpose; never consumed)
 regenerated            traj, version  (earlier tokens dropped; generation restarts on version; it
                        supersedes an earlier ``unfinished_at_end`` of traj, from an attempt that stopped)
-unfinished_at_end      traj, finished: bool  (admitted, not consumed when the run ended)
+unfinished_at_end      traj, finished: bool  (admitted, not consumed when the run ended; finished: whether it
+                       had finished since it was last admitted or regenerated)
 resumed                step  (a new attempt continues the trace from its checkpoint after step ``step``)
 worker_restarted       rollout_group, version  (the engine process died and was restarted on version)
 rollout_suspended      (none)  colocated streaming: every engine has stopped, its in-flight requests kept
@@ -38,6 +41,7 @@ A run that stops and resumes keeps one append-only trace: the new attempt writes
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -83,11 +87,17 @@ def _is_num(x: Any) -> bool:
     return (isinstance(x, int | float) and not isinstance(x, bool)) and math.isfinite(x)
 
 
+_TRAJ_ID = re.compile(r"g(0|[1-9][0-9]*)/(0|[1-9][0-9]*)", re.ASCII)
+"""A trajectory id: ASCII digits only (``str.isdigit`` also takes '²', '٣', '１'), no leading zeros (``g01/0`` would
+alias ``g1/0`` wherever the numbers are parsed)."""
+_TRAJ_FORM = "'g<group>/<sample>' (ASCII digits, no leading zeros)"
+_POSITIVE = {("run_config", "num_rollout_groups"), ("run_config", "slots_per_group")}
+"""Fields that must be >= 1: a run has at least one rollout group, and a group at least one slot."""
+_GROUP_FIELDS = ("rollout_group", "src", "dst")
+
+
 def _is_traj(x: Any) -> bool:
-    if not isinstance(x, str) or not x.startswith("g") or x.count("/") != 1:
-        return False
-    group, sample = x[1:].split("/")
-    return group.isdigit() and sample.isdigit()
+    return isinstance(x, str) and _TRAJ_ID.fullmatch(x) is not None
 
 
 def _field_problem(kind: str, value: Any) -> str | None:
@@ -100,12 +110,12 @@ def _field_problem(kind: str, value: Any) -> str | None:
     if kind == _STR:
         return None if isinstance(value, str) and value else "must be a non-empty string"
     if kind == _TRAJ:
-        return None if _is_traj(value) else "must be a trajectory id 'g<group>/<sample>'"
+        return None if _is_traj(value) else f"must be a trajectory id {_TRAJ_FORM}"
     if kind == _IDS:
         if not isinstance(value, list | tuple):
             return "must be a list of trajectory ids"
         bad = [v for v in value if not _is_traj(v)]
-        return f"has malformed trajectory ids {bad[:3]!r} (expected 'g<group>/<sample>')" if bad else None
+        return f"has malformed trajectory ids {bad[:3]!r} (expected {_TRAJ_FORM})" if bad else None
     if kind == _SPANS:
         if not isinstance(value, list | tuple) or not value:
             return "must be a non-empty list of [version, tokens] pairs"
@@ -133,6 +143,8 @@ def event_problems(index: int, event: Any) -> list[str]:
             problems.append(f"{where} ({etype}): missing field {name!r}")
             continue
         problem = _field_problem(kind, event[name])
+        if problem is None and (etype, name) in _POSITIVE and event[name] < 1:
+            problem = "must be an integer >= 1"
         if problem:
             problems.append(f"{where} ({etype}): {name!r} {problem}, got {event[name]!r}")
     for name in event:
@@ -157,20 +169,37 @@ def event_problems(index: int, event: Any) -> list[str]:
 
 def parse_trace(events: Iterable[Any]) -> list[dict[str, Any]]:
     """Validate a trace and return its events sorted by ``t`` (stable); raise ``TraceError`` listing all problems."""
-    checked: list[dict[str, Any]] = []
+    checked: list[tuple[int, dict[str, Any]]] = []
     problems: list[str] = []
     for i, event in enumerate(events):
         found = event_problems(i, event)
         if found:
             problems.extend(found)
         else:
-            checked.append(event)
+            checked.append((i, event))
+    problems.extend(_group_problems(checked))
     if problems:
         raise TraceError(problems)
-    return sorted(checked, key=lambda e: e["t"])
+    return sorted((event for _, event in checked), key=lambda e: e["t"])
+
+
+def _group_problems(checked: list[tuple[int, dict[str, Any]]]) -> list[str]:
+    """With a ``run_config`` header (the first by time, as the exporters read it), every rollout group an event names
+    must be one of its ``num_rollout_groups``. ``checked``: ``(index in the trace, valid event)``, in trace order."""
+    configs = [(e["t"], i, e["num_rollout_groups"]) for i, e in checked if e["type"] == "run_config"]
+    if not configs:
+        return []
+    _, index, groups = min(configs)
+    return [
+        f"events[{i}] ({e['type']}): {name!r} {e[name]} is not a rollout group of the run: events[{index}] "
+        f"(run_config) has num_rollout_groups {groups} (groups 0..{groups - 1})"
+        for i, e in checked for name in _GROUP_FIELDS if name in e and e[name] >= groups
+    ]
 
 
 def parse_traj_id(traj: str) -> tuple[int, int]:
-    """``"g12/3" -> (12, 3)``."""
-    group, sample = traj[1:].split("/")
-    return int(group), int(sample)
+    """``"g12/3" -> (12, 3)``; raises ``TraceError`` for anything but ``g<group>/<sample>`` in ASCII digits."""
+    match = _TRAJ_ID.fullmatch(traj) if isinstance(traj, str) else None
+    if match is None:
+        raise TraceError([f"trajectory id {traj!r} is not of the form {_TRAJ_FORM}"])
+    return int(match[1]), int(match[2])

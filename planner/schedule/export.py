@@ -2,7 +2,8 @@
 
 All functions return strings (no I/O here); ``dora`` or a bench script writes them to files.
 The timeline has one row per rollout group (colour = version served, opacity = slot occupancy,
-grey = loading weights, or suspended for a colocated training step) plus a trainer row (one box per training step) and dashed lines where a
+grey = loading weights, or suspended for a colocated training step; a column only partly so is a lighter grey, so
+every load shows however short) plus a trainer row (one box per training step) and dashed lines where a
 version was published. It reads only the trace, so it draws simulated and real runs alike.
 """
 
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from typing import Any
 
 import networkx as nx
 
-from planner.schedule.events import parse_trace
+from planner.schedule.events import parse_trace, parse_traj_id
 
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
             "#9c755f", "#bab0ac")
@@ -39,13 +41,27 @@ def graph_to_json(graph: nx.DiGraph) -> str:
                       sort_keys=True, indent=1, default=list)
 
 
+def _natural_key(node: tuple[Any, Any]) -> tuple[str, int, int, str]:
+    """Versions and steps by number, trajectories by (group, sample): a node's place never depends on the order the
+    trace mentioned it in."""
+    kind, key = node
+    if kind == "traj":
+        try:
+            group, sample = parse_traj_id(key)
+        except ValueError:
+            return kind, 1 << 62, 0, str(key)
+        return kind, group, sample, str(key)
+    return kind, key if isinstance(key, int) else 1 << 62, 0, str(key)
+
+
 def graph_to_dot(graph: nx.DiGraph, *, max_trajectories: int = 2000) -> str:
-    """Graphviz DOT text; versions as boxes, steps as diamonds, trajectories as points (first N only)."""
+    """Deterministic Graphviz DOT text; versions as boxes, steps as diamonds, trajectories as points (the first N by
+    id: ``g<group>/<sample>`` in numeric order). Nodes and edges are sorted, so equivalent traces give the same text."""
     lines = ["digraph schedule {", "  rankdir=LR;", '  node [fontname="Helvetica"];']
-    shown = set()
-    trajs = [n for n in graph if n[0] == "traj"][:max_trajectories]
-    shown.update(trajs)
-    for node in graph:
+    nodes = sorted(graph.nodes, key=_natural_key)
+    trajs = [n for n in nodes if n[0] == "traj"][:max_trajectories]
+    shown = set(trajs)
+    for node in nodes:
         if node[0] == "version":
             lines.append(f'  "{_node_id(node)}" [shape=box, style=filled, fillcolor="{_PALETTE[node[1] % 10]}"];')
             shown.add(node)
@@ -54,7 +70,7 @@ def graph_to_dot(graph: nx.DiGraph, *, max_trajectories: int = 2000) -> str:
             shown.add(node)
     for node in trajs:
         lines.append(f'  "{_node_id(node)}" [shape=point];')
-    for u, v, data in graph.edges(data=True):
+    for u, v, data in sorted(graph.edges(data=True), key=lambda e: (_natural_key(e[0]), _natural_key(e[1]))):
         if u in shown and v in shown:
             lines.append(f'  "{_node_id(u)}" -> "{_node_id(v)}" [label="{data.get("kind", "")}"];')
     lines.append("}")
@@ -64,7 +80,11 @@ def graph_to_dot(graph: nx.DiGraph, *, max_trajectories: int = 2000) -> str:
 def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, columns: int):
     """Per rollout group and column: (time-averaged running sequences, version, loading fraction). While rollout is
     suspended for training (colocated streaming: ``rollout_suspended`` to ``rollout_resumed``) every group counts as
-    loading, its requests kept but not running."""
+    loading, its requests kept but not running.
+
+    A trajectory runs on the group that admitted it (or, after ``migrated``, on the destination) until it finishes,
+    is regenerated (a restarted worker or a resumed run drops its tokens; its new admission counts again) or is left
+    ``unfinished_at_end``."""
     width = end / columns
     area = [[0.0] * columns for _ in range(groups)]
     loading = [[0.0] * columns for _ in range(groups)]
@@ -72,6 +92,8 @@ def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, colum
     active = [0] * groups
     last_t = [0.0] * groups
     served = [0] * groups
+    running: dict[str, int] = {}
+    """Trajectory -> the group it runs on."""
     load_start: dict[int, float] = {}
     stopped_at: float | None = None
 
@@ -93,15 +115,24 @@ def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, colum
         last_t[r] = t
         active[r] += delta
 
+    def release(traj: str, t: float) -> None:
+        if traj in running:
+            move(running.pop(traj), t, -1)
+
     for e in events:
         etype, t = e["type"], e["t"]
         if etype == "admitted":
+            release(e["traj"], t)  # admitted again without a 'regenerated': it runs once, where admitted last
+            running[e["traj"]] = e["rollout_group"]
             move(e["rollout_group"], t, 1)
-        elif etype == "finished":
-            move(e["rollout_group"], t, -1)
+        elif etype in ("finished", "regenerated", "unfinished_at_end"):
+            release(e["traj"], t)
         elif etype == "migrated":
-            move(e["src"], t, -len(e["trajs"]))
-            move(e["dst"], t, len(e["trajs"]))
+            for traj in e["trajs"]:
+                if traj in running:
+                    move(running[traj], t, -1)
+                    running[traj] = e["dst"]
+                    move(e["dst"], t, 1)
         elif etype == "weights_load_started":
             load_start[e["rollout_group"]] = t
         elif etype == "weights_loaded":
@@ -132,11 +163,11 @@ def timeline_html(events: list[dict[str, Any]], *, title: str = "dora schedule",
     evs = parse_trace(events)
     cfg = next((e for e in evs if e["type"] == "run_config"), None)
     end = max((e["t"] for e in evs), default=1.0) or 1.0
-    groups = cfg["num_rollout_groups"] if cfg else 1 + max(
-        (e.get("rollout_group", e.get("dst", 0)) for e in evs if "rollout_group" in e or "dst" in e), default=0
-    )
+    # every group an event names has a row (parse_trace holds them to the header's num_rollout_groups, if any)
+    named = max((e[f] for e in evs for f in ("rollout_group", "src", "dst") if f in e), default=-1)
+    groups = max(cfg["num_rollout_groups"] if cfg else 1, named + 1)
     area, version, loading = _occupancy_rows(evs, groups, end, columns)
-    slots = cfg["slots_per_group"] if cfg else max(1.0, max((max(row) for row in area), default=1.0))
+    slots = max(1.0, cfg["slots_per_group"] if cfg else max((max(row) for row in area), default=1.0))
     row_h, left, top, width = max(2, min(14, 560 // max(groups, 1))), 90, 40, 900
     col_w = width / columns
     train_y = top + groups * row_h + 12
@@ -149,13 +180,16 @@ def timeline_html(events: list[dict[str, Any]], *, title: str = "dora schedule",
             out.append(f'<text x="{left - 6}" y="{y + row_h - 1}" text-anchor="end">rg {r}</text>')
         for c in range(columns):
             occ = area[r][c] / slots
+            load = loading[r][c]
             x = left + c * col_w
-            if loading[r][c] > 0.5:
-                out.append(f'<rect x="{x:.1f}" y="{y}" width="{col_w + 0.1:.1f}" height="{row_h - 1}" fill="#888"/>')
-            elif occ > 0:
+            if occ > 0 and load < 1.0:
                 fill = _PALETTE[version[r][c] % len(_PALETTE)]
                 out.append(f'<rect x="{x:.1f}" y="{y}" width="{col_w + 0.1:.1f}" height="{row_h - 1}" '
                            f'fill="{fill}" fill-opacity="{0.15 + 0.85 * min(1.0, occ):.2f}"/>')
+            if load > 1e-9:  # every load shows, however short: a column partly loading is grey by its share
+                opacity = "" if load >= 1.0 else f' fill-opacity="{0.35 + 0.65 * load:.2f}"'
+                out.append(f'<rect x="{x:.1f}" y="{y}" width="{col_w + 0.1:.1f}" height="{row_h - 1}" '
+                           f'fill="#888"{opacity}/>')
     out.append(f'<text x="{left - 6}" y="{train_y + 14}" text-anchor="end">trainer</text>')
     for e in evs:
         if e["type"] == "train_step":
@@ -169,9 +203,11 @@ def timeline_html(events: list[dict[str, Any]], *, title: str = "dora schedule",
             out.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{train_y + 24}" stroke="#000" '
                        'stroke-dasharray="3,3" stroke-width="0.7"/>')
             out.append(f'<text x="{x + 2:.1f}" y="{top - 6}">v{e["version"]}</text>')
+    # as many decimals as the tick spacing needs, so no two ticks read the same (0s, 0.4s, ... on a 2 s run)
+    decimals = max(0, math.ceil(-math.log10(end / 5)))
     for i in range(6):
         x = left + i * width / 5
-        out.append(f'<text x="{x:.1f}" y="{height - 8}" text-anchor="middle">{end * i / 5:.0f}s</text>')
+        out.append(f'<text x="{x:.1f}" y="{height - 8}" text-anchor="middle">{end * i / 5:.{decimals}f}s</text>')
     out.append("</svg>")
     legend = "".join(
         f'<span style="background:{_PALETTE[v % len(_PALETTE)]};padding:0 6px;margin-right:4px">v{v}</span>'
@@ -183,7 +219,7 @@ def timeline_html(events: list[dict[str, Any]], *, title: str = "dora schedule",
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + head + "</title></head>"
         "<body style=\"font-family:Helvetica\"><h3>" + head + f" — mode {mode}</h3>"
         "<p>Rows: rollout groups (colour = version served, opacity = slot occupancy, grey = loading weights or "
-        "suspended while a colocated step trains); "
+        "suspended while a colocated step trains, lighter for part of a column); "
         "bottom: training steps; dashed: version published.</p><p>" + legend + "</p>"
         + "".join(out) + "</body></html>\n"
     )

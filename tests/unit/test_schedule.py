@@ -9,6 +9,7 @@ from planner.schedule import (
     graph_to_dot,
     graph_to_json,
     parse_trace,
+    parse_traj_id,
     timeline_html,
 )
 
@@ -46,7 +47,8 @@ def test_clean_trace_passes_and_graph_has_the_edges():
 
 
 def test_consistency_violation_has_a_witness_unless_mixing_allowed():
-    trace = [adm(0, "g0/0", 0), fin(2, "g0/0", [(0, 3), (1, 4)]), step(3, 2, ["g0/0"])]
+    # step 1 (training nothing here) makes v1, ending before v1's tokens: the trace must be possible
+    trace = [adm(0, "g0/0", 0), step(1, 1, []), fin(2, "g0/0", [(0, 3), (1, 4)]), step(3, 2, ["g0/0"])]
     rep = check_trace(trace, k=1, allow_version_mixing=False)
     (v,) = rep.of("consistency")
     assert v.traj == "g0/0" and v.versions == (0, 1) and "mixes versions [0, 1]" in v.message
@@ -55,7 +57,8 @@ def test_consistency_violation_has_a_witness_unless_mixing_allowed():
 
 
 def test_staleness_uses_oldest_span_and_reports_step():
-    trace = [adm(0, "g0/0", 0), fin(2, "g0/0", [(0, 3), (2, 4)]), step(3, 3, ["g0/0"])]
+    trace = [adm(0, "g0/0", 0), step(1, 1, []), step(1.5, 2, []), fin(2, "g0/0", [(0, 3), (2, 4)]),
+             step(3, 3, ["g0/0"])]
     rep = check_trace(trace, k=1, allow_version_mixing=True)
     (v,) = rep.of("staleness")
     assert v.step == 3 and "lag 2 exceeds k=1" in v.message
@@ -82,7 +85,7 @@ def test_integrity_violations():
 
 
 def test_regenerated_trajectory_restarts_its_spans():
-    trace = [adm(0, "g0/0", 0), {"t": 1, "type": "regenerated", "traj": "g0/0", "version": 1},
+    trace = [adm(0, "g0/0", 0), step(0.5, 1, []), {"t": 1, "type": "regenerated", "traj": "g0/0", "version": 1},
              adm(1, "g0/0", 1), fin(2, "g0/0", [(1, 5)]), step(3, 2, ["g0/0"])]
     assert check_trace(trace, k=0, allow_version_mixing=False).ok
 
@@ -145,3 +148,249 @@ def test_timeline_rows_grey_the_suspended_spans_and_keep_every_long_span_whole()
     width = end / columns
     assert sum(loading[0]) * width == pytest.approx((13.82 - 1.52) + (15.82 - 13.82) + (end - 17.34))
     assert sum(area[0]) * width == pytest.approx(8.0)  # 4 sequences 0-1 s, 4 more 15.82-16.82 s
+
+
+def pub(t, v):
+    return {"t": t, "type": "weights_published", "version": v}
+
+
+def test_a_second_finish_without_regenerated_is_reported_and_the_edges_follow_the_spans():
+    """A second ``finished`` of one attempt once silently replaced the first, and the version edges kept the first's
+    tokens beside the second's (v0 10 tokens, v1 4, for a node whose spans were [(0, 7)])."""
+    trace = [adm(0, "g0/0", 0), fin(1, "g0/0", [(0, 3)]), fin(2, "g0/0", [(0, 7)]), step(3, 1, ["g0/0"], start=2.5)]
+    (v,) = check_trace(trace, k=0, allow_version_mixing=False).violations
+    assert v.constraint == "integrity" and v.traj == "g0/0"
+    assert v.message == "g0/0 finished 2 times without a 'regenerated' between (t=1, t=2)"
+    mixed_first = [adm(0, "g0/0", 0), step(0.5, 1, []), fin(1, "g0/0", [(0, 3), (1, 4)]), fin(2, "g0/0", [(0, 7)]),
+                   step(3, 2, ["g0/0"], start=2.5)]
+    g = build_schedule_graph(mixed_first)
+    node = g.nodes[("traj", "g0/0")]
+    edges = {u[1]: data["tokens"] for u, _, data in g.in_edges(("traj", "g0/0"), data=True) if u[0] == "version"}
+    assert node["spans"] == [(0, 7)] and edges == {0: 7}
+    # a regeneration between two finishes is a new attempt: each finishes once
+    regen = [adm(0, "g0/0", 0), fin(1, "g0/0", [(0, 3)]), {"t": 1.5, "type": "regenerated", "traj": "g0/0",
+             "version": 0}, adm(1.5, "g0/0", 0), fin(2, "g0/0", [(0, 7)]), step(3, 1, ["g0/0"], start=2.5)]
+    assert check_trace(regen, k=0, allow_version_mixing=False).ok
+
+
+def test_a_step_number_recorded_twice_is_reported_and_each_event_checked_against_its_own_start():
+    """The second ``train_step 1`` once overwrote the first's ``start_t``, hiding that the first consumed g0/0 before it
+    finished; the repeat itself went unreported."""
+    trace = [adm(0, "g0/0", 0), adm(0, "g0/1", 0), step(2, 1, ["g0/0"], start=1), fin(3, "g0/0", [(0, 5)]),
+             fin(3, "g0/1", [(0, 5)]), step(6, 1, ["g0/1"], start=5)]
+    rep = check_trace(trace, k=0, allow_version_mixing=False)
+    assert [(v.traj, v.step, v.message) for v in rep.violations] == [
+        ("", 1, "step 1 is recorded 2 times: train_step start_t=1 t=2 and start_t=5 t=6"),
+        ("g0/0", 1, "g0/0 consumed by step 1 at t=1 before it finished (t=3)"),
+    ]
+    g = build_schedule_graph(trace)
+    assert g.nodes[("step", 1)]["start_t"] == 1 and g.nodes[("step", 1)]["repeats"] == [(5, 6)]
+
+
+def test_causality_admitted_then_finished_then_consumed():
+    late = [fin(1, "g0/0", [(0, 5)]), step(3, 1, ["g0/0"], start=2), adm(5, "g0/0", 0)]
+    rep = check_trace(late, k=0, allow_version_mixing=False)
+    assert [v.message for v in rep.of("integrity")] == [
+        "g0/0 finished (t=1) before it was admitted (t=5)",
+        "g0/0 consumed by step 1 at t=2 before it was admitted (t=5)",
+    ]
+    assert rep.of("integrity")[1].step == 1
+
+
+def test_causality_a_version_is_used_only_once_it_exists():
+    """Admitted on, or generating with, a version no step had produced (or that was published later) is impossible."""
+    base = [adm(0, "g0/1", 0), fin(1, "g0/1", [(0, 4)]), adm(0, "g0/2", 0), fin(1, "g0/2", [(0, 4)]),
+            step(5, 1, ["g0/1"], start=4), pub(5.5, 1), step(9, 2, ["g0/2"], start=8), pub(9.5, 2)]
+    early = base + [adm(0, "g0/0", 2), fin(1, "g0/0", [(2, 5)]), step(12, 3, ["g0/0"], start=11)]
+    rep = check_trace(early, k=1, allow_version_mixing=False)
+    assert [(v.constraint, v.traj, v.versions, v.message) for v in rep.violations] == [
+        ("integrity", "g0/0", (2,), "g0/0 was admitted on v2 at t=0, before v2 existed: step 2, which produces it, "
+                                    "ended at t=9"),
+        ("integrity", "g0/0", (2,), "g0/0 finished with tokens of v2 at t=1, before v2 existed: step 2, which "
+                                    "produces it, ended at t=9"),
+    ]
+    never = [adm(0, "g0/0", 7), fin(1, "g0/0", [(7, 5)]), step(3, 8, ["g0/0"], start=2)]
+    assert "before v7 existed: no train_step produces v7" in check_trace(
+        never, k=0, allow_version_mixing=False).violations[0].message
+    # produced, but published after the admission
+    unpublished = base + [adm(9.2, "g1/0", 2), fin(10, "g1/0", [(2, 5)]), step(12, 3, ["g1/0"], start=11)]
+    (v,) = check_trace(unpublished, k=1, allow_version_mixing=False).violations
+    assert v.message == "g1/0 was admitted on v2 at t=9.2, before v2 existed: v2 was published at t=9.5"
+    on_time = base + [adm(9.5, "g1/0", 2), fin(10, "g1/0", [(2, 5)]), step(12, 3, ["g1/0"], start=11)]
+    assert check_trace(on_time, k=1, allow_version_mixing=False).ok
+
+
+def test_causality_accepts_a_resumed_run_whose_base_version_was_never_published():
+    """Killed between step 1's commit and its publish: the resume wrote step 1's event from the checkpoint and the
+    leftovers' ``unfinished_at_end``; the new attempt regenerates g1 on v1 (the controller publishes its base version
+    at start-up, untraced). The regenerated attempt is judged from its own admission, not the first one at t=0.5."""
+    trace = [
+        {"t": 0, "type": "run_config", "mode": "one-step-off", "k": 1, "allow_version_mixing": False,
+         "num_rollout_groups": 1, "slots_per_group": 2},
+        adm(0, "g0/0", 0), adm(0.5, "g1/0", 0), fin(1, "g0/0", [(0, 3)]), fin(2, "g1/0", [(0, 3)]),
+        step(3, 1, ["g0/0"], start=1.5),
+        {"t": 3, "type": "unfinished_at_end", "traj": "g1/0", "finished": True},
+        {"t": 4, "type": "resumed", "step": 1},
+        {"t": 4, "type": "regenerated", "traj": "g1/0", "version": 1}, adm(4, "g1/0", 1),
+        fin(5, "g1/0", [(1, 3)]), step(7, 2, ["g1/0"], start=6), pub(7.5, 2),
+    ]
+    rep = check_trace(trace, k=1, allow_version_mixing=False)
+    assert rep.ok, rep.violations
+    assert rep.num_consumed == 2 and rep.unfinished_at_end == ()
+
+
+def test_unfinished_at_end_must_say_whether_it_finished():
+    never = [adm(0, "g0/0", 0), {"t": 3, "type": "unfinished_at_end", "traj": "g0/0", "finished": True}]
+    (v,) = check_trace(never, k=0, allow_version_mixing=False).violations
+    assert v.constraint == "integrity" and v.message == (
+        "g0/0 is recorded unfinished_at_end at t=3 with finished=true, but it had not finished since it was last "
+        "admitted")
+    done = [adm(0, "g0/0", 0), fin(1, "g0/0", [(0, 3)]),
+            {"t": 3, "type": "unfinished_at_end", "traj": "g0/0", "finished": False}]
+    (v,) = check_trace(done, k=0, allow_version_mixing=False).violations
+    assert v.message == "g0/0 is recorded unfinished_at_end at t=3 with finished=false, but it had finished (t=1)"
+    # a regeneration starts over: not finished since
+    regen = [adm(0, "g0/0", 0), fin(1, "g0/0", [(0, 3)]), {"t": 2, "type": "regenerated", "traj": "g0/0", "version": 0},
+             adm(2, "g0/0", 0), {"t": 3, "type": "unfinished_at_end", "traj": "g0/0", "finished": False}]
+    assert check_trace(regen, k=0, allow_version_mixing=False).ok
+
+
+@pytest.mark.parametrize("traj", ["g\u00b2/0", "g\u0663/0", "g\uff11/0", "g0/\u0661", "g01/0", "g1/00", "g1/0\n"])
+def test_trajectory_ids_are_ascii_digits_in_one_form(traj):
+    """``str.isdigit`` took superscripts, Arabic-Indic and fullwidth digits: ``parse_traj_id`` then crashed or read
+    'g٣/0' as g3/0, a second id for one trajectory (so would a leading zero)."""
+    with pytest.raises(TraceError, match=r"events\[0\] \(admitted\): 'traj' must be a trajectory id 'g<group>/<sample>'"):
+        parse_trace([adm(0, traj, 0)])
+    with pytest.raises(TraceError, match=r"'consumed' has malformed trajectory ids"):
+        parse_trace([step(1, 1, ["g0/0", traj])])
+    with pytest.raises(TraceError, match="is not of the form 'g<group>/<sample>'"):
+        parse_traj_id(traj)
+    assert parse_traj_id("g12/3") == (12, 3) and parse_traj_id("g0/10") == (0, 10)
+
+
+@pytest.mark.parametrize(
+    ("event", "match"),
+    [
+        ({"slots_per_group": 0}, r"events\[0\] \(run_config\): 'slots_per_group' must be an integer >= 1, got 0"),
+        ({"num_rollout_groups": 0}, r"events\[0\] \(run_config\): 'num_rollout_groups' must be an integer >= 1, got 0"),
+    ],
+)
+def test_run_config_needs_a_group_and_a_slot(event, match):
+    cfg = {"t": 0, "type": "run_config", "mode": "sync", "k": 0, "allow_version_mixing": False,
+           "num_rollout_groups": 1, "slots_per_group": 1, **event}
+    with pytest.raises(TraceError, match=match):
+        timeline_html([cfg, adm(0, "g0/0", 0), fin(1, "g0/0", [(0, 1)])])
+
+
+def test_every_rollout_group_named_must_be_one_of_the_header():
+    cfg = {"t": 0, "type": "run_config", "mode": "sync", "k": 0, "allow_version_mixing": False,
+           "num_rollout_groups": 2, "slots_per_group": 1}
+    trace = [adm(0, "g0/0", 0, rg=2), {"t": 0.5, "type": "migrated", "src": 0, "dst": 3, "trajs": ["g0/0"]}, cfg]
+    with pytest.raises(TraceError) as err:
+        parse_trace(trace)
+    assert err.value.problems == [
+        "events[0] (admitted): 'rollout_group' 2 is not a rollout group of the run: events[2] (run_config) has "
+        "num_rollout_groups 2 (groups 0..1)",
+        "events[1] (migrated): 'dst' 3 is not a rollout group of the run: events[2] (run_config) has "
+        "num_rollout_groups 2 (groups 0..1)",
+    ]
+
+
+def test_timeline_without_a_header_has_a_row_for_every_group_named():
+    """Without run_config the rows came from rollout_group or dst only: a migration out of the highest group crashed."""
+    from planner.schedule.export import _occupancy_rows
+
+    trace = [adm(0, "g0/0", 0, rg=0), {"t": 0.5, "type": "migrated", "src": 2, "dst": 0, "trajs": []},
+             fin(1, "g0/0", [(0, 1)]), step(2, 1, ["g0/0"], start=1.5)]
+    page = timeline_html(trace)
+    assert ">rg 2</text>" in page
+    area, _, _ = _occupancy_rows(parse_trace(trace), 3, 2.0, 2)
+    assert area == [[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_timeline_releases_a_group_on_regenerated_and_unfinished_at_end_and_follows_migrations():
+    """A worker restart (regenerated + admitted) or an in-flight trajectory left at the end once kept its group busy
+    for the rest of the run."""
+    from planner.schedule.export import _occupancy_rows
+
+    cfg = {"t": 0, "type": "run_config", "mode": "streaming", "k": 1, "allow_version_mixing": False,
+           "num_rollout_groups": 2, "slots_per_group": 1}
+    restart = [cfg, adm(0, "g0/0", 0), {"t": 1, "type": "worker_restarted", "rollout_group": 0, "version": 0},
+               {"t": 1, "type": "regenerated", "traj": "g0/0", "version": 0}, adm(1, "g0/0", 0),
+               fin(2, "g0/0", [(0, 5)]), step(10, 1, ["g0/0"], start=9)]
+    area, _, _ = _occupancy_rows(parse_trace(restart), 2, 10.0, 10)
+    assert area[0] == [1.0, 1.0] + [0.0] * 8
+    page = timeline_html(restart, columns=10)
+    assert page.count('fill="#4e79a7" fill-opacity') == 2
+    left = [cfg, adm(0, "g0/0", 0), adm(0, "g0/1", 0, rg=1),
+            {"t": 2, "type": "migrated", "src": 0, "dst": 1, "trajs": ["g0/0"]},
+            {"t": 4, "type": "unfinished_at_end", "traj": "g0/0", "finished": False},
+            {"t": 4, "type": "unfinished_at_end", "traj": "g0/1", "finished": False},
+            {"t": 10, "type": "weights_published", "version": 0}]
+    area, _, _ = _occupancy_rows(parse_trace(left), 2, 10.0, 10)
+    assert area[0] == [1.0, 1.0] + [0.0] * 8
+    assert area[1] == [1.0, 1.0, 2.0, 2.0] + [0.0] * 6
+
+
+def test_timeline_draws_every_weight_load_however_short():
+    """Loads shorter than half a column (0.8 s loads in 2 s columns) were not drawn at all."""
+    import re
+
+    ev = [{"t": 0, "type": "run_config", "mode": "one-step-off", "k": 1, "allow_version_mixing": False,
+           "num_rollout_groups": 2, "slots_per_group": 1}]
+    for s in (1, 2, 3):
+        t = 400.0 * s
+        ev.append(pub(t - 1, s))
+        for rg in (0, 1):
+            ev.append({"t": t, "type": "weights_load_started", "rollout_group": rg, "version": s, "source": "trainer"})
+            ev.append({"t": t + 0.8, "type": "weights_loaded", "rollout_group": rg, "version": s})
+    page = timeline_html(ev)
+    grey = [(float(x), float(y)) for x, y in re.findall(r'<rect x="([0-9.]+)" y="([0-9.]+)"[^>]*fill="#888"', page)]
+    width, left, end = 900, 90, 1200.8
+    for s in (1, 2, 3):
+        x0, x1 = left + 400.0 * s / end * width, left + (400.0 * s + 0.8) / end * width
+        for y in {y for _, y in grey}:
+            assert any(x0 - 2 <= x <= x1 for x, yy in grey if yy == y), (s, y)
+    assert len({y for _, y in grey}) == 2
+
+
+def test_timeline_axis_labels_are_distinct_on_short_runs():
+    import re
+
+    def ticks(end):
+        page = timeline_html([adm(0, "g0/0", 0), fin(end, "g0/0", [(0, 1)])])
+        return re.findall(r'text-anchor="middle">([^<]*)<', page)
+
+    assert ticks(2) == ["0.0s", "0.4s", "0.8s", "1.2s", "1.6s", "2.0s"]
+    assert ticks(0.01) == ["0.000s", "0.002s", "0.004s", "0.006s", "0.008s", "0.010s"]
+    assert ticks(1000) == ["0s", "200s", "400s", "600s", "800s", "1000s"]
+
+
+def test_dot_export_is_the_same_for_equivalent_traces_and_keeps_the_first_ids():
+    a = [adm(0, "g0/0", 0), adm(0, "g0/1", 0), fin(1, "g0/0", [(0, 2)]), fin(1, "g0/1", [(0, 2)]),
+         step(2, 1, ["g0/0", "g0/1"], start=1.5)]
+    b = [a[1], a[0], a[3], a[2], step(2, 1, ["g0/1", "g0/0"], start=1.5)]
+    assert graph_to_dot(build_schedule_graph(a)) == graph_to_dot(build_schedule_graph(b))
+    c = [step(0.5, 1, [], start=0)] + [adm(0.1 * (11 - i), f"g{i}/0", 0) for i in range(12)]
+    dot = graph_to_dot(build_schedule_graph(c), max_trajectories=3)
+    assert [line.split('"')[1] for line in dot.splitlines() if "shape=point" in line] == ["g0/0", "g1/0", "g2/0"]
+
+
+def test_finish_job_keeps_the_audit_and_summary_when_the_timeline_fails(tmp_path, monkeypatch):
+    """A timeline crash once propagated out of finish_job: no summary.json, no audit."""
+    import planner.schedule
+    from dora.runtime.driver import finish_job
+
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(e) + "\n" for e in clean_trace()))
+    (tmp_path / "timeline.html").write_text("an earlier attempt's picture")
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(planner.schedule, "timeline_html", broken)
+    result = finish_job(tmp_path, {"mode": "sync"}, k=0, allow_version_mixing=False, title="t")
+    assert result.ok and result.audit["num_consumed"] == 2
+    assert result.timeline_error == "drawing it failed: ZeroDivisionError: float division by zero"
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["audit"]["ok"] and written["timeline_error"] == result.timeline_error
+    assert not (tmp_path / "timeline.html").exists()
