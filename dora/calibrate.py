@@ -17,7 +17,14 @@ Each point is fitted with the cost model's *own* formula, so that the planner re
     prefill  t(P, S2) = max(bytes / (eta_mem BW), flops / (eta_pre F)) + t_step    (1-D grid over eta_pre)
     train    t(T, S2) = C(T, S2) / eta_train + R(T) + t_train    (C: compute at eta = 1, R: optimizer, comm);
              weighted linear least squares in (1 / eta_train, t_train), weights 1 / y
-    publish  t = t_publish + t_load(reload_fixed = 0) + reload_fixed   ->   reload_fixed = median(y) - model
+    publish  t = gather + convert + transfer + reload(reload_fixed = 0) + reload_fixed
+             ->   reload_fixed = median(y) - model
+             (the terms of what the benchmark times: the trainer's export, one serialisation round trip of the whole
+             state dict, the engine's model build. Left out: `cpu_weight_publish_fixed_s`, the checkpoint and
+             object-store put of a real run's publish, which only `--from-run` fits and which keeps its value in
+             the file; and `weight_sync_bucket_overhead_s`, a collective per bucket, which the benchmark does not
+             make. On local-tiny the two were 15.6 ms and 2 ms against a ~2.8 ms publish: reload_fixed clamped to 0
+             and the residual read 600%.)
 
 `dora calibrate SPEC --from-run SYNC_RUN --from-run ASYNC_RUN` fits the same constants, plus the contention of
 rollout and trainer on one host, to what real `dora apply` runs recorded instead (`dora.calibrate_run`): the
@@ -83,10 +90,13 @@ class Point:
     kind: str
     x: dict[str, float]
     seconds: float
-    """Median over repeats (decode: over all timed steps of all repeats)."""
+    """Micro-benchmarks: median over repeats (decode: over all timed steps of all repeats). In situ
+    (`dora.calibrate_run`): a decode cell's mean step; a training step's or publish's own duration."""
     seconds_min: float
     seconds_max: float
-    """Min / max of the per-repeat medians: the spread the machine's noise put on this point."""
+    """The spread the machine's noise put on this point. Micro-benchmarks: min / max of the per-repeat medians (a
+    training point: of its repeats); in situ: min / max of a decode cell's steps (the duration itself for the other
+    kinds)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,14 +341,22 @@ def fit_train(points: Sequence[Point], ctx: ModelContext, calib: Calibration) ->
 
 
 def fit_publish(points: Sequence[Point], ctx: ModelContext, calib: Calibration) -> Fit:
-    """cpu_weight_reload_fixed_s: what the measured publish costs beyond the transfer terms of the formula."""
+    """cpu_weight_reload_fixed_s: what the measured publish costs beyond the transfer terms of the formula.
+
+    `measure_publish` times the trainer's export, one serialisation round trip of the state dict and the engine's
+    model build, so the prediction is the formula's terms for those: gather + convert (trainer side), transfer and
+    reload (engine side). It leaves out what the benchmark does not do: `cpu_weight_publish_fixed_s`, what a real run's
+    publish adds (checkpoint, object-store put; fitted in situ by `--from-run`, it keeps ``calib``'s value), and the
+    per-bucket collective (`weight_sync_bucket_overhead_s`: the benchmark sends one object, with no collective)."""
     from planner.sim.costmodel import cost_model_timing
 
     def predicted(cal: Calibration) -> float:
         t = cost_model_timing(ctx.arch, rollout_acc=ctx.accelerator, train_acc=ctx.accelerator, rollout_tp=1,
                               num_rollout_groups=1, train_tp=1, train_pp=1, train_dp=1, dtype_bytes=ctx.dtype_bytes,
                               rollout_weight_bytes=ctx.rollout_weight_bytes,
-                              micro_batch_tokens=ctx.micro_batch_tokens, calib=cal,
+                              micro_batch_tokens=ctx.micro_batch_tokens,
+                              calib=cal.with_overrides(cpu_weight_publish_fixed_s=0.0,
+                                                       weight_sync_bucket_overhead_s=0.0),
                               accelerators_per_node=ctx.accelerators_per_node)
         return t.weight_publish_s + t.weight_load_trainer_s
 
@@ -419,6 +437,10 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
     from dora.spec import SpecError, load_spec
 
     console = console or Console(stderr=True, highlight=False)
+    if from_runs and (quick or grid is not None):
+        error(console, "--quick and --from-run do not go together: --quick runs a smaller grid of micro-benchmarks, "
+                       "--from-run fits to finished runs instead of running any; give one or the other")
+        return EXIT_INVALID
     try:
         resolved = load_spec(spec_path)
     except SpecError as exc:
@@ -438,7 +460,8 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
         error(console, f"cannot write {out_path}: {problem}\n  to fix: {fix}")
         return EXIT_INVALID
     try:
-        cc = controller_config(runtime_config_for(resolved, ApplyOverrides()))
+        rc = runtime_config_for(resolved, ApplyOverrides())
+        cc = controller_config(rc)
     except (ValueError, RuntimeConfigError) as exc:
         error(console, f"{spec_path}: cannot build the local engines: {exc}")
         return EXIT_INVALID
@@ -453,7 +476,7 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
                        micro_batch_tokens=max(8192, inputs.max_context_tokens),
                        accelerators_per_node=inputs.accelerators_per_node)
     if from_runs:
-        return _calibrate_from_runs(spec_path, out_path, console, resolved, ctx, from_runs)
+        return _calibrate_from_runs(spec_path, out_path, console, resolved, ctx, from_runs, json.loads(rc.to_json()))
     grid = grid or (Grid.quick() if quick else Grid())
     threads = torch.get_num_threads()
     torch.set_num_threads(cc.rollout.num_threads)  # the runtime's actors run one torch thread each
@@ -483,32 +506,53 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
 
 
 def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: Any, ctx: ModelContext,
-                         from_runs: Sequence[str]) -> int:
-    """`--from-run`: fit the constants to real runs of this spec (`dora.calibrate_run`)."""
-    from dora.calibrate_run import RunDataError, RunTimings, fit_runs, points_of, read_run
+                         from_runs: Sequence[str], expected: dict[str, Any]) -> int:
+    """`--from-run`: fit the constants to real runs of this spec (`dora.calibrate_run`); ``expected``: the spec's
+    runtime config, as `dora apply` writes it to runtime.json (a run of another model is refused)."""
+    from dora.calibrate_run import RunDataError, RunTimings, check_run_spec, fit_runs, points_of, read_run
 
+    seen: dict[str, str] = {}
+    for run in from_runs:
+        same = seen.get(os.path.realpath(run))
+        if same is not None:
+            named = f"twice (as {same} and {run})" if same != run else "twice"
+            error(console, f"--from-run gives the run {os.path.realpath(run)} {named}: its steps would count twice; "
+                           "give each run once")
+            return EXIT_INVALID
+        seen[os.path.realpath(run)] = run
     data = RunTimings()
+    notes: list[str] = []
     try:
         for run in from_runs:
+            note = check_run_spec(Path(run), expected, spec_path)
             read_run(Path(run), data)
+            notes += [note] if note else []
         machine = machine_description()
         engine_steps = (sum(len(c) for c in data.decode_alone.values()) + len(data.decode_engines)
                         + len(data.decode_contended) + len(data.multi))
+        resumed = f" ({'; '.join(data.resumed)})" if data.resumed else ""
         source = (f"measured in situ: {engine_steps} engine steps and "
                   f"{len(data.train_alone) + len(data.train_contended)} training steps of {len(from_runs)} "
-                  f"`dora apply` run(s) of {resolved.spec.name} on {machine['cpu_model']}, "
+                  f"`dora apply` run(s) of {resolved.spec.name}{resumed} on {machine['cpu_model']}, "
                   f"{machine['cpu_count']} cores")
         calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, source)
     except RunDataError as exc:
         error(console, str(exc))
         return EXIT_INVALID
+    for note in [*notes, *data.notes]:
+        say(console, f"note: {note}")
     if not data.prefill_steps:
-        console.print("  prefill  not refitted: the runs ingested every prompt through the decode batch "
-                      f"(kept cpu_prefill_compute_efficiency={calib.cpu_prefill_compute_efficiency})",
-                      highlight=False)
+        say(console, "  prefill  not refitted: the runs ingested every prompt through the decode batch "
+                     f"(kept cpu_prefill_compute_efficiency={calib.cpu_prefill_compute_efficiency})")
     if not any(f.kind == "engines" for f in fits):
-        console.print("  engines  not refitted: no run had two engines decoding at once "
-                      f"(kept cpu_engine_contention={calib.cpu_engine_contention})", highlight=False)
+        say(console, "  engines  not refitted: no run had two engines decoding at once "
+                     f"(kept cpu_engine_contention={calib.cpu_engine_contention})")
+    if not data.publish:
+        say(console, "  weights  not refitted: the runs' traces hold no train-step end followed by its weights' "
+                     f"publication (kept cpu_weight_publish_fixed_s={calib.cpu_weight_publish_fixed_s})")
+    if not data.loads:
+        say(console, "  weights  not refitted: the runs' traces hold no weight load on an engine that ran no step "
+                     f"meanwhile (kept cpu_weight_reload_fixed_s={calib.cpu_weight_reload_fixed_s})")
     text = calibration_document(calib, fits, points_of(data), machine, resolved.spec.name, resolved.spec_hash)
     return _write(console, spec_path, out_path, text, calib, fits)
 

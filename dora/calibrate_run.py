@@ -10,6 +10,19 @@ and the controller share the host: on the 2-core development machine a decode st
     metrics.jsonl       every training step: its span on the run clock, forward tokens, sum of squared
                         sequence lengths, sequences
     trace.jsonl         train-step ends, weight publications and loads
+    runtime.json        what the run ran: its model, algorithm and engines must be the spec's (`check_run_spec`)
+
+Every row is checked before anything is fitted: a missing field, a value of the wrong type, a non-finite or
+non-positive duration or span, a training step that starts before the one before it with no resume recorded, a
+weight publication or load that does not take time: each is an error naming the file, the line and the field.
+A last line cut short (a writer killed mid-line) is ignored with a note; a bad line anywhere else is an error.
+
+A resumed run (killed, then the same `dora apply` run again) keeps every attempt's rows in metrics.jsonl, each
+attempt on its own clock from 0, and one trace with one continuous clock (a ``resumed`` event marks each seam),
+while engine_steps.jsonl holds the last attempt's steps only. Only the last attempt is used: the training steps
+after the last ``resumed`` event's step, the trace events after that event (their clock less the event's time),
+and the engine steps; a note says so. Its summary.json must say that attempt finished (its engine steps are
+written at the end of an attempt); otherwise the run is refused.
 
 Engine steps are split by whether they overlap a training step, and by whether other engines' steps cover at
 least half of their span (another engine decoding at the same time); training steps by whether engine steps
@@ -18,7 +31,7 @@ cover at least half of their span. Then, with the cost model's own formulas (`do
     decode       (eta_mem, eta_c, t_step) from single-version decode steps with no training step running and no
                  other engine decoding, as cells of (batch size, mean context rounded to 8 tokens) with
                  >= MIN_CELL_STEPS steps, each cell's mean duration (means, not medians: a run's throughput pays
-                 for the slow steps too)
+                 for the slow steps too; the cell's fastest and slowest step are its spread)
     engines      cpu_engine_contention = sum measured / sum predicted-alone over single-version decode steps with
                  no training step running while another engine decodes (only runs with several engines have
                  them, e.g. sync on 2 cores; without them the base value is kept and the fit says so)
@@ -35,17 +48,28 @@ cover at least half of their span. Then, with the cost model's own formulas (`do
                  checkpoint, export and object-store put of a real step); cpu_weight_reload_fixed_s from the
                  loads of engines that ran no step meanwhile (trace: load started -> version served; the
                  weights are fetched and a model built beside the engine, which pauses only to install it:
-                 the ``load`` rows of engine_steps.jsonl); means
+                 the ``load`` rows of engine_steps.jsonl); means. A constant whose intervals the traces do not
+                 hold keeps its base value, and the command says so.
 
 A sync run gives the alone figures (rollout and training alternate), an asynchronous run the contended ones,
 so pass one of each, e.g. `--from-run runs/sync --from-run runs/streaming`. Prefill is not refitted when the
 runs have no prefill steps (prompts that fit the decode batch are ingested there): the base value is kept and
 the fit says so.
+
+Which runs are accepted (`check_run_spec`): the fits evaluate the spec's model (architecture and dtype), its
+training step's passes and optimizer steps (algorithm name, ppo_epochs, minibatches_per_step, whether kl_coef > 0),
+its trainer micro-batch and its accelerator on the shapes each run recorded step by step (batch rows, context
+tokens, versions, training tokens, sequences, trainer threads). A run whose values of those differ from the spec's is
+refused, naming each differing field with both values. A run of another spec (another spec_hash or name) whose
+values of those fields match is accepted, with a note: its mode, step count, batch sizes, lengths and seed enter the
+fits only through the shapes its steps recorded.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -58,15 +82,21 @@ from dora.spec.files import loads_json
 from planner.calibration import Calibration
 
 MIN_CELL_STEPS = 5
-"""Engine steps a (batch, context) cell needs to become a decode point (its median is the point)."""
+"""Engine steps a (batch, context) cell needs to become a decode point (the mean of its steps' durations is the
+point, their min and max its spread)."""
 MIN_POINTS = 3
 """Fewest points (cells, training steps) a fit accepts."""
 CONTEXT_BUCKET = 8
 """Mean context per row is rounded to this many tokens to form cells."""
+STEP_COLUMNS = ["worker", "start_s", "duration_s", "kind", "decode_rows", "context_tokens", "versions",
+                "prefill_tokens"]
+"""The header of engine_steps.jsonl (`dora.runtime.controller`), in row order."""
+FIX = "The file is not as `dora apply` wrote it: re-run the job, or leave this run out"
 
 
 class RunDataError(ValueError):
-    """The runs cannot calibrate: missing files, or not enough alone / contended measurements."""
+    """The runs cannot calibrate: missing or malformed files, a run of another model, or not enough alone /
+    contended measurements."""
 
 
 @dataclass(kw_only=True)
@@ -93,46 +123,301 @@ class RunTimings:
     loads: list[float] = field(default_factory=list)
     """Seconds from a load's start to the version being served, on an engine that ran no step meanwhile."""
     prefill_steps: int = 0
+    notes: list[str] = field(default_factory=list)
+    """What the command should tell the user about how the runs were read (a resumed run, an ignored cut line)."""
+    resumed: list[str] = field(default_factory=list)
+    """One short phrase per resumed run ('RUN: steps 88..120 after the resume at step 87'), for the file's source."""
 
     def decode_points(self) -> list[Point]:
         out = []
         for (b, _), cell in sorted(self.decode_alone.items()):
             if len(cell) < MIN_CELL_STEPS:
                 continue
-            secs = sorted(s for _, s in cell)
+            secs = [s for _, s in cell]
             out.append(Point(kind="decode", x={"batch_size": b, "total_context_tokens": statistics.fmean(c for c, _ in cell)},
-                             seconds=statistics.fmean(secs), seconds_min=secs[len(secs) // 10],
-                             seconds_max=secs[(9 * len(secs)) // 10]))
+                             seconds=statistics.fmean(secs), seconds_min=min(secs), seconds_max=max(secs)))
         return out
 
+    def add(self, other: RunTimings) -> None:
+        """Append ``other``'s measurements (one run's, read whole before anything is added)."""
+        self.runs += other.runs
+        for cell, rows in other.decode_alone.items():
+            self.decode_alone[cell].extend(rows)
+        self.decode_engines += other.decode_engines
+        self.decode_contended += other.decode_contended
+        self.multi += other.multi
+        self.train_alone += other.train_alone
+        self.train_contended += other.train_contended
+        self.publish += other.publish
+        self.loads += other.loads
+        self.prefill_steps += other.prefill_steps
+        self.notes += other.notes
+        self.resumed += other.resumed
 
-def _jsonl(path: Path) -> list[Any]:
+
+# ----- reading and checking the files ---------------------------------------------------------------------------
+def _is_run_dir(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        problem = "not a directory" if run_dir.exists() else "no such directory"
+        raise RunDataError(f"{run_dir}: {problem}; pass the output directory of a finished `dora apply` run (it writes "
+                           "runtime.json, engine_steps.jsonl, metrics.jsonl and trace.jsonl)")
+
+
+def _jsonl(path: Path, notes: list[str]) -> list[tuple[int, Any]]:
+    """(line number, value) of every non-blank line. A last line cut short (no newline after it: a writer stopped
+    mid-line) is left out with a note; any other line that is not JSON is an error naming it."""
     try:
-        return [loads_json(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise RunDataError(f"{path}: {exc.strerror or exc}; pass the output directory of a finished `dora apply` "
                            "run (it writes engine_steps.jsonl, metrics.jsonl and trace.jsonl)") from None
-    except ValueError as exc:
-        raise RunDataError(f"{path}: not JSON lines ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise RunDataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}). {FIX}") from None
+    lines = text.split("\n")
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((lineno, loads_json(line)))
+        except ValueError as exc:
+            if lineno == last and not text.endswith("\n"):
+                notes.append(f"{path}:{lineno}: the last line is cut short (a writer stopped mid-line); it is left "
+                             "out")
+                continue
+            reason = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise RunDataError(f"{path}:{lineno}: not a JSON value ({reason}). {FIX}") from None
+    return out
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bad(path: Path, lineno: int, name: str, problem: str) -> RunDataError:
+    return RunDataError(f"{path}:{lineno}: {name} {problem}. {FIX}")
+
+
+def _field(row: dict[str, Any], key: str, path: Path, lineno: int, what: str) -> Any:
+    if key not in row:
+        raise _bad(path, lineno, key, f"is missing from this {what}")
+    return row[key]
+
+
+def _number(value: Any, path: Path, lineno: int, name: str, *, positive: bool = False) -> float:
+    """A finite number (> 0 with ``positive``), else an error naming ``path:lineno`` and the field."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(path, lineno, name, f"is {_show(value)}, not a number")
+    if not math.isfinite(value):
+        raise _bad(path, lineno, name, f"is {value}, not a finite number")
+    if positive and value <= 0:
+        raise _bad(path, lineno, name, f"is {_show(value)}, but it must be > 0")
+    return float(value)
+
+
+def _integer(value: Any, path: Path, lineno: int, name: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(path, lineno, name, f"is {_show(value)}, not an integer")
+    if value < minimum:
+        raise _bad(path, lineno, name, f"is {value}, but it must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class _EngineStep:
+    worker: int
+    start: float
+    dur: float
+    kind: str
+    rows: int
+    ctx: int
+    versions: int
+    prefill: int
+
+
+def _engine_steps(path: Path, notes: list[str]) -> list[_EngineStep]:
+    lines = _jsonl(path, notes)
+    if not lines or not isinstance(lines[0][1], dict) or "columns" not in lines[0][1]:
+        raise RunDataError(f"{path}: no header line; was it written by `dora apply`?")
+    cols = lines[0][1]["columns"]
+    if cols != STEP_COLUMNS:
+        raise RunDataError(f"{path}: columns {cols}, expected {STEP_COLUMNS}")
+    out = []
+    for lineno, row in lines[1:]:
+        if not isinstance(row, list) or len(row) != len(STEP_COLUMNS):
+            got = f"a row of {len(row)} values" if isinstance(row, list) else f"{_show(row)}, not a row"
+            raise RunDataError(f"{path}:{lineno}: {got}, expected {len(STEP_COLUMNS)} ({', '.join(STEP_COLUMNS)}). "
+                               f"{FIX}")
+        worker, start, dur, kind, rows, ctx, versions, prefill = row
+        if kind not in ("step", "load"):
+            raise _bad(path, lineno, "kind", f"is {_show(kind)}, but it must be \"step\" or \"load\"")
+        step = _EngineStep(worker=_integer(worker, path, lineno, "worker"),
+                           start=_number(start, path, lineno, "start_s"),
+                           dur=_number(dur, path, lineno, "duration_s", positive=True), kind=kind,
+                           rows=_integer(rows, path, lineno, "decode_rows"),
+                           ctx=_integer(ctx, path, lineno, "context_tokens"),
+                           versions=_integer(versions, path, lineno, "versions"),
+                           prefill=_integer(prefill, path, lineno, "prefill_tokens"))
+        if kind == "step" and step.rows and not step.versions:
+            raise _bad(path, lineno, "versions", f"is 0 on a step of {step.rows} decode rows, but it must be >= 1")
+        out.append(step)
+    if not out:
+        raise RunDataError(f"{path}: no engine step after the header; pass the output directory of a `dora apply` "
+                           "run that ran to its end")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TrainStep:
+    lineno: int
+    step: int
+    start: float
+    end: float
+    tokens: int
+    sum_sq: float
+    seqs: int
+    threads: int
+
+
+def _train_steps(path: Path, notes: list[str]) -> list[_TrainStep]:
+    out = []
+    for lineno, m in _jsonl(path, notes):
+        if not isinstance(m, dict):
+            raise RunDataError(f"{path}:{lineno}: {_show(m)} is not a training step's object. {FIX}")
+        step = _integer(_field(m, "step", path, lineno, "training step"), path, lineno, "step", minimum=1)
+        if "forward_sum_sq_tokens" not in m:
+            raise RunDataError(f"{path}:{lineno}: step {step} lacks forward_sum_sq_tokens (written by an older dora); "
+                               "re-run the job")
+        start = _number(_field(m, "start_s", path, lineno, "training step"), path, lineno, "start_s")
+        end = _number(_field(m, "end_s", path, lineno, "training step"), path, lineno, "end_s")
+        if end <= start:
+            raise _bad(path, lineno, "end_s", f"is {_show(end)}, not after start_s {_show(start)}: a training step "
+                                              "takes time")
+        out.append(_TrainStep(
+            lineno=lineno, step=step, start=start, end=end,
+            tokens=_integer(_field(m, "forward_tokens", path, lineno, "training step"), path, lineno,
+                            "forward_tokens", minimum=1),
+            sum_sq=_number(m["forward_sum_sq_tokens"], path, lineno, "forward_sum_sq_tokens", positive=True),
+            seqs=_integer(_field(m, "num_sequences", path, lineno, "training step"), path, lineno, "num_sequences",
+                          minimum=1),
+            threads=_integer(m.get("train_threads", 1), path, lineno, "train_threads", minimum=1)))
+    if not out:
+        raise RunDataError(f"{path}: no training step; pass the output directory of a `dora apply` run that ran to "
+                           "its end")
+    return out
+
+
+_EVENT_FIELDS = {"resumed": ("step",), "train_step": ("step",), "weights_published": ("version",),
+                 "weights_load_started": ("rollout_group", "version"), "weights_loaded": ("rollout_group", "version")}
+"""The trace events the fits read, and their integer fields (each also has its time ``t``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Event:
+    lineno: int
+    type: str
+    t: float
+    ints: dict[str, int]
+
+
+def _trace(path: Path, notes: list[str]) -> list[_Event]:
+    lines = _jsonl(path, notes)
+    if not lines:
+        raise RunDataError(f"{path}: no events; pass the output directory of a `dora apply` run that ran to its end")
+    out = []
+    for lineno, e in lines:
+        if not isinstance(e, dict):
+            raise RunDataError(f"{path}:{lineno}: {_show(e)} is not a trace event's object. {FIX}")
+        kind = e.get("type")
+        if not isinstance(kind, str) or kind not in _EVENT_FIELDS:
+            continue
+        t = _number(_field(e, "t", path, lineno, f"{kind} event"), path, lineno, "t")
+        ints = {k: _integer(_field(e, k, path, lineno, f"{kind} event"), path, lineno, k) for k in _EVENT_FIELDS[kind]}
+        out.append(_Event(lineno=lineno, type=kind, t=t, ints=ints))
+    return out
+
+
+def _summary_resumed_from(path: Path) -> tuple[bool, Any, str]:
+    """Of a run's summary.json: (whether it could be read, its ``resumed_from_step`` or None, a phrase saying which
+    attempt it is of)."""
+    try:
+        data = loads_json(path.read_text(encoding="utf-8"))
+    except OSError:
+        return False, None, f"{path} is missing"
+    except (ValueError, UnicodeDecodeError):
+        return False, None, f"{path} is not readable JSON"
+    summary = data.get("summary") if isinstance(data, dict) else None
+    said = summary.get("resumed_from_step") if isinstance(summary, dict) else None
+    if type(said) is int:
+        return True, said, f"{path} is of the attempt resumed after step {said}"
+    return True, None, f"{path} is of an attempt that was not resumed"
+
+
+def _last_attempt(run_dir: Path, train: list[_TrainStep], events: list[_Event], paths: dict[str, Path],
+                  notes: list[str], resumed: list[str]) -> tuple[list[_TrainStep], list[_Event], float]:
+    """The training steps and trace events of the run's last attempt, and the trace clock where it began (0 for a run
+    never resumed); see the module docstring."""
+    metrics_path, trace_path = paths["metrics"], paths["trace"]
+    seams = [e for e in events if e.type == "resumed"]
+    readable, said, says = _summary_resumed_from(run_dir / "summary.json")
+    offset = 0.0
+    if seams:
+        seam = seams[-1]
+        n = seam.ints["step"]
+        if said != n:
+            raise RunDataError(
+                f"{run_dir}: the run was last resumed after step {n} ({trace_path}:{seam.lineno}), but {says}: that "
+                f"attempt did not run to its end, and {paths['steps']} is not its (an attempt writes its engine steps "
+                "when it ends). Run the same `dora apply` command again to finish it, or leave this run out")
+        earlier = len([s for s in train if s.step <= n])
+        train = [s for s in train if s.step > n]
+        if not train:
+            raise RunDataError(f"{metrics_path}: no training step after step {n}, where the run was last resumed "
+                               f"({trace_path}:{seam.lineno}). {FIX}")
+        events = [e for e in events if e.lineno > seam.lineno]
+        offset = seam.t
+        at = " and ".join(str(e.ints["step"]) for e in seams)
+        notes.append(f"run {run_dir} was resumed at step{'s' if len(seams) > 1 else ''} {at}; only steps "
+                     f"{n + 1}..{train[-1].step} (its last attempt) are used: each attempt restarts the clock of "
+                     f"metrics.jsonl, and engine_steps.jsonl holds the last attempt's engine steps only "
+                     f"({earlier} earlier training step(s) left out)")
+        resumed.append(f"{run_dir.name}: steps {n + 1}..{train[-1].step} after the resume at step {n}")
+    elif readable and said is not None:
+        raise RunDataError(f"{run_dir}: {says}, but {trace_path} records no resume. {FIX}")
+    prev: _TrainStep | None = None
+    for s in train:
+        if prev is not None:
+            if s.step <= prev.step:
+                raise _bad(metrics_path, s.lineno, "step", f"is {s.step}, after step {prev.step} (line {prev.lineno}): "
+                                                           "the steps must increase")
+            if s.start < prev.start:
+                raise RunDataError(
+                    f"{metrics_path}:{s.lineno}: step {s.step} starts at {_show(s.start)} s, before step {prev.step} "
+                    f"(line {prev.lineno}, {_show(prev.start)} s): the clock restarted, as a resumed attempt's does, "
+                    f"but {trace_path} records no resume between them. {FIX}")
+            if s.start < prev.end:
+                raise _bad(metrics_path, s.lineno, "start_s",
+                           f"is {_show(s.start)}, before step {prev.step} ended (line {prev.lineno}, end_s "
+                           f"{_show(prev.end)}): one trainer runs one step at a time")
+        prev = s
+    return train, events, offset
 
 
 def read_run(run_dir: Path, into: RunTimings) -> None:
-    """Add one run directory's measurements to ``into``."""
-    steps = _jsonl(run_dir / "engine_steps.jsonl")
-    metrics = _jsonl(run_dir / "metrics.jsonl")
-    trace = _jsonl(run_dir / "trace.jsonl")
-    if not steps or "columns" not in steps[0]:
-        raise RunDataError(f"{run_dir / 'engine_steps.jsonl'}: no header line; was it written by `dora apply`?")
-    cols = steps[0]["columns"]
-    need = ["worker", "start_s", "duration_s", "kind", "decode_rows", "context_tokens", "versions", "prefill_tokens"]
-    if cols != need:
-        raise RunDataError(f"{run_dir / 'engine_steps.jsonl'}: columns {cols}, expected {need}")
-    missing = [m.get("step", "?") for m in metrics if "forward_sum_sq_tokens" not in m]
-    if missing:
-        raise RunDataError(f"{run_dir / 'metrics.jsonl'}: steps {missing[:3]} lack forward_sum_sq_tokens (written "
-                           "by an older dora); re-run the job")
-    into.runs.append(str(run_dir))
-    spans = sorted((m["start_s"], m["end_s"]) for m in metrics)
+    """Add one run directory's measurements to ``into``: every file is read and checked first, so a bad one
+    (RunDataError, naming the file, line and field) adds nothing."""
+    _is_run_dir(run_dir)
+    part = RunTimings()
+    paths = {"steps": run_dir / "engine_steps.jsonl", "metrics": run_dir / "metrics.jsonl",
+             "trace": run_dir / "trace.jsonl"}
+    steps = _engine_steps(paths["steps"], part.notes)
+    train = _train_steps(paths["metrics"], part.notes)
+    events = _trace(paths["trace"], part.notes)
+    train, events, offset = _last_attempt(run_dir, train, events, paths, part.notes, part.resumed)
+    part.runs.append(str(run_dir))
+    spans = [(s.start, s.end) for s in train]  # in start order, not overlapping (checked)
     starts = [s for s, _ in spans]
     busy_in: dict[int, float] = defaultdict(float)
     """training step index -> engine-step seconds inside its span."""
@@ -143,9 +428,9 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
 
     engine_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
     """worker -> its steps' (start, end), in start order (an engine runs one step at a time)."""
-    for worker, start, dur, kind, *_ in steps[1:]:
-        if kind != "load":
-            engine_spans[worker].append((start, start + dur))
+    for st in steps:
+        if st.kind != "load":
+            engine_spans[st.worker].append((st.start, st.start + st.dur))
     for worker_spans in engine_spans.values():
         worker_spans.sort()
     engine_starts = {w: [s for s, _ in sp] for w, sp in engine_spans.items()}
@@ -162,51 +447,129 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
                 j -= 1
         return busy
 
-    for worker, start, dur, kind, rows, ctx, versions, prefill in steps[1:]:
-        if kind == "load":
+    for st in steps:
+        if st.kind == "load":
             continue
+        start, dur, rows, ctx = st.start, st.dur, st.rows, st.ctx
         i = training_at(start, start + dur)
         if i is not None:
             busy_in[i] += min(start + dur, spans[i][1]) - max(start, spans[i][0])
-        if prefill:
-            into.prefill_steps += 1
+        if st.prefill:
+            part.prefill_steps += 1
             continue
         if rows == 0:
             continue
-        shared = len(engine_spans) > 1 and others_busy(worker, start, start + dur) >= 0.5 * dur
-        if versions > 1:
-            into.multi.append((rows, ctx, versions, i is not None, shared, dur))
+        shared = len(engine_spans) > 1 and others_busy(st.worker, start, start + dur) >= 0.5 * dur
+        if st.versions > 1:
+            part.multi.append((rows, ctx, st.versions, i is not None, shared, dur))
         elif i is not None:
-            into.decode_contended.append((rows, ctx, shared, dur))
+            part.decode_contended.append((rows, ctx, shared, dur))
         elif shared:
-            into.decode_engines.append((rows, ctx, dur))
+            part.decode_engines.append((rows, ctx, dur))
         else:
-            into.decode_alone[(rows, round(ctx / rows / CONTEXT_BUCKET))].append((ctx, dur))
-    for m in metrics:
-        i = bisect.bisect_left(starts, m["start_s"])
-        span = m["end_s"] - m["start_s"]
-        point = Point(kind="train", x={"tokens": m["forward_tokens"], "sum_sq_seq_len": m["forward_sum_sq_tokens"],
-                                       "num_seqs": m["num_sequences"], "dp": m.get("train_threads", 1)},
+            part.decode_alone[(rows, round(ctx / rows / CONTEXT_BUCKET))].append((ctx, dur))
+    for i, s in enumerate(train):
+        span = s.end - s.start
+        point = Point(kind="train", x={"tokens": s.tokens, "sum_sq_seq_len": s.sum_sq, "num_seqs": s.seqs,
+                                       "dp": s.threads},
                       seconds=span, seconds_min=span, seconds_max=span)
-        (into.train_contended if busy_in.get(i, 0.0) >= 0.5 * span else into.train_alone).append(point)
-    load_started: dict[tuple[int, int], float] = {}
-    for e in trace:
-        kind = e.get("type")
-        if kind == "weights_load_started":
-            load_started[(e["rollout_group"], e["version"])] = e["t"]
-        elif kind == "weights_loaded" and (e["rollout_group"], e["version"]) in load_started:
-            t0, worker = load_started.pop((e["rollout_group"], e["version"])), e["rollout_group"]
-            st = engine_starts.get(worker, [])
-            if bisect.bisect_right(st, e["t"]) == bisect.bisect_left(st, t0):  # no step started meanwhile
-                into.loads.append(e["t"] - t0)
-    ends = {e["step"]: e["t"] for e in trace if e.get("type") == "train_step"}
-    for e in trace:
-        if e.get("type") == "weights_published" and e["version"] in ends:
-            secs = e["t"] - ends[e["version"]]
-            into.publish.append(Point(kind="publish", x={"version": e["version"]}, seconds=secs, seconds_min=secs,
-                                      seconds_max=secs))
+        (part.train_contended if busy_in.get(i, 0.0) >= 0.5 * span else part.train_alone).append(point)
+    trace_path = paths["trace"]
+    load_started: dict[tuple[int, int], _Event] = {}
+    for e in events:
+        if e.type == "weights_load_started":
+            load_started[(e.ints["rollout_group"], e.ints["version"])] = e
+        elif e.type == "weights_loaded" and (e.ints["rollout_group"], e.ints["version"]) in load_started:
+            begun, worker = load_started.pop((e.ints["rollout_group"], e.ints["version"])), e.ints["rollout_group"]
+            if e.t <= begun.t:
+                raise _bad(trace_path, e.lineno, "t", f"of this weights_loaded (v{e.ints['version']}, rollout group "
+                                                      f"{worker}) is {_show(e.t)}, not after its load started (line "
+                                                      f"{begun.lineno}, t {_show(begun.t)}): a load takes time")
+            st_ = engine_starts.get(worker, [])
+            if bisect.bisect_right(st_, e.t - offset) == bisect.bisect_left(st_, begun.t - offset):  # no step meanwhile
+                part.loads.append(e.t - begun.t)
+    ends = {e.ints["step"]: e for e in events if e.type == "train_step"}
+    for e in events:
+        if e.type == "weights_published" and e.ints["version"] in ends:
+            end = ends[e.ints["version"]]
+            secs = e.t - end.t
+            if secs <= 0:
+                raise _bad(trace_path, e.lineno, "t", f"of this weights_published (v{e.ints['version']}) is "
+                                                      f"{_show(e.t)}, not after train_step {end.ints['step']} ended "
+                                                      f"(line {end.lineno}, t {_show(end.t)}): a publish takes time")
+            part.publish.append(Point(kind="publish", x={"version": e.ints["version"]}, seconds=secs,
+                                      seconds_min=secs, seconds_max=secs))
+    into.add(part)
 
 
+SPEC_FIELDS = ("model", "algorithm.name", "algorithm.ppo_epochs", "algorithm.minibatches_per_step", "algorithm.kl_coef",
+               "train_micro_batch_tokens", "accelerator", "rollout_engine", "trainer")
+"""The runtime-config fields whose values the fits take from the spec, not from the run (see the module docstring);
+``algorithm.kl_coef`` only as to whether it is > 0 (a reference-model forward)."""
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k in sorted(value):
+            out.update(_flatten(value[k], f"{prefix}.{k}"))
+        return out
+    return {prefix: value}
+
+
+def check_run_spec(run_dir: Path, expected: dict[str, Any], spec_label: str) -> str | None:
+    """Refuse (RunDataError) a run whose runtime.json differs from ``expected`` (the spec's runtime config, as
+    `dora apply` would write it) in a field of ``SPEC_FIELDS``, naming each with both values; a note when the run is
+    of another spec that matches in all of them, else None."""
+    _is_run_dir(run_dir)
+    path = run_dir / "runtime.json"
+    try:
+        run = loads_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RunDataError(f"{path}: {exc.strerror or exc}; a `dora apply` output directory holds the runtime config "
+                           "it ran (pass the output directory of a `dora apply` run)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RunDataError(f"{path}: not readable JSON ({exc}). {FIX}") from None
+    if not isinstance(run, dict):
+        raise RunDataError(f"{path}: {_show(run)} is not a runtime config object. {FIX}")
+    absent = object()
+    run_flat: dict[str, Any] = {}
+    spec_flat: dict[str, Any] = {}
+    for name in SPEC_FIELDS:
+        here, there = run, expected
+        for part in name.split("."):
+            here = here.get(part, absent) if isinstance(here, dict) else absent
+            there = there.get(part, absent) if isinstance(there, dict) else absent
+        run_flat.update(_flatten(here, name))
+        spec_flat.update(_flatten(there, name))
+
+    def show(v: Any) -> str:
+        return "(absent)" if v is absent else _show(v)
+
+    def differs(name: str) -> bool:
+        a, b = run_flat.get(name, absent), spec_flat.get(name, absent)
+        if name == "algorithm.kl_coef" and all(isinstance(v, int | float) for v in (a, b)):
+            return (a > 0) != (b > 0)
+        return bool(a != b)
+
+    diffs = [f"{name}: run {show(run_flat.get(name, absent))}, spec {show(spec_flat.get(name, absent))}"
+             for name in sorted(set(run_flat) | set(spec_flat)) if differs(name)]
+    model = [d for d in diffs if d.startswith("model.")]
+    if model:
+        raise RunDataError(f"{path}: the run trained another model than {spec_label}: {'; '.join(model)}. The fits "
+                           "evaluate the spec's model on the run's timings, so they must match: calibrate with the "
+                           "spec the run was made from, or `dora apply` this spec and pass that run")
+    if diffs:
+        raise RunDataError(f"{path}: the run's training step or engines differ from {spec_label}'s: "
+                           f"{'; '.join(diffs)}. The fits evaluate the spec's on the run's timings, so they must "
+                           "match: calibrate with the spec the run was made from, or `dora apply` this spec and pass "
+                           "that run")
+    if run.get("spec_hash") != expected.get("spec_hash") or run.get("spec_name") != expected.get("spec_name"):
+        return (f"run {run_dir} was made from spec {_show(run.get('spec_name'))} (spec_hash "
+                f"{str(run.get('spec_hash'))[:12]}), not {spec_label} ({str(expected.get('spec_hash'))[:12]}); it is "
+                "used: its model, training step and engines are the spec's, and the fits take batch sizes, contexts, "
+                "versions and training tokens from what each of its steps recorded")
+    return None
 def _require(points: Sequence[Any], what: str, hint: str) -> None:
     if len(points) < MIN_POINTS:
         raise RunDataError(f"the runs hold {len(points)} {what} (need >= {MIN_POINTS}); {hint}")
@@ -259,7 +622,7 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
                                         for e, (b, c, *_) in zip(extras, data.multi, strict=True))))
         calib = calib.with_overrides(**_rounded(fits[-1].constants))
     fits.append(train_fit)
-    if data.publish and data.loads:
+    if data.publish or data.loads:  # a constant whose intervals no trace holds keeps its base value (the CLI says so)
         fits.append(fit_weights(data.publish, data.loads, ctx, calib))
         calib = calib.with_overrides(**_rounded(fits[-1].constants))
     fitted = {k: float(f"{v:.6g}") for f in fits for k, v in f.constants.items()}
@@ -267,8 +630,9 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
 
 
 def fit_weights(publish: Sequence[Point], loads: Sequence[float], ctx: ModelContext, calib: Calibration) -> Fit:
-    """(cpu_weight_publish_fixed_s, cpu_weight_reload_fixed_s): the measured medians beyond the formula's
-    trainer-side (gather, convert) and engine-side (transfer, buckets, per-tensor reload) terms."""
+    """(cpu_weight_publish_fixed_s, cpu_weight_reload_fixed_s): the measured means beyond the formula's trainer-side
+    (gather, convert) and engine-side (transfer, buckets, per-tensor reload) terms. A constant with no measurement
+    (``publish`` or ``loads`` empty) is not fitted: it is absent from the fit's constants and keeps ``calib``'s value."""
     from planner.sim.costmodel import cost_model_timing
 
     def timing(cal: Calibration) -> Any:
@@ -279,11 +643,16 @@ def fit_weights(publish: Sequence[Point], loads: Sequence[float], ctx: ModelCont
                                  accelerators_per_node=ctx.accelerators_per_node)
 
     zero = timing(calib.with_overrides(cpu_weight_publish_fixed_s=0.0, cpu_weight_reload_fixed_s=0.0))
-    pub = max(0.0, statistics.fmean(p.seconds for p in publish) - zero.weight_publish_s)
-    load = max(0.0, statistics.fmean(loads) - zero.weight_load_trainer_s)
-    final = timing(calib.with_overrides(cpu_weight_publish_fixed_s=pub, cpu_weight_reload_fixed_s=load))
-    return Fit(kind="weights", constants={"cpu_weight_publish_fixed_s": pub, "cpu_weight_reload_fixed_s": load},
-               residuals=tuple([final.weight_publish_s / p.seconds - 1 for p in publish]
+    constants: dict[str, float] = {}
+    if publish:
+        constants["cpu_weight_publish_fixed_s"] = max(0.0, statistics.fmean(p.seconds for p in publish)
+                                                      - zero.weight_publish_s)
+    if loads:
+        constants["cpu_weight_reload_fixed_s"] = max(0.0, statistics.fmean(loads) - zero.weight_load_trainer_s)
+    final = timing(calib.with_overrides(**constants))
+    # read_run refuses intervals that take no time; the guards keep a caller's zero from dividing
+    return Fit(kind="weights", constants=constants,
+               residuals=tuple([final.weight_publish_s / p.seconds - 1 for p in publish if p.seconds > 0]
                                + [final.weight_load_trainer_s / y - 1 for y in loads if y > 0]))
 
 

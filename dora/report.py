@@ -6,7 +6,7 @@ Everything printed is read from the Plan (computed by the planner); nothing here
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -20,22 +20,71 @@ from planner.policies import due_consolidation_batch
 _GIB = float(1 << 30)
 
 
+_DURATION_UNITS = ((1.0, "ms", 1000.0, 0), (120.0, "s", 1.0, 1), (7200.0, "min", 1 / 60, 1), (math.inf, "h", 1 / 3600, 1))
+"""(below this many seconds, unit, per second, decimals) of ``_dur``."""
+
+
+def _fixed(x: float, decimals: int) -> tuple[str, float]:
+    """``x`` to ``decimals`` decimals and the value printed; a non-zero ``x`` that would print as 0 prints as '<0.1'
+    (or '>-0.1'), its printed value 0."""
+    text = f"{x:.{decimals}f}"
+    if x and float(text) == 0:
+        unit = f"{10.0 ** -decimals:.{decimals}f}"
+        return (f"<{unit}" if x > 0 else f">-{unit}"), 0.0
+    return text, float(text)
+
+
+def _dur_value(seconds: float, extra: int = 0) -> tuple[str, float]:
+    """``_dur`` with ``extra`` more decimals, and the seconds it prints. A value whose rounding reaches the next unit
+    takes that unit (0.9996 s is '1.0 s', not '1000 ms'); a non-zero one that would print as 0 prints as '<1 ms'."""
+    for limit, unit, per_s, decimals in _DURATION_UNITS:
+        if seconds < limit:
+            text, value = _fixed(seconds * per_s, decimals + extra)
+            if value / per_s < limit:
+                return f"{text} {unit}", value / per_s
+    text, value = _fixed(seconds / 3600, 1 + extra)
+    return f"{text} h", value * 3600
+
+
 def _dur(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    return _dur_value(seconds)[0]
+
+
+def _adding_up(total: float, parts: Sequence[float], fmt: Callable[[float, int], tuple[str, float]],
+               extras: Sequence[int] = (0, 1, 2)) -> tuple[str, list[str]]:
+    """``total`` and its ``parts`` (which add up to it) as ``fmt`` prints them with the fewest ``extras`` decimals
+    at which the printed parts add up to the printed total (a part printed as '<0.1' counting 0; the most decimals
+    where none does, and the fewest when there are no parts)."""
+    if not parts:
+        return fmt(total, extras[0])[0], []
+    for extra in extras:
+        total_text, total_value = fmt(total, extra)
+        printed = [fmt(x, extra) for x in parts]
+        if abs(sum(v for _, v in printed) - total_value) <= 1e-9 * max(1.0, abs(total_value)):
+            break
+    return total_text, [text for text, _ in printed]
+
+
+def _percent(fraction: float) -> str:
+    """A whole percentage that reads 0% or 100% only when it is exactly that: '<1%', '>99%', '>100%'."""
+    value = 100 * fraction
+    text = f"{value:.0f}"
+    if value and float(text) == 0:
+        return "<1%" if value > 0 else ">-1%"
+    if value != 100 and float(text) == 100:
+        return ">99%" if value < 100 else ">100%"
+    return f"{text}%"
 
 
 def _recomputes(p: Predictions) -> str:
     if p.kv_recomputes_per_step <= 0:
         return "none: every engine's running contexts fit its KV cache"
     migrated = p.kv_recomputes_per_step - p.kv_preemptions_per_step
-    return (f"{p.kv_recomputes_per_step:.1f} sequences ({p.kv_preemptions_per_step:.1f} preempted when an engine's "
-            "cache filled" + (f", {migrated:.1f} migrated to an engine without room" if migrated > 0.05 else "")
+    shown = migrated > 1e-9 * p.kv_recomputes_per_step  # more than float noise of the subtraction
+    total, parts = _adding_up(p.kv_recomputes_per_step, [p.kv_preemptions_per_step, *([migrated] if shown else [])],
+                              lambda x, extra: _fixed(x, 1 + extra))
+    return (f"{total} sequences ({parts[0]} preempted when an engine's cache filled"
+            + (f", {parts[1]} migrated to an engine without room" if shown else "")
             + f"), re-prefilling {format_rate(p.kv_recomputed_tokens_per_step)} tokens")
 
 
@@ -72,17 +121,14 @@ def _predictions_table(plan: Plan) -> Table:
         ("speedup vs best sync plan", f"{p.speedup_vs_sync:.2f}x"),
         *([("overlap ceiling", f"{format_rate(p.overlap_ceiling_tokens_per_s)} trained tokens/s "
             f"({p.speedup_vs_sync * p.overlap_ceiling_tokens_per_s / p.trained_tokens_per_s:.2f}x best sync); "
-            f"this plan reaches {100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}%")]
+            f"this plan reaches {_percent(p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s)}")]
           if p.overlap_ceiling_tokens_per_s and p.trained_tokens_per_s else []),
-        ("bubble fraction", f"{100 * p.bubble_fraction:.0f}%"),
-        ("rollout slot occupancy", f"{100 * p.rollout_occupancy:.0f}%"),
-        ("rollout share of a sync step", f"{100 * p.rollout_share:.0f}%"),
-        ("trainer utilization", f"{100 * p.trainer_utilization:.0f}%"),
+        ("bubble fraction", _percent(p.bubble_fraction)),
+        ("rollout slot occupancy", _percent(p.rollout_occupancy)),
+        ("rollout share of a sync step", _percent(p.rollout_share)),
+        ("trainer utilization", _percent(p.trainer_utilization)),
         ("weight sync per version", _dur(p.weight_sync_s)),
-        *([("host memory moves per step", f"{_dur(p.engine_swap_s + p.trainer_swap_s)}: "
-            + (f"engines out and back {_dur(p.engine_swap_s)}, " if p.engine_swap_s else "")
-            + f"trainer state out and back {_dur(p.trainer_swap_s)}")]
-          if plan.colocated else []),
+        *([("host memory moves per step", _host_moves(p))] if plan.colocated else []),
         ("KV-cache recomputes per step", _recomputes(p)),
         ("mean staleness / live versions", f"{p.mean_staleness:.2f} / up to {p.max_live_versions}"),
         ("time for all steps", _dur(p.total_time_s)),
@@ -94,14 +140,26 @@ def _predictions_table(plan: Plan) -> Table:
     return tab
 
 
+def _host_moves(p: Predictions) -> str:
+    """The total, then the engines' and the trainer's moves, to the precision at which the two add up to it."""
+    parts = [p.engine_swap_s, p.trainer_swap_s] if p.engine_swap_s else [p.trainer_swap_s]
+    total, texts = _adding_up(p.engine_swap_s + p.trainer_swap_s, parts, _dur_value)
+    return (f"{total}: " + (f"engines out and back {texts[0]}, " if p.engine_swap_s else "")
+            + f"trainer state out and back {texts[-1]}")
+
+
 def _memory_table(plan: Plan) -> Table:
+    """Each side's need and its breakdown in GiB, to 0.1 GiB, or to 0.01 (0.001) where the printed parts would not
+    add up to the printed need at 0.1; a non-zero part too small to show prints as '<0.1'."""
     tab = Table(title="Memory per accelerator", title_justify="left")
     for col in ("side", "uses", "of", "headroom", "breakdown"):
         tab.add_column(col)
     for m in plan.memory:
-        parts = ", ".join(f"{k} {v / _GIB:.1f}" for k, v in sorted(m.detail.items()) if v)
-        tab.add_row(m.side, f"{m.need_bytes / _GIB:.1f} GiB", f"{m.have_bytes / _GIB:.1f} GiB",
-                    f"{100 * m.headroom_fraction:.0f}%", f"{parts} (GiB)")
+        names = [k for k, v in sorted(m.detail.items()) if v]
+        need, parts = _adding_up(m.need_bytes, [m.detail[k] for k in names],
+                                 lambda x, extra: _fixed(x / _GIB, 1 + extra))
+        tab.add_row(m.side, f"{need} GiB", f"{m.have_bytes / _GIB:.1f} GiB", _percent(m.headroom_fraction),
+                    ", ".join(f"{k} {v}" for k, v in zip(names, parts, strict=True)) + " (GiB)")
     return tab
 
 

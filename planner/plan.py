@@ -37,11 +37,19 @@ def _round(x: Any) -> Any:
 
 
 def format_rate(x: float) -> str:
-    """Tokens/s as plans and reports print them: 12345.6 -> '12.35K', 2.5e6 -> '2.50M', 512 -> '512.0'."""
-    for unit, div in (("M", 1e6), ("K", 1e3)):
-        if x >= div:
-            return f"{x / div:.2f}{unit}"
-    return f"{x:.1f}"
+    """Tokens/s as plans and reports print them: 12345.6 -> '12.35K', 2.5e6 -> '2.50M', 512 -> '512.0'.
+
+    A value whose rounding reaches 1000 of its unit takes the next one (999_999 -> '1.00M', 999.96 -> '1.00K'), and a
+    non-zero one that would print as 0.0 prints as '<0.1'."""
+    units = (("", 1.0, 1), ("K", 1e3, 2), ("M", 1e6, 2))
+    i = max((k for k, (_, div, _) in enumerate(units) if x >= div), default=0)
+    for unit, div, decimals in units[i:]:
+        text = f"{x / div:.{decimals}f}"
+        if float(text) < 1000 or unit == "M":
+            break
+    if x > 0 and float(text) == 0:
+        return "<0.1"
+    return f"{text}{unit}"
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutPlan:

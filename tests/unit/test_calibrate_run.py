@@ -3,8 +3,12 @@ run directories exit 2 with the reason."""
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import random
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,15 @@ TRUTH = DEFAULT_CALIBRATION.with_overrides(
     cpu_train_compute_efficiency=0.4, cpu_train_step_overhead_s=0.01, cpu_rollout_contention=1.3,
     cpu_train_contention=1.5, cpu_extra_version_step_s=0.0004, cpu_weight_publish_fixed_s=0.02,
     cpu_weight_reload_fixed_s=0.003, cpu_engine_contention=1.25)
+
+
+@functools.cache
+def _spec_runtime() -> dict:
+    """runtime.json as `dora apply specs/local-tiny.yaml` writes it (what `--from-run` checks a run against)."""
+    from dora.apply import ApplyOverrides, runtime_config_for
+    from dora.spec import load_spec
+
+    return json.loads(runtime_config_for(load_spec(LOCAL), ApplyOverrides()).to_json())
 
 
 def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int) -> None:
@@ -73,6 +86,7 @@ def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int) ->
                 t += dur + 1e-6
             if worker == 1:
                 other_end = t
+    (path / "runtime.json").write_text(json.dumps(_spec_runtime()))
     (path / "engine_steps.jsonl").write_text("\n".join(steps) + "\n")
     (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (path / "trace.jsonl").write_text("".join(json.dumps(e) + "\n" for e in trace))
@@ -119,3 +133,238 @@ def test_from_run_cli_writes_a_loadable_file_and_rejects_a_bad_directory(ctx: Mo
     err = capsys.readouterr().err
     assert "engine_steps.jsonl" in err and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
+
+
+def _said(message: str, err: str) -> bool:
+    """``message`` is in ``err`` (rich wraps the console's lines anywhere a space is)."""
+    return "".join(message.split()) in "".join(err.split())
+
+
+def _lines(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _put(path: Path, values: list) -> None:
+    path.write_text("".join(json.dumps(v) + "\n" for v in values))
+
+
+def _resumed(src: Path, dst: Path, earlier: int) -> None:
+    """``src`` (a whole run) as the last attempt of a run resumed after step ``earlier``: metrics.jsonl first holds the
+    earlier attempt's steps on their own clock from 0, the trace runs on one clock with a ``resumed`` event at the seam,
+    engine_steps.jsonl holds the last attempt's steps only, and summary.json is the last attempt's."""
+    shutil.copytree(src, dst)
+    metrics = _lines(src / "metrics.jsonl")
+    _put(dst / "metrics.jsonl", [{**m, "step": k + 1} for k, m in enumerate(metrics[:earlier])]
+         + [{**m, "step": m["step"] + earlier} for m in metrics])
+    trace = _lines(src / "trace.jsonl")
+    before = [e for e in trace if e.get("step", e.get("version", 0)) <= earlier
+              and e["type"] in ("train_step", "weights_published")]
+    seam = max(e["t"] for e in before) + 1e-3
+    shifted = [{**e, "t": e["t"] + seam, **{k: e[k] + earlier for k in ("step", "version") if k in e}} for e in trace]
+    _put(dst / "trace.jsonl", before + [{"t": seam, "type": "resumed", "step": earlier}] + shifted)
+    (dst / "summary.json").write_text(json.dumps({"summary": {"resumed_from_step": earlier}}))
+
+
+def test_a_resumed_run_is_read_as_its_last_attempt(ctx: ModelContext, tmp_path: Path) -> None:
+    """metrics.jsonl's clock restarts at a resume and engine_steps.jsonl holds the last attempt only: the earlier
+    attempt's steps were laid on the last attempt's engine steps (69 streaming steps classed 'no rollout running')."""
+    _write_run(tmp_path / "whole", ctx, overlapped=True, seed=2)
+    _resumed(tmp_path / "whole", tmp_path / "resumed", earlier=5)
+    whole, resumed = RunTimings(), RunTimings()
+    read_run(tmp_path / "whole", whole)
+    read_run(tmp_path / "resumed", resumed)
+    assert [(p.x, p.seconds) for p in resumed.train_contended] == [(p.x, p.seconds) for p in whole.train_contended]
+    assert [(p.x, p.seconds) for p in resumed.train_alone] == [(p.x, p.seconds) for p in whole.train_alone]
+    assert resumed.decode_contended == whole.decode_contended and resumed.multi == whole.multi
+    assert resumed.loads == pytest.approx(whole.loads) and len(whole.loads) == 12
+    assert [p.seconds for p in resumed.publish] == pytest.approx([p.seconds for p in whole.publish])
+    assert [p.x["version"] for p in resumed.publish] == [p.x["version"] + 5 for p in whole.publish]
+    assert any("was resumed at step 5; only steps 6..17" in n for n in resumed.notes)
+    assert resumed.resumed == ["resumed: steps 6..17 after the resume at step 5"]
+
+
+def test_a_resumed_run_whose_last_attempt_did_not_finish_is_refused(ctx: ModelContext, tmp_path: Path) -> None:
+    """engine_steps.jsonl is written when an attempt ends: after a resumed attempt that was killed it is an earlier
+    attempt's, and no clock lines it up with the last attempt's training steps."""
+    _write_run(tmp_path / "whole", ctx, overlapped=True, seed=2)
+    _resumed(tmp_path / "whole", tmp_path / "resumed", earlier=5)
+    (tmp_path / "resumed" / "summary.json").write_text(json.dumps({"summary": {"resumed_from_step": None}}))
+    with pytest.raises(RunDataError, match=r"last resumed after step 5 \(.*trace.jsonl:\d+\), but .*summary.json is of "
+                                           r"an attempt that was not resumed: that attempt did not run to its end"):
+        read_run(tmp_path / "resumed", RunTimings())
+    (tmp_path / "resumed" / "summary.json").unlink()
+    with pytest.raises(RunDataError, match="summary.json is missing"):
+        read_run(tmp_path / "resumed", RunTimings())
+    # a clock that restarts with no resume in the trace is refused too, not laid on the engine steps
+    metrics = _lines(tmp_path / "whole" / "metrics.jsonl")
+    _put(tmp_path / "whole" / "metrics.jsonl", metrics[:3] + [{**m, "step": m["step"] + 3} for m in metrics])
+    with pytest.raises(RunDataError, match=r"metrics.jsonl:4: step 4 starts at .* before step 3 .*the clock "
+                                           r"restarted.*records no resume"):
+        read_run(tmp_path / "whole", RunTimings())
+
+
+def test_a_run_of_another_model_is_refused_and_of_another_spec_of_the_same_model_used(
+        ctx: ModelContext, tmp_path: Path, capsys) -> None:
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
+    runs = [str(tmp_path / "sync"), str(tmp_path / "async")]
+    runtime = json.loads((tmp_path / "async" / "runtime.json").read_text())
+    other = {**runtime, "spec_name": "tiny-variant", "spec_hash": "f" * 64, "mode": "sync", "steps": 7, "seed": 3}
+    (tmp_path / "async" / "runtime.json").write_text(json.dumps(other))
+    assert run_calibrate(LOCAL, str(tmp_path / "a.json"), from_runs=runs) == 0
+    err = capsys.readouterr().err
+    assert _said("was made from spec \"tiny-variant\" (spec_hash ffffffffffff), not specs/local-tiny.yaml", err)
+    wider = {**other, "model": {**runtime["model"], "hidden_size": 128, "num_layers": 4}}
+    (tmp_path / "async" / "runtime.json").write_text(json.dumps(wider))
+    assert run_calibrate(LOCAL, str(tmp_path / "b.json"), from_runs=runs) == 2
+    err = capsys.readouterr().err
+    assert _said("the run trained another model than specs/local-tiny.yaml", err)
+    assert _said("model.hidden_size: run 128, spec 64; model.num_layers: run 4, spec 2", err)
+    assert "Traceback" not in err and not (tmp_path / "b.json").exists()
+    epochs = {**other, "algorithm": {**runtime["algorithm"], "ppo_epochs": 2}}
+    (tmp_path / "async" / "runtime.json").write_text(json.dumps(epochs))
+    assert run_calibrate(LOCAL, str(tmp_path / "c.json"), from_runs=runs) == 2
+    assert _said("algorithm.ppo_epochs: run 2, spec 1", capsys.readouterr().err)
+    (tmp_path / "async" / "runtime.json").unlink()
+    assert run_calibrate(LOCAL, str(tmp_path / "d.json"), from_runs=runs) == 2
+    assert _said("async/runtime.json: No such file or directory", capsys.readouterr().err)
+
+
+def _nan_durations(rows: list) -> list:
+    return [rows[0]] + [[*r[:2], math.nan, *r[3:]] for r in rows[1:]]
+
+
+def _with(file: str, change: Callable[[list], list]) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        _put(run / file, change(_lines(run / file)))
+    return apply
+
+
+def _first(kind: str, change: Callable[[dict], dict]) -> Callable[[list], list]:
+    def apply(events: list) -> list:
+        i = next(i for i, e in enumerate(events) if e["type"] == kind)
+        return [*events[:i], change(events[i]), *events[i + 1:]]
+    return apply
+
+
+def _publish_at_step_end(events: list) -> list:
+    ends = {e["step"]: e["t"] for e in events if e["type"] == "train_step"}
+    return [{**e, "t": ends[e["version"]]} if e["type"] == "weights_published" else e for e in events]
+
+
+BAD_RUNS = {
+    # (what is wrong, the file, how): the message must name file:line and the field
+    "no start_s": (_with("metrics.jsonl", lambda m: [*m[:-1], {k: v for k, v in m[-1].items() if k != "start_s"}]),
+                   r"metrics.jsonl:12: start_s is missing from this training step"),
+    "row of 3 values": (_with("engine_steps.jsonl", lambda r: [*r[:-1], [0, 1.0, 0.01]]),
+                        r"engine_steps.jsonl:\d+: a row of 3 values, expected 8 \(worker, start_s, duration_s"),
+    "null duration": (_with("engine_steps.jsonl", lambda r: [*r[:-1], [*r[-1][:2], None, *r[-1][3:]]]),
+                      r"engine_steps.jsonl:\d+: duration_s is null, not a number"),
+    "event without t": (_with("trace.jsonl", _first("weights_published", lambda e: {k: v for k, v in e.items()
+                                                                                      if k != "t"})),
+                        r"trace.jsonl:\d+: t is missing from this weights_published event"),
+    "NaN durations": (_with("engine_steps.jsonl", _nan_durations),
+                      r"engine_steps.jsonl:2: duration_s is nan, not a finite number"),
+    "NaN end_s": (_with("metrics.jsonl", lambda m: [{**x, "end_s": math.nan} for x in m]),
+                  r"metrics.jsonl:1: end_s is nan, not a finite number"),
+    "zero durations": (_with("engine_steps.jsonl", lambda r: [r[0]] + [[*x[:2], 0.0, *x[3:]] for x in r[1:]]),
+                       r"engine_steps.jsonl:2: duration_s is 0.0, but it must be > 0"),
+    "zero-length training steps": (_with("metrics.jsonl", lambda m: [{**x, "end_s": x["start_s"]} for x in m]),
+                                   r"metrics.jsonl:1: end_s is .*, not after start_s .*: a training step takes time"),
+    "publish at the step's end": (_with("trace.jsonl", _publish_at_step_end),
+                                  r"trace.jsonl:2: t of this weights_published \(v1\) is .*, not after train_step 1 "
+                                  r"ended \(line 1, .*a publish takes time"),
+    "bad line in the middle": (lambda run: (run / "metrics.jsonl").write_text(
+        "\n".join(x if i != 2 else x[:20] for i, x in enumerate((run / "metrics.jsonl").read_text().splitlines()))
+        + "\n"), r"metrics.jsonl:3: not a JSON value \("),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RUNS))
+def test_bad_values_name_the_file_line_and_field(case: str, ctx: ModelContext, tmp_path: Path) -> None:
+    """Each of these was an 'internal error' (KeyError, unpacking, TypeError, ZeroDivisionError), wrong advice ('add an
+    asynchronous run') or a silent fit with -100% residuals; a JSON error always said 'line 1'."""
+    change, message = BAD_RUNS[case]
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
+    change(tmp_path / "async")
+    data = RunTimings()
+    with pytest.raises(RunDataError, match=message):
+        read_run(tmp_path / "async", data)
+    assert data.runs == [] and not data.train_contended  # nothing of a bad run is added
+
+
+def test_a_bad_run_exits_2_with_its_reason(ctx: ModelContext, tmp_path: Path, capsys) -> None:
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
+    BAD_RUNS["publish at the step's end"][0](tmp_path / "async")
+    out = tmp_path / "cal.json"
+    assert run_calibrate(LOCAL, str(out), from_runs=[str(tmp_path / "sync"), str(tmp_path / "async")]) == 2
+    err = capsys.readouterr().err
+    assert _said("a publish takes time", err) and "internal error" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_last_line_cut_short_is_left_out_with_a_note(ctx: ModelContext, tmp_path: Path) -> None:
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
+    whole = RunTimings()
+    read_run(tmp_path / "async", whole)
+    trace = tmp_path / "async" / "trace.jsonl"
+    text = trace.read_text()
+    trace.write_text(text + '{"t": 9.5, "type": "weights_pub')  # a writer killed mid-line
+    cut = RunTimings()
+    read_run(tmp_path / "async", cut)
+    assert cut.publish == whole.publish
+    assert cut.notes == [f"{trace}:{text.count(chr(10)) + 1}: the last line is cut short (a writer stopped "
+                         "mid-line); it is left out"]
+    trace.write_text(text + '{"t": 9.5, "type": "weights_pub\n')  # a whole line, ended: not a cut write
+    with pytest.raises(RunDataError, match=rf"trace.jsonl:{text.count(chr(10)) + 1}: not a JSON value"):
+        read_run(tmp_path / "async", RunTimings())
+
+
+def test_a_publish_interval_of_zero_does_not_divide_by_zero(ctx: ModelContext) -> None:
+    from dora.calibrate_run import fit_weights
+
+    zero = Point(kind="publish", x={"version": 1}, seconds=0.0, seconds_min=0.0, seconds_max=0.0)
+    fit = fit_weights([zero, Point(kind="publish", x={"version": 2}, seconds=0.05, seconds_min=0.05,
+                                   seconds_max=0.05)], [0.0, 0.02], ctx, DEFAULT_CALIBRATION)
+    assert len(fit.residuals) == 2 and all(math.isfinite(r) for r in fit.residuals)
+
+
+def test_a_decode_cells_spread_is_its_fastest_and_slowest_step() -> None:
+    data = RunTimings()
+    secs = [0.010, 0.011, 0.012, 0.013, 0.014, 0.015, 0.016, 0.017, 0.018, 0.019, 0.030]
+    data.decode_alone[(8, 4)].extend((256.0, s) for s in secs)
+    (point,) = data.decode_points()
+    assert (point.seconds_min, point.seconds_max) == (0.010, 0.030)
+    assert point.seconds == pytest.approx(sum(secs) / len(secs))
+
+
+def test_weight_constants_without_intervals_are_said_to_be_kept(ctx: ModelContext, tmp_path: Path, capsys) -> None:
+    """Prefill and engines said 'not refitted (kept ...)'; the weight constants were kept silently."""
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
+    for run in ("sync", "async"):
+        _with("trace.jsonl", lambda events: [e for e in events if e["type"] == "train_step"])(tmp_path / run)
+    out = tmp_path / "cal.json"
+    assert run_calibrate(LOCAL, str(out), from_runs=[str(tmp_path / "sync"), str(tmp_path / "async")]) == 0
+    err = capsys.readouterr().err
+    assert _said(f"weights not refitted: the runs' traces hold no train-step end followed by its weights' publication "
+                 f"(kept cpu_weight_publish_fixed_s={DEFAULT_CALIBRATION.cpu_weight_publish_fixed_s})", err)
+    assert _said(f"weights not refitted: the runs' traces hold no weight load on an engine that ran no step meanwhile "
+                 f"(kept cpu_weight_reload_fixed_s={DEFAULT_CALIBRATION.cpu_weight_reload_fixed_s})", err)
+    calib = load_calibration(str(out))
+    assert calib.cpu_weight_publish_fixed_s == DEFAULT_CALIBRATION.cpu_weight_publish_fixed_s
+    assert calib.cpu_weight_reload_fixed_s == DEFAULT_CALIBRATION.cpu_weight_reload_fixed_s
+
+
+def test_a_run_given_twice_and_quick_with_from_run_are_refused(ctx: ModelContext, tmp_path: Path, capsys) -> None:
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
+    out = tmp_path / "cal.json"
+    twice = [str(tmp_path / "sync"), str(tmp_path / "async"), str(tmp_path / "sync" / ".." / "sync")]
+    assert run_calibrate(LOCAL, str(out), from_runs=twice) == 2
+    err = capsys.readouterr().err
+    assert _said(f"--from-run gives the run {tmp_path / 'sync'} twice", err) and _said("would count twice", err)
+    assert run_calibrate(LOCAL, str(out), quick=True, from_runs=twice[:2]) == 2
+    assert _said("--quick and --from-run do not go together", capsys.readouterr().err)
+    assert not out.exists()

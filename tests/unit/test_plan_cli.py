@@ -120,7 +120,11 @@ def test_report_gives_a_colocated_plans_host_memory_moves() -> None:
     found = re.search(r"host memory moves per step (\S+ \S+): engines out and back (\S+ \S+), trainer state out and "
                       r"back (\S+ \S+)", text)
     assert found, text
-    assert found.group(2) == f"{p.engine_swap_s:.1f} s" and found.group(3) == f"{p.trainer_swap_s:.1f} s"
+    # to the precision at which the printed parts add up to the printed total (4.5 s + 1.1 s printed as 5.5 s once)
+    assert (found.group(1), found.group(2), found.group(3)) == (
+        f"{p.engine_swap_s + p.trainer_swap_s:.2f} s", f"{p.engine_swap_s:.2f} s", f"{p.trainer_swap_s:.2f} s")
+    total, engines, trainer = (float(found.group(i).split()[0]) for i in (1, 2, 3))
+    assert engines + trainer == pytest.approx(total, abs=1e-9)
     # the slowest engine's move, out and back, not the sum over the 32 engines: at least its weights one way, at most
     # its weights and whole KV cache both ways, after a weight load it may have had to finish first
     rollout = next(m for m in plan.memory if m.side == "rollout")
@@ -215,3 +219,48 @@ def test_the_runtime_config_is_not_taken_for_an_old_plan(tmp_path: Path, capsys:
     assert main(["diff", str(GOLDEN / "local-tiny.plan.json"), str(runtime)]) == 2
     err = capsys.readouterr().err
     assert "is the runtime config" in err and "format_version" not in err
+
+
+def test_format_rate_rolls_over_to_the_next_unit_after_rounding() -> None:
+    from planner.plan import format_rate
+
+    assert format_rate(999_999) == "1.00M" and format_rate(999.96) == "1.00K"  # were '1000.00K' and '1000.0'
+    assert (format_rate(999.94), format_rate(12345.6), format_rate(2.5e6), format_rate(512)) == (
+        "999.9", "12.35K", "2.50M", "512.0")
+    assert format_rate(0.04) == "<0.1" and format_rate(0) == "0.0"
+
+
+def test_report_rounding_never_misleads() -> None:
+    """A non-zero part printed as 0.0, parts that do not add up to the printed total, 0%/100% for 0.4%/99.94%, and
+    '0.0 sequences (0.0 preempted' for 0.04 (the reviewer's render_rounding.py)."""
+    import dataclasses
+    import re
+
+    from dora.report import _dur, plan_report_text
+    from planner.plan import Plan
+
+    tiny = Plan.from_dict(json.loads((GOLDEN / "local-tiny.plan.json").read_text()))
+    plan = dataclasses.replace(tiny, predictions=dataclasses.replace(
+        tiny.predictions, bubble_fraction=0.004, rollout_occupancy=0.99943, trainer_utilization=1.0,
+        kv_recomputes_per_step=0.04, kv_preemptions_per_step=0.04, kv_recomputed_tokens_per_step=3.0))
+    text = plan_report_text(plan, width=200)
+    row = {line.split("  ")[0].strip(): " ".join(line.split()) for line in text.splitlines()}
+    assert row["bubble fraction"].endswith("fraction <1%")
+    assert row["rollout slot occupancy"].endswith("occupancy >99%")
+    assert row["trainer utilization"].endswith("utilization 100%")  # exactly 1
+    assert "<0.1 sequences (<0.1 preempted when an engine's cache filled), re-prefilling 3.0 tokens" in text
+    for golden in ("local-tiny", "dense-32b-h800x128", "dense-8b-h800x64"):
+        report = plan_report_text(Plan.from_dict(json.loads((GOLDEN / f"{golden}.plan.json").read_text())), width=200)
+        rows = [line for line in report.splitlines() if re.match(r"│ (rollout|train) +│ [\d.]+ GiB +│", line)]
+        assert len(rows) == 2, report
+        for line in rows:
+            _, side, uses, _, _, breakdown, _ = line.split("│")
+            parts = dict(p.split() for p in breakdown.strip().removesuffix(" (GiB)").split(", "))
+            assert all(float(v.lstrip("<")) > 0 for v in parts.values()), line  # no part printed as 0.0
+            numeric = [float(v) for v in parts.values() if not v.startswith("<")]
+            decimals = len(uses.split()[0].split(".")[1])
+            assert round(sum(numeric), decimals) == float(uses.split()[0]), line  # the parts add up to the total
+    tiny_rows = plan_report_text(tiny, width=200)
+    assert "extra_versions <0.01, kv_cache 6.95, reserved 0.25, weights <0.01 (GiB)" in tiny_rows
+    assert "│ 7.20 GiB │" in tiny_rows
+    assert (_dur(0.9996), _dur(119.97), _dur(0.0001), _dur(0.25)) == ("1.0 s", "2.0 min", "<1 ms", "250 ms")
