@@ -15,7 +15,6 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.plan import Plan, Predictions, format_rate
-from planner.policies import due_consolidation_batch
 
 _GIB = float(1 << 30)
 
@@ -100,8 +99,7 @@ def placement_lines(plan: Plan) -> list[str]:
         f"rollout       {r.replicas} engine replicas x {r.accelerators_per_replica} accelerators "
         f"(tp={r.tp}{f' ep={r.ep}' if r.ep > 1 else ''}), {r.max_num_seqs} sequences each, "
         f"max_model_len {r.max_model_len}, {r.versions_per_engine} version(s) per engine"
-        + (f"; an older version is packed up to {r.consolidation_batch} sequences per engine "
-           f"({due_consolidation_batch(r.consolidation_batch)} for the one the trainer waits for next)"
+        + (f"; an older version is packed up to {r.consolidation_batch} sequences per engine"
            if r.consolidation_batch is not None else ""),
         f"training      {t.accelerators} accelerators: {train}, {t.num_microbatches} microbatches of "
         f"{t.micro_batch_tokens} tokens{', full recompute' if t.recompute else ''}",

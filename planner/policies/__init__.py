@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from planner.policies.base import PolicyBase
 from planner.policies.batch import BatchPolicy
-from planner.policies.config import MODES, Mode, PolicyConfig, admission_queue_for, due_consolidation_batch
+from planner.policies.config import MODES, Mode, PolicyConfig, admission_queue_for
 from planner.policies.continuous import ContinuousPolicy
 from planner.policies.streaming import StreamingPolicy
 from planner.policies.vocabulary import (
@@ -91,7 +91,6 @@ __all__ = [
     "PolicyBase",
     "PolicyConfig",
     "admission_queue_for",
-    "due_consolidation_batch",
     "PublishWeights",
     "RequestsMigrated",
     "ResumeRollout",

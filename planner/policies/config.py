@@ -123,8 +123,3 @@ def admission_queue_for(mode: str, accelerator: str, samples_per_prompt: int) ->
     """
     return 2 * samples_per_prompt if mode == "streaming" and accelerator == "cpu" else 0
 
-
-def due_consolidation_batch(consolidation_batch: int) -> int:
-    """What streaming packs the version the trainer must finish next to: half the consolidation batch, so its tails
-    decode at most 1.5x slower than alone (``t(B) ~ a + c*B`` with the knee at ``a / c``; 2x at the knee)."""
-    return max(1, consolidation_batch // 2)

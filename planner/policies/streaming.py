@@ -23,9 +23,9 @@ Packing is what frees replicas for the newest version, but a fuller batch decode
 requests more slowly, and those requests are the tails the trainer later waits for at the bound.
 Below the knee a decode step is dominated by batch-independent costs (weights, overheads), so packing
 is nearly free; above it, each added request slows the whole batch about in proportion.
-The version the next training step to start must consume entirely (``next_step - k - 1``, the one the
-trainer waits for at the bound) is packed only to half the consolidation batch: with ``t(B) ~ a + c*B`` and the knee
-at ``a / c``, its tails then decode at most 1.5x slower than alone instead of 2x at the knee.
+Every older version is packed to the same knee, the one the trainer waits for next included: packing that one to
+half the knee (its tails then decode at most 1.5x slower than alone instead of 2x) sped up the first few steps but
+cost the 235B MoE example 3% of its steady-state throughput and the others nothing (``bench/due_packing.py``).
 
 Multi-version engines (``max_versions_per_engine = V > 1``, small models): an engine hosts up to
 ``V`` versions at once, so it never has to drain or migrate before serving newer weights. When a
@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.policies.base import CHANGING, NO_ACTIONS, RUNNING, PolicyBase
-from planner.policies.config import PolicyConfig, due_consolidation_batch
+from planner.policies.config import PolicyConfig
 from planner.policies.vocabulary import Action, DropVersion, LoadWeights, MigrateRequests, ResumeRollout
 
 
@@ -79,8 +79,6 @@ class StreamingPolicy(PolicyBase):
         """version -> only retry a failed shrink once its in-flight count is below this."""
         self.pack_to = min(self.slots, config.consolidation_batch or self.slots)
         """Requests an engine may hold after taking in an older version's migrated requests."""
-        self.pack_to_due = due_consolidation_batch(self.pack_to) if config.consolidation_batch else self.pack_to
-        """The same for the version the trainer must finish next (module doc); all slots without a consolidation batch."""
         self.max_versions = config.max_versions_per_engine
         self.multi = self.max_versions > 1
         self.hosted: list[dict[int, int]] = [{0: 0} for _ in range(n)]
@@ -301,8 +299,9 @@ class StreamingPolicy(PolicyBase):
         return peer
 
     def _pack_cap(self, w: int) -> int:
-        """Requests an engine of older version ``w`` may hold after consolidation: fewer for the version due next."""
-        return self.pack_to_due if w <= self.next_step - self.k - 1 else self.pack_to
+        """Requests an engine of older version ``w`` may hold after consolidation (the same for every ``w``; the
+        seam ``bench/due_packing.py`` swaps to measure another rule)."""
+        return self.pack_to
 
     def _over_target(self, w: int) -> bool:
         """Does old version ``w`` hold more replicas than DORA's proportional share (and than it needs)?"""

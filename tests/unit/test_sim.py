@@ -299,7 +299,7 @@ def _due_version_destinations(events: list[dict], k: int) -> list[int]:
     return out
 
 
-def test_streaming_packs_the_version_the_trainer_waits_for_to_half_the_consolidation_batch():
+def test_streaming_packs_the_version_the_trainer_waits_for_to_the_consolidation_batch_too():
     w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=1500, max_tokens=2000), prompt_tokens=5)
     t = LinearTiming(decode_base_s=0.01, decode_per_seq_s=0.001, train_base_s=1.0, weight_load_trainer_s=0.5,
                      weight_load_peer_s=0.2)
@@ -307,9 +307,9 @@ def test_streaming_packs_the_version_the_trainer_waits_for_to_half_the_consolida
             samples_per_prompt=4, total_steps=8, consolidation_batch=12)
     r = simulate(c, w, t, seed=0, record_events=True)
     peaks = _due_version_destinations(list(r.events), k=1)
-    # with k = 1 every older version is the due one; packed to 12, as older versions are with k = 3 (test above),
-    # one destination ends up with 12
-    assert len(peaks) >= 2 and max(peaks) == 6
+    # with k = 1 every older version is the due one; it is packed past half the consolidation batch (the rule dora
+    # had until bench/due_packing.py, run from the Python sources, showed it losing at steady state), never past it
+    assert len(peaks) >= 2 and 6 < max(peaks) <= 12
     assert check_trace(list(r.events), k=1, allow_version_mixing=False).ok
 
 
