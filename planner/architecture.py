@@ -410,6 +410,8 @@ _PRESETS: dict[str, ModelArch] = {
         head_dim=192, ffn_hidden_size=12288, vocab_size=131072,
         num_experts=512, num_zero_experts=256, experts_top_k=12, moe_ffn_hidden_size=2048,
         attention_per_layer=2, dense_ffns_per_moe_layer=2, mla=_mla_deepseek(), router_scaling=6.0,
+        # transformers' LongcatFlashTopkRouter: top-k over softmax scores plus a correction bias, no renormalisation
+        router_normalizes_topk=False, router_expert_bias=True, max_context_tokens=131072,
         rope_theta=1e7, norm_eps=1e-5),
     "tiny-local": ModelArch(  # the CPU model the local runtime trains (dora/runtime)
         name="tiny-local", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4, head_dim=16,
@@ -460,9 +462,11 @@ arithmetic is exact there)."""
 
 
 def _int(config: Mapping[str, Any], key: str, *, default: int | None = None, minimum: int = 1) -> int:
-    value = config.get(key, default)
+    value = config.get(key)
+    if value is None:  # absent or null: transformers derives a null head_dim or num_key_value_heads as when absent
+        value = default
     if value is None:
-        raise HFConfigError(key, "is required but missing")
+        raise HFConfigError(key, "is required but missing (or null)")
     if isinstance(value, bool) or not isinstance(value, int):
         raise HFConfigError(key, f"must be an integer, got {value!r}")
     if value < minimum:
@@ -573,8 +577,8 @@ def _router(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
         "router_score": score,
         "router_normalizes_topk": True if model_type == "mixtral" else _bool(
             config, "norm_topk_prob", model_type in ("deepseek_v3", "kimi_k2")),
-        "router_scaling": _positive_number("routed_scaling_factor", config.get("routed_scaling_factor") or 1.0,
-                                           MAX_ROUTER_SCALING),
+        "router_scaling": _positive_number("routed_scaling_factor", 1.0 if config.get("routed_scaling_factor") is None
+                                           else config["routed_scaling_factor"], MAX_ROUTER_SCALING),
         "router_expert_bias": config.get("topk_method") == "noaux_tc",
     }
     if config.get("topk_method") in ("group_limited_greedy", "noaux_tc"):
@@ -605,6 +609,23 @@ def _context_limit(config: Mapping[str, Any]) -> int | None:
                                 "tokens")
         limit = int(scaled)
     return limit
+
+
+def _refuse_sliding_window(config: Mapping[str, Any], model_type: str, context: int | None) -> None:
+    """Sliding-window attention (Mistral-7B-v0.1's 4096 tokens; Qwen2/Qwen3 with ``use_sliding_window``) is not in
+    the cost model, and the Megatron lowering would train full attention where vLLM attends within the window: the
+    trainer's log-probs would differ from the sampler's past the window. A window at least the context is full
+    attention (Qwen2.5's ``sliding_window: 131072`` is also off, ``use_sliding_window: false``)."""
+    window = config.get("sliding_window")
+    applies = (model_type in ("mistral", "mixtral") or (model_type in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
+                                                         and config.get("use_sliding_window") is True))
+    if not applies or window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise HFConfigError("sliding_window", f"must be a positive integer or null, got {window!r}")
+    if context is None or window < context:
+        raise HFConfigError("sliding_window", f"{window}-token sliding-window attention is not supported (the cost "
+                            "model and the Megatron lowering assume full attention); use a model with full attention")
 
 
 def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
@@ -663,9 +684,10 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
         if model_type in _MLA_TYPES:
             kw["num_shared_experts"] = _int(config, "n_shared_experts", default=0, minimum=0)
             kw["first_dense_layers"] = _int(config, "first_k_dense_replace", default=0, minimum=0)
-            if kw["first_dense_layers"] > kw["num_layers"]:
-                raise HFConfigError("first_k_dense_replace", f"must be at most num_hidden_layers "
-                                    f"({kw['num_layers']}), got {kw['first_dense_layers']}")
+            if kw["first_dense_layers"] >= kw["num_layers"]:
+                raise HFConfigError("first_k_dense_replace", f"must be below num_hidden_layers ({kw['num_layers']}): "
+                                    f"at least one layer is MoE in a config with n_routed_experts; got "
+                                    f"{kw['first_dense_layers']}")
             if _int(config, "moe_layer_freq", default=1) != 1:
                 raise HFConfigError("moe_layer_freq", "only 1 (every layer after the dense prefix) is supported")
         elif model_type == "qwen2_moe":
@@ -677,6 +699,7 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
             if config.get("mlp_only_layers"):
                 raise HFConfigError("mlp_only_layers", "interleaved dense layers are not supported")
     kw["max_context_tokens"] = _context_limit(config)
+    _refuse_sliding_window(config, model_type, kw["max_context_tokens"])
     scaling = _rope_scaling(config)
     theta = config.get("rope_theta", scaling.get("rope_theta") if scaling is not None else None)
     kw["rope_theta"] = _positive_number("rope_theta", theta, MAX_ROPE_THETA)

@@ -176,14 +176,41 @@ class LengthDistribution:
         middle = math.exp(mu + s * s / 2.0) * (cdf(beta - s) - cdf(alpha - s))
         return a * cdf(alpha) + middle + b * (1.0 - cdf(beta))
 
+    def second_moment_tokens(self) -> float:
+        """``E[L^2]`` of the clamped length (rounding to integers ignored for the lognormal), exact: the cost model's
+        contexts weigh a slot by how long it is held, so this is what they need, tail included.
+
+        For ``X`` lognormal, with ``alpha``, ``beta`` as in ``mean_tokens``:
+        ``E[clamp(X,a,b)^2] = a^2*Phi(alpha) + e^(2mu + 2sigma^2) * (Phi(beta - 2sigma) - Phi(alpha - 2sigma))
+        + b^2*(1 - Phi(beta))``.
+        """
+        if self.kind == "empirical":
+            prev, acc = 0, 0.0
+            for length, cum in zip(self.lengths, self.cumulative_counts, strict=True):
+                acc += length * length * (cum - prev)
+                prev = cum
+            return acc / self.cumulative_counts[-1]
+        a, b = float(self.min_tokens), float(self.max_tokens)
+        mu = math.log(self.median_tokens)
+        if self.sigma == 0.0:
+            return min(max(self.median_tokens, a), b) ** 2
+        s = self.sigma
+        alpha, beta = (math.log(a) - mu) / s, (math.log(b) - mu) / s
+        cdf = _STD_NORMAL.cdf
+        middle = math.exp(2.0 * mu + 2.0 * s * s) * (cdf(beta - 2.0 * s) - cdf(alpha - 2.0 * s))
+        return a * a * cdf(alpha) + middle + b * b * (1.0 - cdf(beta))
+
     def truncated_fraction(self) -> float:
-        """Probability that a response hits ``max_tokens`` (is cut by the cap)."""
+        """Probability that a response hits ``max_tokens`` (is cut by the cap), as ``sample`` draws them: a draw that
+        rounds to ``max_tokens`` or more, or any draw when ``min_tokens`` is the cap."""
         if self.kind == "empirical":
             i = bisect.bisect_left(self.lengths, self.max_tokens)
             below = self.cumulative_counts[i - 1] if i > 0 else 0
             return (self.cumulative_counts[-1] - below) / self.cumulative_counts[-1] if i < len(self.lengths) else 0.0
+        if self.min_tokens >= self.max_tokens:
+            return 1.0
         if self.sigma == 0.0:
-            return 1.0 if self.median_tokens >= self.max_tokens else 0.0
+            return 1.0 if round(self.median_tokens) >= self.max_tokens else 0.0
         z = (math.log(self.max_tokens - 0.5) - math.log(self.median_tokens)) / self.sigma
         return 1.0 - _STD_NORMAL.cdf(z)
 

@@ -73,7 +73,7 @@ def _router(arch: ModelArch) -> dict[str, Any]:
         out["moe_router_topk_scaling_factor"] = arch.router_scaling
     if arch.router_groups > 1:
         out.update({"moe_router_num_groups": arch.router_groups, "moe_router_group_topk": arch.router_group_topk})
-    if arch.router_expert_bias:
+    if arch.router_expert_bias and arch.router_score == "sigmoid":  # megatron-core takes the bias with sigmoid only
         out.update({"moe_router_enable_expert_bias": True, "moe_router_bias_update_rate": 0.0})
     return out
 
@@ -89,6 +89,9 @@ def limitations(resolved: ResolvedSpec) -> list[str]:
     if arch.is_moe and arch.router_score == "sigmoid" and not arch.router_normalizes_topk:
         out.append("sigmoid routing without renormalised top-k weights is not representable (megatron-core "
                    "renormalises sigmoid scores over the chosen experts)")
+    if arch.is_moe and arch.router_score == "softmax" and arch.router_expert_bias:
+        out.append("an expert-score correction bias on softmax scores (LongCat-Flash) is not representable "
+                   "(megatron-core 0.16.1 takes an expert bias with sigmoid scores only)")
     if arch.dense_ffns_per_moe_layer:
         out.append(f"{arch.dense_ffns_per_moe_layer} dense FFNs beside each MoE layer are not representable")
     return out

@@ -107,10 +107,9 @@ class Space:
 
     @cached_property
     def response_sq_mean(self) -> float:
-        """E[L^2] by quadrature over quantiles (the distribution is truncated, so this is finite)."""
-        dist = self.inp.response_lengths
-        n = 400
-        return sum(dist.quantile((i + 0.5) / n) ** 2 for i in range(n)) / n
+        """E[L^2] of the capped distribution, exact (a 400-point quadrature over quantiles lost any tail mass under
+        1/400: half of E[L^2] for a histogram with 0.1% of 16K-token responses)."""
+        return self.inp.response_lengths.second_moment_tokens()
 
     @cached_property
     def prompt_mean(self) -> float:

@@ -267,13 +267,15 @@ def test_hf_config_router_fields():
     assert (arch.router_normalizes_topk, arch.router_expert_bias, arch.router_groups) == (False, False, 8)
     assert arch_from_hf_config(_config("qwen3-235b-a22b"), name="q").router_normalizes_topk is True
     assert arch_from_hf_config({**ds, "routed_scaling_factor": None}, name="d").router_scaling == 1.0  # as absent
-    for key, bad in (("scoring_func", "relu"), ("topk_group", 9), ("routed_scaling_factor", -1)):
+    for key, bad in (("scoring_func", "relu"), ("topk_group", 9), ("routed_scaling_factor", -1),
+                     ("routed_scaling_factor", 0)):  # 0 was read as absent (1.0)
         with pytest.raises(HFConfigError, match=key):
             arch_from_hf_config({**ds, key: bad}, name="d")
 
 
 @pytest.mark.parametrize(("preset", "key", "bad", "says"), [
-    ("deepseek-v3", "first_k_dense_replace", 62, "must be at most num_hidden_layers (61), got 62"),
+    ("deepseek-v3", "first_k_dense_replace", 62, "must be below num_hidden_layers (61): at least one layer is MoE"),
+    ("deepseek-v3", "first_k_dense_replace", 61, "got 61"),  # as model.architecture refuses an MoE without MoE layers
     ("deepseek-v3", "num_experts_per_tok", 257, "must be at most n_routed_experts (256), got 257"),
     ("qwen3-235b-a22b", "num_experts_per_tok", 129, "must be at most num_experts (128), got 129"),
 ])
@@ -282,3 +284,42 @@ def test_moe_counts_out_of_range_name_their_config_key(preset: str, key: str, ba
     with pytest.raises(HFConfigError) as caught:
         arch_from_hf_config({**_config(preset), key: bad}, name="x")
     assert caught.value.key == key and says in str(caught.value)
+
+
+def test_hf_config_null_head_dim_and_kv_heads_are_derived_as_transformers_does():
+    cfg = _config("llama-3.1-8b")
+    derived = arch_from_hf_config(cfg | {"head_dim": None}, name="x")
+    assert derived.head_dim == cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert arch_from_hf_config(cfg | {"num_key_value_heads": None}, name="x").num_kv_heads == cfg["num_attention_heads"]
+    with pytest.raises(HFConfigError, match="is required but missing") as info:
+        arch_from_hf_config(cfg | {"hidden_size": None}, name="x")
+    assert info.value.key == "hidden_size"
+
+
+def test_hf_config_with_sliding_window_attention_is_refused():
+    """Mistral-7B-v0.1 attends within 4096 tokens; the cost model and the Megatron lowering assume full attention,
+    so the trainer would compute other log-probs than vLLM past the window. Qwen's switch off (or a window as long
+    as the context) is full attention."""
+    mistral = _config("llama-3.1-8b") | {"model_type": "mistral", "sliding_window": 4096, "rope_scaling": None,
+                                         "max_position_embeddings": 32768}
+    with pytest.raises(HFConfigError, match="4096-token sliding-window attention is not supported") as info:
+        arch_from_hf_config(mistral, name="m")
+    assert info.value.key == "sliding_window"
+    assert arch_from_hf_config(mistral | {"sliding_window": None}, name="m").num_layers == 32
+    assert arch_from_hf_config(mistral | {"sliding_window": 32768}, name="m").num_layers == 32
+    qwen = _config("qwen2.5-7b")
+    assert (qwen["use_sliding_window"], qwen["sliding_window"]) == (False, 131072)
+    arch_from_hf_config(qwen, name="q")
+    with pytest.raises(HFConfigError, match="sliding-window"):
+        arch_from_hf_config(qwen | {"use_sliding_window": True, "sliding_window": 4096}, name="q")
+    with pytest.raises(HFConfigError, match="sliding-window"):
+        arch_from_hf_config(_config("qwen3-8b") | {"use_sliding_window": True, "sliding_window": 4096}, name="q")
+
+
+def test_longcat_routes_as_its_checkpoint_does():
+    """transformers' LongcatFlashTopkRouter: top-k over softmax scores plus e_score_correction_bias, the weights not
+    renormalised (it deletes norm_topk_prob); its context is max_position_embeddings 131072."""
+    arch = get_preset("longcat-flash")
+    assert (arch.router_score, arch.router_normalizes_topk, arch.router_expert_bias, arch.router_scaling) == (
+        "softmax", False, True, 6.0)
+    assert arch.max_context_tokens == 131072
