@@ -72,7 +72,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     from dora.runtime.engines.torch_rollout import RolloutConfig
     from dora.runtime.engines.torch_trainer import TrainerConfig
     from dora.runtime.tasks import TaskConfig
-    from planner.policies import PolicyConfig, admission_queue_for
+    from planner.policies import PolicyConfig, admission_queue_for, update_for
     from planner.workload import LengthDistribution
 
     check_engines(rc)
@@ -100,13 +100,13 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
         mode=rc.mode, max_version_lag=rc.max_version_lag, num_rollout_groups=rc.rollout_workers,
         slots_per_group=rc.max_num_seqs, prompts_per_step=rc.prompts_per_step,
         samples_per_prompt=rc.samples_per_prompt, total_steps=rc.steps,
-        allow_version_mixing=rc.allow_version_mixing, max_versions_per_engine=rc.versions_per_engine,
+        allow_version_mixing=rc.allow_version_mixing, update=update_for(rc.mode, rc.allow_version_mixing),
+        max_versions_per_engine=rc.versions_per_engine,
         consolidation_batch=rc.consolidation_batch,
         colocated=rc.colocated, admission_queue=admission_queue_for(rc.mode, rc.accelerator, rc.samples_per_prompt),
     )
     # A request still ingesting its prompt has no token yet: resumed on new weights it would start on a version
     # other than the one it was admitted on. Modes that interrupt in-flight requests prefill in one forward.
-    interrupts = policy.mode == "partial-rollout" or policy.update == "interrupt"
     cores = cpus if cpus is not None else os.cpu_count() or 2
     share = int(100 * cores / (rc.rollout_workers + 1)) / 100  # Ray CPU reservation per actor
     out = base_dir / rc.output_dir
@@ -115,7 +115,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
         policy=policy,
         rollout=RolloutConfig(model=model, eos_token_id=task.eos_token_id, max_num_seqs=rc.max_num_seqs,
                               max_model_len=max(rc.max_model_len, 4 + rl.max_tokens + 1), num_threads=1,
-                              **({"decode_ingest_max_tokens": 0} if interrupts else {})),
+                              **({"decode_ingest_max_tokens": 0} if policy.interrupts else {})),
         trainer=TrainerConfig(model=model, learning_rate=a.learning_rate, off_policy_correction=a.off_policy_correction,
                               is_weight_cap=a.tis_cap, ppo_clip_eps=a.clip_ratio, num_minibatches=a.minibatches_per_step,
                               temperature=a.temperature, num_threads=max(1, min(rc.train_accelerators, int(cores))),

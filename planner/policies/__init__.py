@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from planner.policies.base import PolicyBase
 from planner.policies.batch import BatchPolicy
-from planner.policies.config import MODES, Mode, PolicyConfig, admission_queue_for
+from planner.policies.config import MODES, Mode, PolicyConfig, admission_queue_for, update_for
 from planner.policies.continuous import ContinuousPolicy
 from planner.policies.streaming import StreamingPolicy
 from planner.policies.vocabulary import (
@@ -105,4 +105,5 @@ __all__ = [
     "WeightsPublished",
     "make_policy",
     "trajectory_id",
+    "update_for",
 ]

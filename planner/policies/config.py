@@ -28,7 +28,8 @@ class PolicyConfig:
     allow_version_mixing: bool = False
     """Whether a trajectory may span several versions (recorded per trajectory when it does)."""
     update: Literal["drain", "interrupt"] = "drain"
-    """bounded-async only: at a weight update, drain in-flight requests or interrupt and resume them."""
+    """bounded-async only: at a weight update, drain in-flight requests or interrupt and resume them (``update_for``
+    gives what the planner and the runtime both use)."""
     max_versions_per_engine: int = 1
     """Versions one engine can hold at once (streaming only; 1 on GPUs, DORA's design; more for small models)."""
     colocated: bool = False
@@ -41,8 +42,7 @@ class PolicyConfig:
     consolidation_batch: int | None = None
     """streaming only: the most requests an engine may hold after taking in migrated requests of an older version
     (None: all its slots, DORA's packing; the planner sets the engine's batching knee at a tail's context, within its KV
-    cache, see ``StreamingPolicy``). The
-    version the trainer must finish next is packed only to half of it."""
+    cache, see ``StreamingPolicy``)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -79,8 +79,12 @@ class PolicyConfig:
             raise ValueError(f"{self.mode} with max_version_lag (k) = 0 is synchronous: use mode 'sync'")
         if self.colocated and self.mode not in ("sync", "streaming"):
             raise ValueError(f"colocated rollout/training time-shares in modes 'sync' and 'streaming', not {self.mode!r}")
-        interrupts = self.mode == "partial-rollout" or (self.mode == "bounded-async" and self.update == "interrupt")
-        if interrupts and not self.allow_version_mixing:
+        if self.update not in ("drain", "interrupt"):
+            raise ValueError(f"update must be 'drain' or 'interrupt', got {self.update!r}")
+        if self.update == "interrupt" and self.mode != "bounded-async":
+            raise ValueError(f"update='interrupt' is for mode 'bounded-async' (partial-rollout always interrupts, the "
+                             f"others never do), not {self.mode!r}")
+        if self.interrupts and not self.allow_version_mixing:
             raise ValueError(
                 f"{self.mode} with interrupted updates mixes versions inside a trajectory: "
                 "set allow_version_mixing=True or use update='drain' / mode 'streaming'"
@@ -95,6 +99,11 @@ class PolicyConfig:
                 f"max_versions_per_engine={self.max_versions_per_engine} > k+1 = {self.max_version_lag + 1}: "
                 "at most k+1 versions are ever live"
             )
+
+    @property
+    def interrupts(self) -> bool:
+        """In-flight requests are interrupted at a weight update and resume on the new weights."""
+        return self.mode == "partial-rollout" or (self.mode == "bounded-async" and self.update == "interrupt")
 
     @property
     def batch_samples(self) -> int:
@@ -123,3 +132,8 @@ def admission_queue_for(mode: str, accelerator: str, samples_per_prompt: int) ->
     """
     return 2 * samples_per_prompt if mode == "streaming" and accelerator == "cpu" else 0
 
+
+def update_for(mode: str, allow_version_mixing: bool) -> Literal["drain", "interrupt"]:
+    """What bounded-async does at a weight update, for the planner's simulation and the runtime alike: interrupt and
+    resume in-flight requests on the new weights when the spec allows version mixing (AReaL, ROLL), else drain."""
+    return "interrupt" if mode == "bounded-async" and allow_version_mixing else "drain"

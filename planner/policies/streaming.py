@@ -183,6 +183,10 @@ class StreamingPolicy(PolicyBase):
             return NO_ACTIONS  # the empty engine is pointed at the newest version on resume
         out: list[Action] = []
         self._switch(src, out)
+        for dst, _ in planned:  # a destination that drained while it waited, and got nothing, is empty now
+            if (self.engine_ready[dst] and self.engine_active[dst] == 0 and not self.engine_reserved[dst]
+                    and dst not in self.migrating and self.engine_version[dst] != self.latest_version):
+                self._switch(dst, out)
         return out
 
     def on_weights_loaded(self, rollout_group: int, version: int) -> Sequence[Action]:
@@ -262,10 +266,14 @@ class StreamingPolicy(PolicyBase):
             out.append(LoadWeights(rollout_group=r, version=new, source="peer", peer=peer, keep_loaded=keep))
 
     def _switch(self, r: int, out: list[Action]) -> None:
-        """Point empty engine ``r`` at the newest version (peer-to-peer when a peer serves it)."""
+        """Point empty engine ``r`` at the newest version (peer-to-peer when a peer serves it). Not while requests
+        of its old version are on their way in (``engine_reserved``: a migration the driver has not reported yet,
+        whose source the runtime is still exporting); ``on_requests_migrated`` switches it if none arrived."""
         new, old = self.latest_version, self.engine_version[r]
         if old == new:
             self._fill(r, out)
+            return
+        if self.engine_reserved[r]:
             return
         self.version_engines[old].discard(r)
         if not self.version_engines[old] and self.version_active.get(old, 0) == 0:

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.policies import PolicyConfig, admission_queue_for
+from planner.policies import PolicyConfig, admission_queue_for, update_for
 from planner.policies.config import Mode
 from planner.search.inputs import SearchInputs
 from planner.search.screen import Placement, Screen, Screened, train_state_bytes
@@ -307,11 +307,11 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
     scale = scale or Scaled(replicas=p.replicas, prompts_per_step=inp.prompts_per_step, factor=1.0)
     if scale.factor != 1.0:
         timing = _ScaledTrainTiming(inner=timing, scale=scale.factor)  # type: ignore[assignment]
-    mixing = inp.allow_version_mixing and c.mode in ("bounded-async", "partial-rollout")
     config = PolicyConfig(
         mode=c.mode, max_version_lag=c.k, num_rollout_groups=scale.replicas, slots_per_group=p.rollout.slots,
         prompts_per_step=scale.prompts_per_step, samples_per_prompt=inp.samples_per_prompt,
-        total_steps=steps, allow_version_mixing=inp.allow_version_mixing, update="interrupt" if mixing else "drain",
+        total_steps=steps, allow_version_mixing=inp.allow_version_mixing,
+        update=update_for(c.mode, inp.allow_version_mixing),
         colocated=p.colocated, max_versions_per_engine=versions_per_engine(c),
         consolidation_batch=consolidation_batch(c),
         admission_queue=admission_queue_for(c.mode, inp.accelerator.name, inp.samples_per_prompt))

@@ -174,8 +174,7 @@ class Simulator:
         self.slowdown = 1.0
         """Factor on every decode step now: the contentions in effect (``_set_slowdown``)."""
         self.prompt = workload.prompt_tokens
-        interrupts = config.mode == "partial-rollout" or config.update == "interrupt"
-        ingest = not interrupts and self.prompt <= timing.prompt_ingest_max_tokens
+        ingest = not config.interrupts and self.prompt <= timing.prompt_ingest_max_tokens
         self.ingest_steps = self.prompt - 1 if ingest else 0
         """Decode steps a new sequence spends feeding its prompt before it samples (a request resumed mid-ingest
         has no token yet; the runtime turns ingestion off in modes that interrupt in-flight requests)."""

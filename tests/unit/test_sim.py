@@ -320,6 +320,38 @@ def test_only_sync_and_streaming_take_turns_with_the_trainer():
             cfg(mode, colocated=True)
 
 
+def test_update_is_validated_and_interrupts_only_bounded_async():
+    """update='interrupt' outside bounded-async was accepted, ignored by the policy, and yet turned prompt ingestion
+    off in the simulator and the runtime; a misspelt update silently drained."""
+    with pytest.raises(ValueError, match="update must be 'drain' or 'interrupt', got 'bogus'"):
+        cfg("bounded-async", update="bogus")
+    for mode in ("streaming", "sync", "partial-rollout"):
+        with pytest.raises(ValueError, match="update='interrupt' is for mode 'bounded-async'"):
+            cfg(mode, update="interrupt", allow_version_mixing=True)
+    assert cfg("bounded-async", update="interrupt", allow_version_mixing=True).interrupts
+    assert cfg("partial-rollout", allow_version_mixing=True).interrupts and not cfg("streaming").interrupts
+
+
+def test_planner_and_runtime_run_bounded_async_with_mixing_alike():
+    """The search simulated bounded-async with mixing allowed as interrupting, while the runtime drained: the plan
+    predicted another policy than the one that ran."""
+    from pathlib import Path
+
+    from dora.apply import ApplyOverrides, runtime_config_for
+    from dora.runtime.driver import controller_config
+    from dora.spec import load_spec
+    from planner.policies import update_for
+
+    assert update_for("bounded-async", True) == "interrupt" and update_for("bounded-async", False) == "drain"
+    assert update_for("partial-rollout", True) == "drain"  # it interrupts by mode
+    spec = Path(__file__).resolve().parents[2] / "specs" / "local-tiny.yaml"
+    rc = runtime_config_for(load_spec(str(spec)), ApplyOverrides(mode="bounded-async"))
+    for mixing in (True, False):
+        run = dataclasses.replace(rc, allow_version_mixing=mixing)
+        policy = controller_config(run).policy
+        assert policy.update == update_for("bounded-async", mixing) and policy.interrupts is mixing
+
+
 def test_consolidation_batch_is_validated():
     with pytest.raises(ValueError, match="consolidation_batch must be >= 1"):
         cfg("streaming", consolidation_batch=0)
@@ -535,3 +567,42 @@ def test_an_update_before_a_requests_first_token_does_not_mix_versions():
     assert [e["t"] for e in r.events if e["type"] == "weights_load_started"] == pytest.approx([4.0])
     report = check_trace(list(r.events), k=1, allow_version_mixing=False)
     assert report.ok and report.mixed == ()
+
+
+@pytest.mark.parametrize("arrives", [True, False])
+def test_streaming_never_switches_an_engine_that_awaits_migrated_requests(arrives: bool) -> None:
+    """The runtime reports RequestsMigrated only once the source has exported, and other engines' finishes come in
+    meanwhile (the simulator reports it at once). A destination that drained its own requests in that window looked
+    empty and was switched to the newest version: the old version's request then arrived at an engine loading other
+    weights (the torch engine refuses it; the policy's counts went negative)."""
+    from planner.policies import (
+        LoadWeights,
+        PolicyConfig,
+        RequestsMigrated,
+        TrainStepFinished,
+        TrajectoryFinished,
+        WeightsPublished,
+        make_policy,
+    )
+
+    p = make_policy(PolicyConfig(mode="streaming", max_version_lag=1, num_rollout_groups=2, slots_per_group=2,
+                                 prompts_per_step=2, samples_per_prompt=1, total_steps=3))
+    p.start()  # g0, g1 on engine 0; g2, g3 on engine 1
+
+    def done(group: int, engine: int) -> list:
+        return list(p.handle(TrajectoryFinished(group_id=group, sample=0, rollout_group=engine, num_tokens=1)))
+
+    done(0, 0)
+    done(2, 1)
+    p.handle(TrainStepFinished(step=1))
+    assert [type(a).__name__ for a in p.handle(WeightsPublished(version=1))] == ["MigrateRequests"]  # g1: 0 -> 1
+    assert not any(isinstance(a, LoadWeights) for a in done(3, 1))  # engine 1 drained, but g1 is on its way
+    if arrives:
+        actions = list(p.handle(RequestsMigrated(src=0, moves=((1, 1),))))
+        assert [(a.rollout_group, a.version) for a in actions if isinstance(a, LoadWeights)] == [(0, 1)]
+        assert [(a.rollout_group, a.version) for a in done(1, 1) if isinstance(a, LoadWeights)] == [(1, 1)]
+    else:  # g1 finished on engine 0 before the export: nothing arrives, and both engines are empty
+        done(1, 0)
+        actions = list(p.handle(RequestsMigrated(src=0, moves=())))
+        assert sorted((a.rollout_group, a.version) for a in actions if isinstance(a, LoadWeights)) == [(0, 1), (1, 1)]
+    assert min(p.version_active.values()) >= 0 and p.engine_version == [1, 1]
