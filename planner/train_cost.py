@@ -371,6 +371,16 @@ bf16 (and fp8 training, which keeps bf16 weights) 2 + 4 + 12/d; fp32 4 + 4 + 8/d
 optimizer docs)."""
 
 
+def _adding_up_gib(total: float, parts: tuple[float, ...]) -> tuple[str, ...]:
+    """``total`` and ``parts`` in GiB, at the fewest decimals (1 to 3) at which the printed parts add up to the printed
+    total (157.4 printed beside parts that add up to 157.3 reads as an error)."""
+    for decimals in (1, 2, 3):
+        shown = [f"{x / _GIB:.{decimals}f}" for x in (total, *parts)]
+        if round(sum(float(x) for x in shown[1:]), decimals) == float(shown[0]):
+            break
+    return tuple(shown)
+
+
 def train_memory_per_device(
     arch: ModelArch,
     acc: Accelerator,
@@ -420,10 +430,11 @@ def train_memory_per_device(
     if fits:
         message = f"fits: {total / _GIB:.1f} of {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name}"
     else:
-        message = (f"does not fit: needs {total / _GIB:.1f} GiB, has {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name} "
-                   f"(params {params / _GIB:.1f} + grads {grads / _GIB:.1f} + optimizer {optimizer / _GIB:.1f} + "
-                   f"activations {activations / _GIB:.1f} + reserve {reserved / _GIB:.1f}); raise tp/pp/ep, "
-                   f"shrink micro_batch_tokens or enable recompute")
+        shown = _adding_up_gib(total, (params, grads, optimizer, activations, reserved))
+        parts = " + ".join(f"{name} {value}" for name, value in zip(
+            ("params", "grads", "optimizer", "activations", "reserve"), shown[1:], strict=True))
+        message = (f"does not fit: needs {shown[0]} GiB, has {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name} "
+                   f"({parts}); raise tp/pp/ep, shrink micro_batch_tokens or enable recompute")
     return TrainMemory(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
                        activations_bytes=activations, reserved_bytes=reserved, total_bytes=total,
                        capacity_bytes=acc.hbm_bytes, fits=fits, message=message)

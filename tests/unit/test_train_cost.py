@@ -211,3 +211,29 @@ def test_cost_model_object_matches_function():
     assert model.train_step_s(0, 0, 0) == 0.0
     per_seq = TrainCostModel(arch=TOY, acc=DEV, tp=1, pp=1, dp=2, calib=IDEAL)
     assert per_seq.num_microbatches(1000, 7) == 4
+
+
+def test_a_does_not_fit_message_adds_up():
+    """The parts printed must add up to the total printed: '157.4 GiB (15.3 + 30.5 + 91.5 + 16.0 + 4.0)' added to
+    157.3, a reader's first suspicion of a bug."""
+    import re
+    from decimal import Decimal
+
+    from planner.architecture import get_preset
+    from planner.hardware import get_accelerator
+    from planner.train_cost import train_memory_per_device
+
+    arch, h800 = get_preset("qwen3-8b"), get_accelerator("h800")
+    checked = 0
+    for tp, mbt in ((1, 8192), (2, 8192), (4, 8192), (1, 32768), (4, 32768), (2, 65536), (8, 131072)):
+        memory = train_memory_per_device(arch, h800, tp=tp, pp=1, dp=1, ep=1, micro_batch_tokens=mbt)
+        if memory.fits:
+            continue
+        found = re.search(r"needs ([\d.]+) GiB.*\(params ([\d.]+) \+ grads ([\d.]+) \+ optimizer ([\d.]+) \+ "
+                          r"activations ([\d.]+) \+ reserve ([\d.]+)\)", memory.message)
+        assert found is not None, memory.message
+        total, *parts = found.groups()
+        assert Decimal(total) == sum(Decimal(p) for p in parts), memory.message
+        assert abs(float(total) - memory.total_bytes / 2**30) <= 0.5 * 10.0 ** Decimal(total).as_tuple().exponent
+        checked += 1
+    assert checked >= 3
