@@ -240,7 +240,7 @@ def plan_spec(resolved: Any, mode: str | None, calibration: Any = None) -> tuple
 
         spec = resolved.spec
         staleness: dict[str, Any] = {"mode": mode}
-        if mode == "one-step-off":
+        if mode == "one-step-off" and spec.staleness.max_version_lag > 1:  # within the budget; k = 0 is refused below
             staleness["max_version_lag"] = 1
         update: dict[str, Any] = {"staleness": spec.staleness.model_copy(update=staleness)}
         if mode != "streaming" and spec.placement != "auto":  # streaming-only pins do not apply (as in the runtime)
@@ -312,6 +312,14 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     if address is not None:
         from dora.cluster import submit_and_follow
 
+        if not Path(rc.output_dir).is_absolute():
+            error(console, f"{_output_dir_source(resolved, overrides)} {rc.output_dir!r} is relative: a job submitted "
+                           "to a Ray cluster runs in a working directory of its own on the cluster's node (a temporary "
+                           "one Ray removes), so its trace, checkpoints and summary would be written there and lost\n"
+                           "  to fix: give an absolute path on storage the cluster's nodes share: --output-dir "
+                           f"/shared/runs/{Path(rc.output_dir).name or 'run'} (for example), or runtime.output_dir "
+                           "in the spec")
+            return EXIT_INVALID
         return submit_and_follow(address, resolved, plan, rc, console=console, watchdog_s=overrides.watchdog_s)
     from dora.runtime.runlock import RunDirBusy, run_dir_lock
 
@@ -326,6 +334,21 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
                            "choose a writable directory with --output-dir (or runtime.output_dir in the spec)")
             return EXIT_INVALID
         return _run_here(spec_path, resolved, plan, rc, overrides, console=console, live=live)
+
+
+def _output_dir_source(resolved: Any, overrides: ApplyOverrides) -> str:
+    """Where the run's output directory was given: the flag, the spec field (with its line), or the default."""
+    if overrides.output_dir:
+        return "--output-dir"
+    if resolved.spec.runtime.output_dir is None:
+        return f"the default output directory (runtime.output_dir is not set in {resolved.file})"
+    line = None
+    with contextlib.suppress(Exception):  # only to point at the line: the spec was read and validated already
+        from dora.spec.yamlio import parse_yaml
+
+        line = parse_yaml(Path(resolved.file).read_text(encoding="utf-8"), resolved.file).line_of(
+            ("runtime", "output_dir"))
+    return f"runtime.output_dir ({resolved.file}" + (f", line {line})" if line else ")")
 
 
 def _run_here(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, overrides: ApplyOverrides, *,

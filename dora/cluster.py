@@ -8,9 +8,13 @@ running; `dora stop` stops it). The submission is recorded in ``<output_dir>/job
 `dora status` and `dora stop` find it. The audit comes back in the logs (the driver's ``DORA_AUDIT``
 line) and is written to ``<output_dir>/cluster_audit.json``.
 
-The run's outputs (trace, checkpoints) are written by the job where its ``runtime.json`` says: give an
-absolute ``--output-dir`` on storage the cluster shares to keep them (and to resume a killed job by
-submitting the same command again).
+The run's outputs (trace, checkpoints) are written by the job where its ``runtime.json`` says: an absolute
+``--output-dir`` on storage the cluster shares keeps them (and lets a killed job resume by submitting the same
+command again). A relative one is refused: the job runs in a working directory of its own on the cluster's node, a
+temporary one Ray removes. The directory is checked before the cluster is contacted and created before the job is
+submitted. A job that stays PENDING (waiting for resources) is said to, with Ray's message; losing the cluster while
+following a job ends the command with exit 1 (the job may still run: `dora status`). The job's working directory, made
+here, is removed once the submission is over, whatever its outcome.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -92,13 +97,19 @@ def _client(address: str) -> Any:
 
 
 def job_directory(resolved: Any, plan: Any, rc: RuntimeConfig, watchdog_s: float | None) -> tuple[Path, dict]:
-    """Lower ``plan`` into a fresh directory (the job's working_dir); ``(dir, job submission body)``."""
+    """Lower ``plan`` into a fresh directory (the job's working_dir); ``(dir, job submission body)``. The caller
+    removes the directory once the submission is over (Ray uploads it during ``submit_job``); it is removed here if
+    lowering fails."""
     from dora.lower import write_launch_artifacts
 
     directory = Path(tempfile.mkdtemp(prefix="dora-job-"))
-    write_launch_artifacts(resolved, plan, directory)
-    (directory / "launch" / "runtime.json").write_text(rc.to_json(), encoding="utf-8")  # with the overrides
-    body = json.loads((directory / "launch" / JOB_FILE).read_text(encoding="utf-8"))
+    try:
+        write_launch_artifacts(resolved, plan, directory)
+        (directory / "launch" / "runtime.json").write_text(rc.to_json(), encoding="utf-8")  # with the overrides
+        body = json.loads((directory / "launch" / JOB_FILE).read_text(encoding="utf-8"))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     entrypoint = body["entrypoint"] + " --no-live"
     if watchdog_s is not None:
         entrypoint += f" --watchdog-s {watchdog_s:g}"
@@ -108,13 +119,43 @@ def job_directory(resolved: Any, plan: Any, rc: RuntimeConfig, watchdog_s: float
     return directory, body
 
 
+def output_dir_problem(out: Path) -> str | None:
+    """Why the run's output directory cannot be made or written here, or None; creates nothing (a submission checks
+    it before contacting the cluster, and creates it only once the cluster answered)."""
+    probe = out.absolute()
+    try:
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            return f"{probe} is a file, not a directory"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe}/ is not writable"
+    return None
+
+
 def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig, *, console: Any,
                       watchdog_s: float | None = None, follow: bool = True) -> int:
-    """`dora apply --address`: submit, record, stream logs, return the exit code (see the module doc)."""
+    """`dora apply --address`: submit, record, stream logs, return the exit code (see the module doc).
+
+    ``rc.output_dir`` is where the job writes (an absolute path on storage the cluster shares: `dora apply` refuses a
+    relative one) and where the submission is recorded: it is checked before the cluster is contacted, and created
+    before the job is submitted, so a job is never left running with nowhere to record it."""
     out = Path(rc.output_dir)
+    fix = "\n  to fix: choose a writable directory with --output-dir (or runtime.output_dir in the spec)"
+    if problem := output_dir_problem(out):
+        error(console, f"cannot write the run's outputs to {out}/: {problem}{fix}")
+        return EXIT_INVALID
+    directory: Path | None = None
     try:
         client = _client(address)
-        _, body = job_directory(resolved, plan, rc, watchdog_s)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            error(console, f"cannot write the run's outputs to {out}/: {exc.strerror or exc}{fix}")
+            return EXIT_INVALID
+        directory, body = job_directory(resolved, plan, rc, watchdog_s)
         submission_id = client.submit_job(
             entrypoint=body["entrypoint"], runtime_env=body["runtime_env"], metadata=body.get("metadata"),
             entrypoint_num_cpus=body.get("entrypoint_num_cpus"), entrypoint_num_gpus=body.get("entrypoint_num_gpus"),
@@ -125,49 +166,118 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
     except Exception as exc:  # the Jobs API answers errors as RuntimeError with the server's text
         error(console, f"job submission to {address} failed: {exc}")
         return EXIT_FAILED
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / JOB_FILE, {"address": address, "submission_id": submission_id,
-                                       "spec_name": rc.spec_name, "mode": rc.mode, "output_dir": rc.output_dir})
+    finally:  # uploaded by submit_job (or never to be): the local copy is no longer needed
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+    try:
+        write_json_atomic(out / JOB_FILE, {"address": address, "submission_id": submission_id,
+                                           "spec_name": rc.spec_name, "mode": rc.mode, "output_dir": rc.output_dir})
+    except OSError as exc:
+        error(console, f"submitted {submission_id} to {address}, but cannot record it in {out / JOB_FILE}: "
+                       f"{exc.strerror or exc}; `ray job status {submission_id} --address {address}` follows it")
+        return EXIT_FAILED
     console.print(f"submitted {submission_id} to {address} (recorded in {out / JOB_FILE}); following its logs — "
                   f"Ctrl-C detaches, `dora stop {out}` stops it", markup=False, highlight=False)
     if not follow:
         return EXIT_OK
     try:
+        _wait_started(client, submission_id, console, cpus=body.get("entrypoint_num_cpus"))
         audit = _stream_logs(client, submission_id)
         status = _wait_terminal(client, submission_id)
+        info = _answer_within("get_job_info", lambda: client.get_job_info(submission_id))
     except KeyboardInterrupt:
         console.print(f"detached; the job keeps running: `dora status {out}` / `dora stop {out}`", markup=False)
         return EXIT_INTERRUPTED
+    except _contact_errors() as exc:
+        error(console, f"lost contact with {address} ({_reason(exc)}); the job may still be running: "
+                       f"`dora status {out}`")
+        return EXIT_FAILED
     if audit is not None:
         write_json_atomic(out / "cluster_audit.json", audit)
-    info = client.get_job_info(submission_id)
     console.print(f"job {submission_id}: {status}" + (f" — {info.message}" if info.message else ""),
                   markup=False, highlight=False)
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
 
 
+PENDING_NOTICE_S = 5.0
+"""How long a submitted job may stay PENDING (its runtime environment set up, its driver's resources found) before
+the wait is said, with Ray's own message."""
+
+
+def _contact_errors() -> tuple[type[BaseException], ...]:
+    """What the Jobs client raises when the cluster stops answering: connection errors (``requests``' are
+    ``OSError``s), an HTTP error answered as ``RuntimeError``, the log stream's ``aiohttp`` errors, and dora's own
+    timeout (``ClusterError``)."""
+    errors: tuple[type[BaseException], ...] = (ClusterError, OSError, RuntimeError)
+    try:
+        import aiohttp
+    except ImportError:
+        return errors
+    return (*errors, aiohttp.ClientError)
+
+
+def _reason(exc: BaseException) -> str:
+    """The error in one short line (``requests``' connection errors run to several hundred characters)."""
+    text = " ".join(str(exc).split())
+    if "Connection refused" in text or "ConnectionRefused" in text:
+        text = "connection refused"
+    elif len(text) > 160:
+        text = text[:160] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _wait_started(client: Any, submission_id: str, console: Any, *, cpus: Any = None) -> None:
+    """Return once the job has left PENDING. While it waits longer than ``PENDING_NOTICE_S``, print Ray's status
+    message (resources, runtime environment), and again each time it changes: a job that waits for CPUs the cluster
+    lacks otherwise waits in silence (Ray fails it after RAY_JOB_START_TIMEOUT_SECONDS, 15 minutes by default)."""
+    started, said = time.monotonic(), None
+    while True:
+        info = _answer_within("get_job_info", lambda: client.get_job_info(submission_id))
+        if str(info.status.value) != "PENDING":
+            return
+        message = info.message or "(Ray gives no reason)"
+        if time.monotonic() - started >= PENDING_NOTICE_S and message != said:
+            asks = f" Its driver asks for {cpus:g} CPU (entrypoint_num_cpus); `ray status` on the cluster shows what " \
+                   "is free." if isinstance(cpus, int | float) and said is None else ""
+            console.print(f"job {submission_id}: PENDING — {message}{asks}", markup=False, highlight=False)
+            said = message
+        time.sleep(1.0)
+
+
 def _stream_logs(client: Any, submission_id: str) -> dict[str, Any] | None:
-    """Print the job's logs as they come; the driver's audit line, parsed (``None`` if it never came)."""
+    """Print the job's logs as they come; the driver's audit line, parsed (``None`` if it never came, or came
+    unreadable). A chunk may end inside a line: the rest of it comes with the next."""
     from dora.runtime.driver import AUDIT_PREFIX
 
     audit: dict[str, Any] | None = None
+    partial = ""
+
+    def scan(line: str) -> None:
+        nonlocal audit
+        if line.startswith(AUDIT_PREFIX):
+            try:
+                audit = json.loads(line[len(AUDIT_PREFIX):])
+            except ValueError:
+                audit = None
 
     async def follow() -> None:
-        nonlocal audit
+        nonlocal partial
         async for chunk in client.tail_job_logs(submission_id):
             print(chunk, end="", flush=True)
-            for line in chunk.splitlines():
-                if line.startswith(AUDIT_PREFIX):
-                    audit = json.loads(line[len(AUDIT_PREFIX):])
+            lines = (partial + chunk).split("\n")
+            partial = lines.pop()
+            for line in lines:
+                scan(line.rstrip("\r"))
 
     asyncio.run(follow())
+    scan(partial)
     return audit
 
 
 def _wait_terminal(client: Any, submission_id: str, timeout_s: float = 60.0) -> str:
     deadline = time.monotonic() + timeout_s
     while True:
-        status = str(client.get_job_status(submission_id).value)
+        status = str(_answer_within("get_job_status", lambda: client.get_job_status(submission_id)).value)
         if status in ("SUCCEEDED", "FAILED", "STOPPED") or time.monotonic() > deadline:
             return status
         time.sleep(0.5)

@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dora.runtime.trace import RunStats
+from dora.runtime.trace import SPEED_PREFIXES, RunStats, speed_key
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -115,37 +115,62 @@ class LiveDisplay:
 
 
 def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
-    """The final summary: throughput, occupancy, staleness, reward, IS weights, audit verdict."""
+    """The final summary: throughput, occupancy, staleness, reward, IS weights, audit verdict.
+
+    Speed figures are labelled with what they cover: this attempt's steady state, or, for an attempt of one step, that
+    step with the pipeline filling up (``dora.runtime.trace.SPEED_PREFIXES``); a run only audited again has none."""
     resumed = summary.get("resumed_from_step")
-    took = f"in {summary['wall_s']:.1f}s" if resumed is None else f"({summary['wall_s']:.1f}s after resuming at step {resumed})"
-    t = Table(title=f"dora apply — {summary['mode']}: {summary['steps']}/{summary['total_steps']} steps {took}",
+    again = bool(summary.get("audited_again"))
+    if again:
+        took = ", audited again (no step ran now: no speed figures)"
+    elif resumed is None:
+        took = f" in {summary['wall_s']:.1f}s"
+    else:
+        took = f" ({summary['wall_s']:.1f}s after resuming at step {resumed})"
+    t = Table(title=f"dora apply — {summary['mode']}: {summary['steps']}/{summary['total_steps']} steps{took}",
               show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     # a resumed run's speed is this attempt's; its counts and what it trained on cover every step
-    attempt = " since resume" if resumed is not None else ""
-    if "steady_trained_tokens_per_s" in summary:
-        t.add_row(f"trained tokens/s (steady{attempt})", f"{summary['steady_trained_tokens_per_s']:.0f}")
-        t.add_row(f"generated tokens/s (steady{attempt})", f"{summary['steady_generated_tokens_per_s']:.0f}")
-        t.add_row(f"step time (steady{attempt})", f"{summary['steady_step_time_s']:.2f}s, rollout share "
-                                                  f"{summary['steady_rollout_share']:.0%}")
-        t.add_row(f"rollout slot occupancy{attempt}", f"{summary['steady_rollout_occupancy']:.0%}")
-        t.add_row("staleness", f"mean {summary['mean_staleness']:.2f}, max {summary['max_staleness']}, "
-                               f"live versions up to {summary['max_live_versions']}")
+    attempt = " since resume" if resumed is not None and not again else ""
+    for prefix in SPEED_PREFIXES:
+        if speed_key(prefix, "trained_tokens_per_s") not in summary:
+            continue
+        what = f"steady{attempt}" if prefix == "steady" else f"first step{attempt}"
+        if prefix == "first_step":
+            t.add_row("speed", "one step, no steady state: these figures include the pipeline fill")
+        t.add_row(f"trained tokens/s ({what})", f"{summary[speed_key(prefix, 'trained_tokens_per_s')]:.0f}")
+        t.add_row(f"generated tokens/s ({what})", f"{summary[speed_key(prefix, 'generated_tokens_per_s')]:.0f}")
+        t.add_row(f"step time ({what})", f"{summary[speed_key(prefix, 'step_time_s')]:.2f}s, rollout share "
+                                         f"{summary[speed_key(prefix, 'rollout_share')]:.0%}")
+        t.add_row("rollout slot occupancy" + (attempt if prefix == "steady" else f" ({what})"),
+                  f"{summary[speed_key(prefix, 'rollout_occupancy')]:.0%}")
+    if "mean_staleness" in summary:
+        live = (f", live versions up to {summary['max_live_versions']}" if "max_live_versions" in summary else "")
+        t.add_row("staleness", f"mean {summary['mean_staleness']:.2f}, max {summary['max_staleness']}{live}")
         t.add_row("trained response length", f"{summary['mean_trained_response_tokens']:.1f} tokens (mean)")
         t.add_row("reward", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}  "
                             f"{sparkline(summary['reward_curve'])}")
         t.add_row("IS weights", f"mean {summary['is_weight_mean']:.3f}, max {summary['is_weight_max']:.2f}, "
                                 f"truncated {summary['is_weight_clip_frac']:.2%}")
-    t.add_row("migrations / weight loads", f"{summary['migrated_trajectories']} trajectories / "
-                                           f"{summary['weight_loads']} loads")
+    if "migrated_trajectories" in summary and "weight_loads" in summary:
+        t.add_row("migrations / weight loads", f"{summary['migrated_trajectories']} trajectories / "
+                                               f"{summary['weight_loads']} loads")
     if summary.get("mixed_trajectories"):
         t.add_row("version-mixed trajectories", f"{summary['mixed_trajectories']} (resumed on newer weights)")
-    t.add_row("unfinished at end", f"{summary['unfinished_at_end']} trajectories (admitted, never consumed)")
-    if summary.get("resumed_from_step") is not None or summary.get("worker_restarts"):
+    if "unfinished_at_end" in summary:
+        t.add_row("unfinished at end", f"{summary['unfinished_at_end']} trajectories (admitted, never consumed)")
+    if again:
+        resumes = summary.get("resumed_at_steps") or []
+        if resumes or summary.get("worker_restarts"):
+            t.add_row("recovery", ("resumed after step" + ("s " if len(resumes) > 1 else " ")
+                                   + ", ".join(str(r) for r in resumes) if resumes else "never resumed")
+                      + f", {summary.get('worker_restarts', 0)} worker restart(s), "
+                        f"{summary.get('regenerated_trajectories', 0)} trajectories regenerated (every attempt)")
+    elif summary.get("resumed_from_step") is not None or summary.get("worker_restarts"):
         recovery = summary.get("recovery_s") or []
-        t.add_row("recovery", f"resumed after step {summary.get('resumed_from_step')}, "
-                              f"{summary.get('worker_restarts', 0)} worker restart(s)"
+        t.add_row("recovery", (f"resumed after step {resumed}, " if resumed is not None else "")
+                              + f"{summary.get('worker_restarts', 0)} worker restart(s)"
                               + (f" (max {max(recovery):.1f}s)" if recovery else "")
                               + f", {summary.get('regenerated_trajectories', 0)} trajectories regenerated")
     verdict = Text("audit: ", style="bold")

@@ -2,14 +2,20 @@
 
     python -m dora.runtime.driver --config launch/runtime.json     # what a Ray job runs
 
-``run_job(config)`` is the same thing in-process (``dora apply`` calls it). It starts a local Ray
-instance when none is running (and shuts down only what it started) -- or, inside a Ray job
+``run_job(config)`` is the same thing in-process (``dora apply`` calls it). It starts a Ray instance of its own
+when this process has none (and shuts down only what it started) -- or, inside a Ray job
 (``RAY_ADDRESS`` set by the job supervisor), connects to that cluster -- runs the controller, then
 reads back ``trace.jsonl`` and audits it with ``planner.schedule.check_trace`` -- the checker that
 validates simulated schedules. It writes, under the run's output directory: ``trace.jsonl``,
 ``metrics.jsonl`` (by the controller), ``timeline.html``, ``summary.json``, the warm-up cache and
 ``checkpoint/``. When that directory already holds a checkpoint of the same job, the run resumes
-from it (``dora.runtime.checkpoint``): re-running a killed command continues it.
+from it (``dora.runtime.checkpoint``): re-running a killed command continues it; when the checkpoint already holds
+every step, the run is only audited again (its summary then has no speed figures: nothing ran).
+
+The local instance is Ray's ``address="local"``: one of its own, sized to this machine's cores, even when a
+``ray start`` cluster runs here. On a cluster (a Ray job, or a caller's Ray) the actors reserve shares of the CPUs
+that are free, and the run stops with the figures before creating them when those cannot be placed
+(``_check_room``) instead of leaving them pending.
 
 Exit codes (``main``): 0 ran and the audit passed; 1 the audit found a violation or the run failed;
 2 the config is unreadable; 130 interrupted (Ctrl-C).
@@ -71,7 +77,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     from dora.runtime.engines.tiny_model import TinyModelConfig
     from dora.runtime.engines.torch_rollout import RolloutConfig
     from dora.runtime.engines.torch_trainer import TrainerConfig
-    from dora.runtime.tasks import TaskConfig
+    from dora.runtime.tasks import MIN_RESPONSE_TOKENS, TaskConfig
     from planner.policies import PolicyConfig, admission_queue_for, update_for
     from planner.workload import LengthDistribution
 
@@ -85,6 +91,9 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     else:
         lengths = LengthDistribution.lognormal(median=rl.median_tokens or 1, p99=rl.p99_tokens or 1,
                                                max_tokens=rl.max_tokens, min_tokens=rl.min_tokens)
+    if rl.max_tokens < MIN_RESPONSE_TOKENS:  # the spec check refuses it first (dora.spec.checks.check_task_lengths)
+        raise RuntimeConfigError("response_length.max_tokens", f"{rl.max_tokens} leaves no room for an answer of the "
+                                 f"count task (one number and EOS): at least {MIN_RESPONSE_TOKENS}")
     task = TaskConfig(number_tokens=max(TaskConfig().number_tokens, rl.max_tokens - 1),
                       warmup_steps=rc.task.warmup_steps)
     m = rc.model
@@ -193,27 +202,33 @@ def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, war
     if resume is not None and resume.step >= rc.steps:
         say(console, f"{out}/ already holds {resume.step} trained steps (--steps {rc.steps}): auditing it; "
                      "raise --steps to train further, or use a new --output-dir to start over")
-        previous = {"mode": rc.mode, "steps": resume.step, "total_steps": rc.steps, "wall_s": 0.0,
-                    "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 0, **_previous_summary(out)}
-        return finish_job(out, previous, k=rc.max_version_lag, allow_version_mixing=rc.allow_version_mixing,
-                          title=title, whole_run=True)
+        return finish_job(out, _audited_again_summary(out, rc, resume.step), k=rc.max_version_lag,
+                          allow_version_mixing=rc.allow_version_mixing, title=title, whole_run=True)
     if resume is not None:
         say(console, f"resuming {out}/ after step {resume.step}: {len(resume.regenerate)} admitted, untrained "
                      f"prompt group(s) regenerated on v{resume.step}")
-    started = False
+    started = joined = False
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):  # inside a Ray job: join the cluster, never size it
             ray.init(log_to_driver=False, configure_logging=False)
-        else:
+            joined = True
+        else:  # an instance of its own ("local"), even when a `ray start` cluster runs on this machine
             _quiet_token_auth_notice()
-            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
                      configure_logging=False)
         started = True
+    else:
+        joined = True  # the caller's Ray: others may hold its CPUs
     try:
-        cpus = ray.available_resources().get("CPU")
-        config = controller_config(rc, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir, cpus=cpus,
+        if joined:
+            free = _free_cpus()
+            total = float(ray.cluster_resources().get("CPU", 0.0))
+        else:  # the instance just started with every core: Ray's resource view may lag its start
+            free = total = float(os.cpu_count() or 2)
+        config = controller_config(rc, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir, cpus=free,
                                    watchdog_s=watchdog_s)
         config = dataclasses.replace(config, resume=resume)
+        _check_room(config, free=free, total=total, place=joined, console=console)
         header = f"dora apply {rc.spec_name} — {rc.mode}, k={rc.max_version_lag}, " \
                  f"{rc.rollout_workers}x{rc.max_num_seqs} rollout slots"
         with LiveDisplay(console, header, enabled=live) as display:
@@ -232,6 +247,77 @@ def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, war
         summary.update(training_figures(read_jsonl(config.output_dir / "metrics.jsonl")))
     return finish_job(config.output_dir, summary, k=rc.max_version_lag,
                       allow_version_mixing=rc.allow_version_mixing, title=title)
+
+
+MIN_FREE_CPUS = 1.0
+"""The least CPU the run's actors (the trainer and the rollout workers) may share: they compute, and each reserves an
+equal share of what is free (``controller_config``); with less than one core between them they would run on cores Ray
+has given to others."""
+PLACEMENT_TIMEOUT_S = 60.0
+"""How long a run on a shared Ray cluster waits for its actors' CPU reservations to be placed before it stops: a
+request the cluster cannot grant would leave the actors pending without end (Ray waits for resources forever)."""
+
+
+FREE_CPU_SETTLE_S = 5.0
+"""How long a run on a shared Ray waits for its free CPUs to settle: the actors of a run that just ended (an earlier
+attempt, an earlier run in the same process) give theirs back a moment after they stop."""
+
+
+def _free_cpus() -> float:
+    """The CPUs free on the Ray this process joined (no "CPU" key: none), once two reads a moment apart agree and at
+    least ``MIN_FREE_CPUS`` are free, or after ``FREE_CPU_SETTLE_S``."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + FREE_CPU_SETTLE_S
+    last = None
+    while True:
+        free = float(ray.available_resources().get("CPU", 0.0))
+        if (free >= MIN_FREE_CPUS and free == last) or time.monotonic() > deadline:
+            return free
+        last = free
+        time.sleep(0.25)
+
+
+def _check_room(config: Any, *, free: float, total: float, place: bool, console: Any) -> None:
+    """Stop (``JobStopped``) before any actor is created when the cluster cannot hold them: less than
+    ``MIN_FREE_CPUS`` free, or (``place``: a cluster shared with others, where a node's free CPUs are not another's)
+    their reservations not placed within ``PLACEMENT_TIMEOUT_S``. Reservations are never more than was free."""
+    n = config.policy.num_rollout_groups
+    actors = f"the trainer and {n} rollout worker{'s' if n != 1 else ''}"
+    need = config.trainer_num_cpus + n * config.worker_num_cpus
+    fix = ("\n  to fix: free CPUs on the cluster (stop jobs that hold them, or start its nodes with more: "
+           "`ray start --num-cpus N`), or run fewer rollout workers (--rollout-workers)")
+    if free < MIN_FREE_CPUS:
+        own = (" (this job's driver holds its entrypoint_num_cpus of them)"
+               if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") else "")
+        raise JobStopped(f"not enough free CPU on the Ray cluster: {actors} need at least {MIN_FREE_CPUS:g} CPU "
+                         f"between them, and the cluster has {free:g} free of {total:g}{own}" + fix)
+    if config.worker_num_cpus <= 0 or config.trainer_num_cpus <= 0:  # shares are rounded down to 0.01 CPU
+        raise JobStopped(f"not enough free CPU on the Ray cluster: {actors} reserve equal shares of the {free:g} CPU "
+                         f"free, in steps of 0.01, and {n + 1} shares of 0.01 need {(n + 1) / 100:g}" + fix)
+    if not place:
+        return
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = [{"CPU": config.trainer_num_cpus}] + [{"CPU": config.worker_num_cpus}] * n
+    group = placement_group(bundles, strategy="PACK")
+    try:
+        ready = group.wait(timeout_seconds=2)
+        if not ready:
+            say(console, f"waiting up to {PLACEMENT_TIMEOUT_S:g} s for the Ray cluster to place {actors} "
+                         f"({need:g} CPU)")
+            ready = group.wait(timeout_seconds=max(0.0, PLACEMENT_TIMEOUT_S - 2))
+    finally:
+        remove_placement_group(group)
+    if not ready:
+        now = float(ray.available_resources().get("CPU", 0.0))
+        raise JobStopped(f"the Ray cluster could not place {actors} in {PLACEMENT_TIMEOUT_S:g} s: they reserve "
+                         f"{config.trainer_num_cpus:g} CPU (trainer) + {n} x {config.worker_num_cpus:g} (rollout "
+                         f"workers) = {need:g}, and the cluster has {now:g} CPU free of {total:g}, not where they fit "
+                         "(each reservation must fit on one node)" + fix)
 
 
 def _quiet_token_auth_notice() -> None:
@@ -262,13 +348,40 @@ def _previous_summary(out: Path) -> dict[str, Any]:
         return {}
 
 
+def _audited_again_summary(out: Path, rc: RuntimeConfig, steps: int) -> dict[str, Any]:
+    """The summary of a run that already holds its ``steps`` (the checkpoint's) and is only audited again: nothing
+    runs, so it has no speed, wall time or warm-up of its own, and those of an earlier attempt (``summary.json`` is of
+    the last attempt that reached its end, maybe not the last one) are not this run's. What the trained batches were
+    comes from every step's ``metrics.jsonl`` row; the counts from the trace (``finish_job``'s ``whole_run``), with
+    the resumes and restarts of every attempt. ``resumed_from_step`` stays that of the attempt summary.json was of
+    (``dora calibrate --from-run`` tells by it whether the engine steps are of the last attempt)."""
+    from dora.runtime.trace import read_jsonl, training_figures
+
+    summary: dict[str, Any] = {"mode": rc.mode, "steps": steps, "total_steps": steps, "audited_again": True,
+                               "rollout_workers": rc.rollout_workers, "slots_per_worker": rc.max_num_seqs,
+                               "resumed_from_step": _previous_summary(out).get("resumed_from_step")}
+    try:
+        rows = [r for r in read_jsonl(out / "metrics.jsonl") if isinstance(r, dict) and r.get("step", 0) <= steps]
+        summary.update(training_figures(rows) if rows else {})
+    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):  # rows edited by hand: no such figures
+        pass
+    try:
+        events = [e for e in read_jsonl(out / "trace.jsonl") if isinstance(e, dict)]
+    except OSError:
+        events = []
+    summary.update({"resumed_at_steps": [e.get("step") for e in events if e.get("type") == "resumed"],
+                    "worker_restarts": sum(e.get("type") == "worker_restarted" for e in events),
+                    "regenerated_trajectories": sum(e.get("type") == "regenerated" for e in events)})
+    return summary
+
+
 def finish_job(output_dir: Path, summary: dict[str, Any], *, k: int, allow_version_mixing: bool,
                title: str, whole_run: bool = False) -> JobResult:
     """Audit ``trace.jsonl`` with the planner's checker; write ``timeline.html`` and ``summary.json``.
 
     The counts the trace holds come from the trace (``_whole_run_counts``) for a resumed attempt, whose counters
-    held that attempt only, and with ``whole_run`` (a run audited again, whose summary is an earlier attempt's, or
-    none when a kill came first).
+    held that attempt only, and with ``whole_run`` (a run audited again: ``_audited_again_summary``, which has no
+    counters of its own).
 
     The timeline is only a picture: if drawing it fails, the audit and ``summary.json`` are written all the same, with
     the reason under ``timeline_error`` (and no stale ``timeline.html`` of an earlier attempt is left behind)."""

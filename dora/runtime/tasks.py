@@ -51,6 +51,10 @@ from typing import Literal, Protocol
 
 BOS, EOS, SEP = 0, 1, 2
 FIRST_NUMBER_TOKEN = 3
+PROMPT_TOKENS = 4
+"""Every prompt is ``[BOS, a, b, SEP]``: the spec's ``workload.prompt_length`` must say so (``dora.spec.checks``)."""
+MIN_RESPONSE_TOKENS = 2
+"""The shortest answer, one number and EOS: ``workload.response_length.max_tokens`` must leave room for it."""
 
 
 class LengthSampler(Protocol):
@@ -116,7 +120,14 @@ class Prompt:
 
 
 def make_prompt(config: TaskConfig, lengths: LengthSampler, rng: random.Random, prompt_id: str) -> Prompt:
-    """Draw ``L`` from ``lengths``, then a start ``a`` uniform over the numbers that fit."""
+    """Draw ``L`` from ``lengths``, then a start ``a`` uniform over the numbers that fit.
+
+    Raises ``ValueError`` when the length cap leaves no room for an answer (the spec check refuses such a spec
+    first: this is the second line of defence)."""
+    if lengths.max_tokens < MIN_RESPONSE_TOKENS:
+        raise ValueError(f"workload.response_length.max_tokens is {lengths.max_tokens}, but the count task's shortest "
+                         f"answer is {MIN_RESPONSE_TOKENS} tokens (one number and EOS): set it to at least "
+                         f"{MIN_RESPONSE_TOKENS}")
     max_len = min(lengths.max_tokens, config.number_tokens + 1)
     length = min(max(lengths.sample(rng), 2), max_len)
     count = length - 1

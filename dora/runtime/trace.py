@@ -279,7 +279,9 @@ class RunStats:
         return record
 
     def summary(self) -> dict[str, Any]:
-        """Run-level figures. Steady state = from the end of step 1 to the end of the last step."""
+        """Run-level figures. Speed figures cover this attempt's steady state, from the end of its first step to the end
+        of its last (``steady_*``); with one step there is none, and they cover that step from the attempt's start,
+        pipeline fill included (``first_step_*``, ``SPEED_PREFIXES``)."""
         s = self.steps
         out: dict[str, Any] = {
             "mode": self.mode, "steps": s[-1].step if s else (self.resumed_from_step or 0),
@@ -298,18 +300,32 @@ class RunStats:
         t0 = s[0].end_s if len(s) > 1 else 0.0
         base = s[0] if len(s) > 1 else None
         span = max(s[-1].end_s - t0, 1e-9)
+        prefix = "steady" if base else "first_step"
         out.update({
-            "steady_step_time_s": span / len(steady),
+            speed_key(prefix, "step_time_s"): span / len(steady),
             # prompt + response tokens, as the planner counts them
-            "steady_trained_tokens_per_s": sum(r.forward_tokens for r in steady) / span,
-            "steady_generated_tokens_per_s": (s[-1].cum_generated_tokens - (base.cum_generated_tokens if base else 0)) / span,
-            "steady_rollout_occupancy": _occupancy(
+            speed_key(prefix, "trained_tokens_per_s"): sum(r.forward_tokens for r in steady) / span,
+            speed_key(prefix, "generated_tokens_per_s"):
+                (s[-1].cum_generated_tokens - (base.cum_generated_tokens if base else 0)) / span,
+            speed_key(prefix, "rollout_occupancy"): _occupancy(
                 s[-1].cum_busy_slot_s - (base.cum_busy_slot_s if base else 0.0),
                 s[-1].cum_worker_wall_s - (base.cum_worker_wall_s if base else 0.0), self.slots_per_worker),
-            "steady_rollout_share": (s[-1].cum_rollout_s - (base.cum_rollout_s if base else 0.0)) / span,
+            speed_key(prefix, "rollout_share"): (s[-1].cum_rollout_s - (base.cum_rollout_s if base else 0.0)) / span,
         })
         out.update(training_figures([asdict(r) for r in s]))
         return out
+
+
+SPEED_PREFIXES = ("steady", "first_step")
+"""The speed figures' key prefixes in a summary (``RunStats.summary``): ``steady`` from the end of an attempt's first
+step to its last; ``first_step`` an attempt's only step from its start (the pipeline filling up, not a rate the run
+keeps: the display labels it so)."""
+
+
+def speed_key(prefix: str, figure: str) -> str:
+    """A speed figure's summary key: ``steady_trained_tokens_per_s``, ``first_step_rollout_share``, ...; the step time
+    is ``steady_step_time_s`` or ``first_step_time_s``."""
+    return "first_step_time_s" if (prefix, figure) == ("first_step", "step_time_s") else f"{prefix}_{figure}"
 
 
 def training_figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -235,12 +235,45 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
     if spec.workload.task is not None and not torch_runtime:
         out.append(_d(("workload", "task"), "workload.task is only used by the embedded torch runtime",
                       "remove workload.task (GPU runs read prompts from their own dataset)"))
+    if torch_runtime and spec.workload.task is not None:
+        out += check_task_lengths(spec)
     if torch_runtime and spec.algorithm.name != "grpo":
         out.append(_d(("algorithm", "name"), f"the embedded torch runtime trains grpo only, got {spec.algorithm.name}",
                       "set algorithm.name: grpo"))
     if spec.objective == "cost" and spec.cluster.price_per_accelerator_hour_usd is None:
         out.append(_d(("objective",), "objective cost needs a price",
                       "set cluster.price_per_accelerator_hour_usd, or objective: throughput"))
+    return out
+
+
+def check_task_lengths(spec: Spec) -> list[Diagnostic]:
+    """The lengths of the embedded runtime's task against what it generates (``dora.runtime.tasks``): its prompts are
+    always ``PROMPT_TOKENS`` long, so ``workload.prompt_length`` must say exactly that (the plan `dora apply` prints
+    is of the spec's workload: another prompt length plans another run); its shortest answer is one number and EOS,
+    so ``workload.response_length.max_tokens`` must leave room for it."""
+    from dora.runtime.tasks import MIN_RESPONSE_TOKENS, PROMPT_TOKENS
+
+    out: list[Diagnostic] = []
+    w = spec.workload
+    task = w.task.name if w.task is not None else "count"
+    response_cap = w.response_length.max_tokens
+    if response_cap < MIN_RESPONSE_TOKENS:
+        out.append(_d(("workload", "response_length", "max_tokens"),
+                      f"max_tokens ({response_cap}) leaves no room for an answer of the {task} task, whose "
+                      f"shortest is {MIN_RESPONSE_TOKENS} tokens (one number and EOS)",
+                      f"set workload.response_length.max_tokens to at least {MIN_RESPONSE_TOKENS}"))
+    where, p = ("workload", "prompt_length"), w.prompt_length
+    fixed = f"{{median_tokens: {PROMPT_TOKENS}, p99_tokens: {PROMPT_TOKENS}, max_tokens: {PROMPT_TOKENS}}}"
+    said = f"the {task} task's prompts are always {PROMPT_TOKENS} tokens ([BOS, a, b, SEP])"
+    if p.histogram_file is not None:
+        out.append(_d((*where, "histogram_file"), f"{said}, not lengths from a histogram: the plan would be of "
+                      "another workload", f"write prompt_length: {fixed} instead of histogram_file"))
+        return out
+    for field in ("median_tokens", "p99_tokens", "max_tokens"):
+        value = getattr(p, field)
+        if value is not None and value != PROMPT_TOKENS:
+            out.append(_d((*where, field), f"{field} is {value:,}, but {said}: the plan `dora apply` prints would be "
+                          f"of another workload", f"set {field}: {PROMPT_TOKENS} (prompt_length: {fixed})"))
     return out
 
 

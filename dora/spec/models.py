@@ -181,8 +181,10 @@ class TaskSpec(StrictModel):
     """The verifiable task the embedded local runtime trains on."""
 
     name: Literal["count"] = "count"
-    """Task name: `count` — count from a to b; the answer length b - a + 1 is drawn from response_length, once per
-    prompt, so every sample of a prompt group has the same length (the planner simulates it so)."""
+    """Task name: `count` — count from a to b. The answer, the numbers a..b and EOS, is L = b - a + 2 tokens long; L is
+    drawn from response_length (raised to 2, one number and EOS, and capped at max_tokens), once per prompt, so every
+    sample of a prompt group has the same length (the planner simulates it so). Prompts are always 4 tokens
+    ([BOS, a, b, SEP]): prompt_length must say so."""
     warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 500
     """Supervised warm-up steps from random init before RL (cached in the output directory); at most 1,000,000."""
 

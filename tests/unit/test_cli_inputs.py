@@ -538,3 +538,150 @@ def test_a_calibration_file_with_an_unknown_key_beside_its_constants_is_refused(
     assert main(["plan", str(TINY), "--calibration", str(tmp_path / "cal.json")]) == 2
     err = capsys.readouterr().err
     assert message in err and "holds only fits, format, machine, measurements, spec" in err
+
+
+class _FakeJobs:
+    """A Ray Jobs API client with no cluster behind it: records the submission, answers job info with the given
+    statuses in turn (the last one repeats), streams the given log chunks, and can lose contact or refuse."""
+
+    MESSAGES = {"PENDING": "Job has not started yet. It may be waiting for resources (CPUs, GPUs, memory, custom "
+                           "resources) to become available.",
+                "RUNNING": "Job is currently running.", "SUCCEEDED": "Job finished successfully."}
+
+    def __init__(self, *, infos=("RUNNING", "SUCCEEDED"), logs=(), refuse=False, lose_contact=False) -> None:
+        self.infos, self.logs, self.refuse, self.lose_contact = list(infos), list(logs), refuse, lose_contact
+        self.submitted: list[dict] = []
+        self.uploaded: list[list[str]] = []
+
+    def submit_job(self, **body):
+        working_dir = Path(body["runtime_env"]["working_dir"])
+        self.uploaded.append(sorted(p.name for p in working_dir.iterdir()))  # Ray packs and uploads it here
+        if self.refuse:
+            raise RuntimeError("Request failed with status code 500: the cluster said no")
+        self.submitted.append(body)
+        return "raysubmit_fake"
+
+    def get_job_info(self, submission_id):
+        from types import SimpleNamespace
+
+        status = self.infos.pop(0) if len(self.infos) > 1 else self.infos[0]
+        return SimpleNamespace(status=SimpleNamespace(value=status), message=self.MESSAGES[status], entrypoint="x")
+
+    async def tail_job_logs(self, submission_id):
+        for chunk in self.logs:
+            yield chunk
+
+    def get_job_status(self, submission_id):
+        from types import SimpleNamespace
+
+        import requests
+
+        if self.lose_contact:
+            raise requests.exceptions.ConnectionError(
+                "HTTPConnectionPool(host='head', port=8265): Max retries exceeded with url: /api/jobs/raysubmit_fake "
+                "(Caused by NewConnectionError('Failed to establish a new connection: [Errno 111] Connection "
+                "refused'))")
+        return SimpleNamespace(value=self.infos[-1])
+
+
+def _submit(tmp_path: Path, monkeypatch, jobs: _FakeJobs | None, *args: str) -> int:
+    """`dora apply local-tiny --address http://head:8265 ARGS` against ``jobs`` (None: the cluster must not be
+    contacted); job directories are made under ``tmp_path/tmp``."""
+    import tempfile
+
+    from dora import cluster
+
+    def client(address):
+        assert jobs is not None, "the cluster was contacted"
+        return jobs
+
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(cluster, "_client", client)
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+    return main(["apply", str(TINY), "--address", "http://head:8265", "--steps", "2", "--no-live", *args])
+
+
+def test_a_submission_leaves_no_job_directory_behind_whatever_its_outcome(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Every submission left a /tmp/dora-job-* directory (the job's working_dir, uploaded by submit_job), failed and
+    interrupted ones too."""
+    jobs = _FakeJobs(logs=["step 1/2\n", "step 2/2\n"])
+    assert _submit(tmp_path, monkeypatch, jobs, "--output-dir", str(tmp_path / "out")) == 0, capsys.readouterr().err
+    assert jobs.uploaded and "launch" in jobs.uploaded[0]  # it was there while Ray uploaded it
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert "job raysubmit_fake: SUCCEEDED — Job finished successfully." in capsys.readouterr().err
+    refused = _FakeJobs(refuse=True)
+    assert _submit(tmp_path, monkeypatch, refused, "--output-dir", str(tmp_path / "refused")) == 1
+    assert refused.uploaded and list((tmp_path / "tmp").iterdir()) == []
+    assert "job submission to http://head:8265 failed: Request failed with status code 500" in capsys.readouterr().err
+
+    class Interrupted(_FakeJobs):
+        def submit_job(self, **body):
+            super().submit_job(**body)
+            raise KeyboardInterrupt  # Ctrl-C while Ray uploads
+
+    interrupted = Interrupted()
+    assert _submit(tmp_path, monkeypatch, interrupted, "--output-dir", str(tmp_path / "interrupted")) == 130
+    assert interrupted.uploaded and list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_driver_s_audit_line_is_read_when_the_logs_split_it(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "out"
+    audit = json.dumps({"ok": True, "audit": {"num_consumed": 256}, "output_dir": str(out)})
+    half = len(audit) // 2
+    jobs = _FakeJobs(logs=["step 1/2\n", f"DORA_AUDIT {audit[:half]}", f"{audit[half:]}\n", "bye\n"])
+    assert _submit(tmp_path, monkeypatch, jobs, "--output-dir", str(out)) == 0, capsys.readouterr().err
+    assert json.loads((out / "cluster_audit.json").read_text())["audit"]["num_consumed"] == 256
+
+
+def test_a_job_that_waits_for_resources_says_so_with_ray_s_message(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A cluster without the CPU the job's driver asks for kept it PENDING, and dora printed nothing at all."""
+    from dora import cluster
+
+    monkeypatch.setattr(cluster, "PENDING_NOTICE_S", 0.0)
+    jobs = _FakeJobs(infos=["PENDING", "PENDING", "PENDING", "RUNNING", "SUCCEEDED"])
+    assert _submit(tmp_path, monkeypatch, jobs, "--output-dir", str(tmp_path / "out")) == 0
+    err = capsys.readouterr().err
+    pending = [line for line in err.splitlines() if "PENDING" in line]
+    assert len(pending) == 1, err  # said once, until Ray's message changes
+    assert pending[0].startswith("job raysubmit_fake: PENDING — Job has not started yet. It may be waiting for "
+                                 "resources")
+    assert "Its driver asks for 1 CPU (entrypoint_num_cpus)" in pending[0]
+
+
+def test_losing_the_cluster_while_following_a_job_is_an_error_not_a_bug(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "out"
+    assert _submit(tmp_path, monkeypatch, _FakeJobs(lose_contact=True), "--output-dir", str(out)) == 1
+    err = capsys.readouterr().err
+    assert ("lost contact with http://head:8265 (ConnectionError: connection refused); the job may still be running: "
+            f"`dora status {out}`") in " ".join(err.split())
+    assert "internal error" not in err and "Traceback" not in err
+    assert json.loads((out / "job.json").read_text())["submission_id"] == "raysubmit_fake"  # recorded for that
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused_before_the_cluster_is_contacted(tmp_path: Path, capsys,
+                                                                                         monkeypatch) -> None:
+    """It was found only after submit_job ("internal error: FileExistsError"), leaving the job running."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    for target in (blocker, blocker / "run"):
+        assert _submit(tmp_path, monkeypatch, None, "--output-dir", str(target)) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write the run's outputs to {target}/: {blocker} is a file, not a directory" in err
+        assert "to fix: choose a writable directory with --output-dir" in err and "internal error" not in err
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_relative_output_dir_is_refused_for_a_cluster_job(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The job writes where its runtime.json says, relative to its working directory on the cluster: a temporary
+    directory Ray removes. The outputs were lost while dora said "outputs in runs/rel/"."""
+    monkeypatch.chdir(tmp_path)
+    assert _submit(tmp_path, monkeypatch, None, "--output-dir", "runs/rel") == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--output-dir 'runs/rel' is relative: a job submitted to a Ray cluster runs in a working directory" in err
+    assert "give an absolute path on storage the cluster's nodes share" in err
+    assert _submit(tmp_path, monkeypatch, None) == 2  # the spec's own runtime.output_dir, named with its line
+    err = " ".join(capsys.readouterr().err.split())
+    line = TINY.read_text().splitlines().index("  output_dir: runs/local-tiny") + 1
+    assert f"runtime.output_dir ({TINY}, line {line}) 'runs/local-tiny' is relative" in err
+    assert not (tmp_path / "runs").exists()

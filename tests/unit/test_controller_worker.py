@@ -464,3 +464,33 @@ def test_a_publish_that_raises_stops_the_run_before_the_trace_says_the_version_w
         fails(ref3)
     assert str(raised.value.cause) == "publish v3 but the trainer holds v2"
     assert events == [("weights_published", {"version": 2})] and len(handled) == 1
+
+
+def test_an_attempt_of_one_step_labels_its_speed_as_that_step_not_as_steady():
+    """With one step there is no steady state: the figures (from the attempt's start, the pipeline filling up) were
+    printed and written as "(steady)"."""
+    from rich.console import Console
+
+    from dora.runtime.display import render_summary
+
+    stats = RunStats(num_workers=2, slots_per_worker=4, total_steps=1, mode="streaming")
+    stats.step_finished(step=1, start_s=1.5, end_s=2.0, metrics=_metrics(40, 4), rewards=[1.0, 0, 0, 0],
+                        versions=[0] * 4, counters=[_counters(4, 1.0, 50, 2.0), _counters(2, 1.0, 30, 2.0)],
+                        live=(0,), engines=(0, 0))
+    s = stats.summary()
+    assert not any(key.startswith("steady_") for key in s)
+    assert s["first_step_time_s"] == pytest.approx(2.0)  # from the attempt's start: the pipeline fill included
+    assert s["first_step_trained_tokens_per_s"] == pytest.approx((40 + 4 * 4) / 2.0)
+    assert s["first_step_generated_tokens_per_s"] == pytest.approx(80 / 2.0)
+    assert s["first_step_rollout_occupancy"] == pytest.approx(6 / (4 * 4.0))
+    console = Console(record=True, width=160, force_terminal=False)
+    console.print(render_summary(s, {"ok": True, "num_consumed": 4, "violations": []}))
+    text = console.export_text()
+    assert "(steady" not in text
+    assert "trained tokens/s (first step)" in text and "28" in text
+    assert "one step, no steady state: these figures include the pipeline fill" in text
+    stats.step_finished(step=2, start_s=2.5, end_s=3.0, metrics=_metrics(40, 4), rewards=[1.0, 0, 0, 0],
+                        versions=[1] * 4, counters=[_counters(6, 1.5, 70, 3.0), _counters(3, 1.5, 40, 3.0)],
+                        live=(1,), engines=(1, 1))
+    two = stats.summary()  # a second step: the steady state, from the end of the first
+    assert two["steady_step_time_s"] == pytest.approx(1.0) and not any(k.startswith("first_step") for k in two)

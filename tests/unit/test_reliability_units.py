@@ -357,3 +357,171 @@ def test_a_commit_removes_older_trainer_files_and_saves_a_kill_cut_short(tmp_pat
     write_checkpoint(out, Checkpoint(step=2, consumed_groups=(0, 1), trainer_state="trainer-000002.pt",
                                      step_event=None, config_key="k"))
     assert sorted(p.name for p in directory.iterdir()) == ["checkpoint.json", "notes.txt", "trainer-000002.pt"]
+
+
+def _metrics_row(step: int, reward: float) -> dict:
+    return {"step": step, "reward_mean": reward, "num_sequences": 4, "response_tokens": 12, "mean_staleness": 0.5,
+            "max_staleness": 1, "is_weight_mean": 1.0, "is_weight_max": 1.25, "is_weight_clip_frac": 0.0}
+
+
+def test_a_run_audited_again_reports_its_own_steps_not_an_earlier_attempts_summary(tmp_path):
+    """run --steps 1, then a longer attempt interrupted after a later step (it writes no summary), then the same
+    command audits the directory again: it printed and wrote the first attempt's summary ("1/1 steps", its reward
+    curve and its speed) over an audit of every step. Now the steps are the checkpoint's, the training figures every
+    step's metrics row, and no attempt's speed is shown as the run's."""
+    from rich.console import Console
+    from test_runtime_config import _config
+
+    from dora.runtime.display import render_summary
+    from dora.runtime.driver import run_job
+
+    rc = dataclasses.replace(_config("local-tiny"), steps=2, output_dir="run")
+    out = tmp_path / "run"
+    _finished_run_killed_before_its_end(out, json.loads(rc.to_json()))
+    (out / "metrics.jsonl").write_text(_line(_metrics_row(1, 0.25)) + _line(_metrics_row(2, 0.75)))
+    earlier = {"mode": rc.mode, "steps": 1, "total_steps": 1, "wall_s": 0.4, "steady_trained_tokens_per_s": 4441.0,
+               "steady_generated_tokens_per_s": 19924.0, "steady_step_time_s": 0.34, "steady_rollout_share": 1.0,
+               "steady_rollout_occupancy": 0.91, "mean_staleness": 0.0, "max_staleness": 0, "max_live_versions": 1,
+               "mean_trained_response_tokens": 7.8, "reward_first": 0.0, "reward_last": 0.0, "reward_curve": [0.0],
+               "is_weight_mean": 0.995, "is_weight_max": 1.0, "is_weight_clip_frac": 0.0, "warmup_s": 9.0,
+               "resumed_from_step": None, "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 7}
+    (out / "summary.json").write_text(json.dumps({"summary": earlier, "audit": {"ok": True}}))
+    console = Console(record=True, width=200, force_terminal=False)
+    result = run_job(rc, console=console, live=False, base_dir=tmp_path)
+    assert result.ok, result.audit["violations"]
+    s = result.summary
+    assert (s["steps"], s["total_steps"]) == (2, 2) and s["audited_again"]
+    assert s["reward_curve"] == [0.25, 0.75] and s["reward_last"] == 0.75 and s["max_staleness"] == 1
+    assert not any(key.startswith(("steady_", "first_step_")) for key in s)  # nothing ran: no speed of its own
+    assert "wall_s" not in s and "warmup_s" not in s
+    assert s["unfinished_at_end"] == result.audit["unfinished_at_end"] == 4  # from the trace, not the old summary
+    assert json.loads((out / "summary.json").read_text())["summary"] == s
+    console.print(render_summary(s, result.audit))
+    text = console.export_text()
+    assert "2/2 steps, audited again" in text and "1/1" not in text
+    assert "0.250 -> 0.750" in text and "tokens/s" not in text and "4441" not in text
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_local_run_asks_ray_for_an_instance_of_its_own_beside_a_running_cluster(tmp_path, monkeypatch):
+    """With a `ray start` cluster on the machine, ray.init(num_cpus=...) without an address connects to it and Ray
+    refuses the sizing ("internal error: ValueError"). address="local" always starts an instance of its own (checked
+    for real with a `ray start` head running; this stands in for Ray's rule)."""
+    import ray
+    from test_runtime_config import _config
+
+    from dora.runtime.driver import run_job
+
+    def init(address=None, num_cpus=None, **_):
+        if address != "local" and num_cpus is not None:  # what Ray does when it finds the running cluster
+            raise ValueError("When connecting to an existing cluster, num_cpus and num_gpus must not be provided.")
+        assert num_cpus is not None and num_cpus >= 1
+        raise _Stop
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    rc = dataclasses.replace(_config("local-tiny"), steps=1, output_dir="run")
+    with pytest.raises(_Stop):
+        run_job(rc, live=False, base_dir=tmp_path)
+
+
+def _joined_cluster(monkeypatch, free: dict, total: dict) -> list:
+    """Ray as a job's driver finds it: initialised (by the job), with ``free`` of ``total`` resources. Returns the
+    list the Controller's construction is recorded in (it must not be reached)."""
+    import ray
+
+    from dora.runtime import controller
+
+    built: list = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "available_resources", lambda: dict(free))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: dict(total))
+
+    def no_controller(*args, **kwargs):
+        built.append(args)
+        raise AssertionError("actors were created on a cluster that cannot hold them")
+
+    monkeypatch.setattr(controller, "Controller", no_controller)
+    return built
+
+
+def test_a_cluster_with_no_free_cpu_stops_the_run_before_its_actors_wait_forever(tmp_path, monkeypatch):
+    """A head with --num-cpus 1: the job's driver holds the CPU, Ray's available resources have no "CPU" key, and
+    the driver took the submitting machine's core count: actors asking for CPUs that do not exist stayed pending
+    with no end and no message. A missing key is 0, and the run stops with the figures."""
+    from test_runtime_config import _config
+
+    from dora.runtime import driver
+    from dora.runtime.driver import JobStopped, run_job
+
+    built = _joined_cluster(monkeypatch, free={"memory": 1e9}, total={"CPU": 1.0})
+    monkeypatch.setattr(driver, "FREE_CPU_SETTLE_S", 0.5)  # none comes free: the wait for it is cut short here
+    rc = dataclasses.replace(_config("local-tiny"), steps=1, output_dir="run", rollout_workers=1)
+    with pytest.raises(JobStopped) as stopped:
+        run_job(rc, live=False, base_dir=tmp_path)
+    message = str(stopped.value)
+    assert ("not enough free CPU on the Ray cluster: the trainer and 1 rollout worker need at least 1 CPU between "
+            "them, and the cluster has 0 free of 1") in message
+    assert "ray start --num-cpus N" in message and "--rollout-workers" in message
+    assert not built
+
+
+def test_actor_reservations_are_shares_of_what_is_free_and_an_unplaceable_one_stops_the_run(tmp_path, monkeypatch):
+    """On a cluster the reservations never add up to more than is free; when Ray cannot place them all (free CPUs
+    split over nodes, or taken meanwhile) the run stops after PLACEMENT_TIMEOUT_S instead of pending forever."""
+    import importlib
+
+    from rich.console import Console
+    from test_runtime_config import _config
+
+    from dora.runtime import driver
+
+    rc = dataclasses.replace(_config("local-tiny"), steps=1, output_dir="run", rollout_workers=2)
+    config = driver.controller_config(rc, base_dir=tmp_path, cpus=1.5)
+    assert config.trainer_num_cpus == config.worker_num_cpus == 0.5  # 1.5 free over 3 actors, rounded down
+    asked: list = []
+
+    class Group:
+        def wait(self, timeout_seconds):
+            return False
+
+    def placement_group(bundles, strategy):
+        asked.append(bundles)
+        return Group()
+
+    removed: list = []
+    pg = importlib.import_module("ray.util.placement_group")  # the module (ray.util's name is the function)
+    monkeypatch.setattr(pg, "placement_group", placement_group)
+    monkeypatch.setattr(pg, "remove_placement_group", removed.append)
+    built = _joined_cluster(monkeypatch, free={"CPU": 1.5}, total={"CPU": 4.0})
+    monkeypatch.setattr(driver, "PLACEMENT_TIMEOUT_S", 3.0)
+    console = Console(record=True, width=200, force_terminal=False)
+    with pytest.raises(driver.JobStopped) as stopped:
+        driver.run_job(rc, console=console, live=False, base_dir=tmp_path)
+    assert asked == [[{"CPU": 0.5}] * 3] and len(removed) == 1 and not built
+    assert ("could not place the trainer and 2 rollout workers in 3 s: they reserve 0.5 CPU (trainer) + 2 x 0.5 "
+            "(rollout workers) = 1.5, and the cluster has 1.5 CPU free of 4") in str(stopped.value)
+    assert "waiting up to 3 s for the Ray cluster to place the trainer and 2 rollout workers" in console.export_text()
+
+
+def test_one_step_off_does_not_raise_a_staleness_budget_of_zero(tmp_path):
+    """--mode one-step-off set a spec's max_version_lag 0 to 1 without a word, while the other asynchronous modes
+    are refused for k = 0: it is refused the same way (and a larger budget is still narrowed to one step)."""
+    tiny = (REPO / "specs" / "local-tiny.yaml").read_text()
+    spec = tmp_path / "k0.yaml"
+    spec.write_text(tiny.replace("max_version_lag: 3", "max_version_lag: 0").replace("mode: auto", "mode: sync")
+                    .replace("versions_per_engine: 3", "versions_per_engine: 1"))
+    plan_for_apply(str(spec), None, None)  # the spec itself is valid (sync)
+    messages = {}
+    for mode in ("one-step-off", "bounded-async"):
+        with pytest.raises(ApplyInputError) as refused:
+            plan_for_apply(str(spec), mode, None)
+        messages[mode] = str(refused.value).replace(mode, "MODE")
+    assert messages["one-step-off"] == messages["bounded-async"]
+    assert "needs a staleness budget k >= 1, got k = 0 (staleness.max_version_lag)" in messages["one-step-off"]
+    _, plan = plan_for_apply(str(REPO / "specs" / "local-tiny.yaml"), "one-step-off", None)
+    assert plan.mode == "one-step-off" and plan.max_version_lag == 1

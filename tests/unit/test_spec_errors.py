@@ -234,3 +234,51 @@ def test_a_duplicate_key_says_which_two_entries_to_choose_from() -> None:
     (diag,) = info.value.diagnostics
     assert diag.line == first + 1 and 'duplicate key "nodes"' in diag.message
     assert diag.hint == "remove one of the two `nodes:` entries of that mapping"
+
+
+def _tiny_with(old: str, new: str) -> str:
+    text = TINY.read_text()
+    assert old in text
+    return text.replace(old, new)
+
+
+def test_a_response_cap_with_no_room_for_the_count_task_s_answer_is_refused_at_its_line() -> None:
+    """workload.response_length.max_tokens: 1 passed `dora validate`, then `dora apply` died with an IndexError."""
+    from dora.spec.loader import load_spec_text
+
+    old = "response_length: {median_tokens: 8, p99_tokens: 96, max_tokens: 128}"
+    text = _tiny_with(old, "response_length: {median_tokens: 1, p99_tokens: 1, max_tokens: 1}")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    (diag,) = info.value.diagnostics
+    assert diag.path == ("workload", "response_length", "max_tokens")
+    assert "max_tokens (1) leaves no room for an answer of the count task" in diag.message
+    assert diag.hint == "set workload.response_length.max_tokens to at least 2"
+    assert "response_length:" in text.splitlines()[diag.line - 1]
+    load_spec_text(text.replace("max_tokens: 1}", "max_tokens: 2}"), "x.yaml", TINY.parent)  # the least that fits
+
+
+@pytest.mark.parametrize(("prompt_length", "fields"), [
+    ("{median_tokens: 200, p99_tokens: 400, max_tokens: 512}", ["median_tokens", "p99_tokens", "max_tokens"]),
+    ("{median_tokens: 4, p99_tokens: 4, max_tokens: 8}", ["max_tokens"]),
+    ("{histogram_file: prompts.csv, max_tokens: 4}", ["histogram_file"]),
+])
+def test_the_count_task_s_prompt_length_must_be_the_four_tokens_it_generates(tmp_path: Path, prompt_length: str,
+                                                                           fields: list[str]) -> None:
+    """The task's prompts are always [BOS, a, b, SEP]; a spec saying 200 tokens was run with 4-token prompts while
+    `dora apply` printed the plan of 200-token ones (28,560 trained tokens/s predicted instead of 8,416)."""
+    from dora.spec.loader import load_spec_text
+
+    (tmp_path / "prompts.csv").write_text("4,10\n")
+    old = "prompt_length: {median_tokens: 4, p99_tokens: 4, max_tokens: 4}"
+    text = _tiny_with(old, f"prompt_length: {prompt_length}")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", tmp_path)
+    diags = info.value.diagnostics
+    assert [d.path for d in diags] == [("workload", "prompt_length", f) for f in fields]
+    for d in diags:
+        assert "the count task's prompts are always 4 tokens ([BOS, a, b, SEP])" in d.message
+        assert "prompt_length: {median_tokens: 4, p99_tokens: 4, max_tokens: 4}" in d.hint
+        assert "prompt_length:" in text.splitlines()[d.line - 1]
+    proc = _dora("validate", str(TINY))  # the shipped spec says what the task does
+    assert proc.returncode == 0, proc.stderr

@@ -82,3 +82,13 @@ def test_config_validation_names_the_field() -> None:
         TaskConfig(warmup_steps=-1)
     with pytest.raises(ValueError, match=r"warmup_label_smoothing\(1.0\)"):
         TaskConfig(warmup_label_smoothing=1.0)
+
+
+def test_a_length_cap_with_no_room_for_an_answer_names_the_spec_field() -> None:
+    """max_tokens 1 left no room for a number and EOS: make_prompt indexed an empty tuple (IndexError, printed as
+    an internal error by `dora apply`). The spec check refuses it first; this is the second line of defence."""
+    one = LengthDistribution.lognormal(median=1, p99=1, max_tokens=1)
+    with pytest.raises(ValueError, match=r"workload\.response_length\.max_tokens is 1.*at least 2"):
+        make_prompt(TaskConfig(), one, random.Random(0), "x")
+    two = LengthDistribution.lognormal(median=1, p99=1, max_tokens=2)
+    assert len(make_prompt(TaskConfig(), two, random.Random(0), "y").target_ids) == 2  # the shortest answer fits
