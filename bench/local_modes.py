@@ -166,10 +166,10 @@ def _print_table(console: Console, results: dict[str, list[dict[str, Any]]],
         gap = statistics.fmean(r["mean_trained_response_tokens"] for r in st) / (sync_len or 1) - 1
         share = statistics.fmean(r["steady_rollout_share"] for r in sync)
         checks = [
-            (f"streaming occupancy {occ:.0%} >= {TARGET_OCCUPANCY:.0%}", occ >= TARGET_OCCUPANCY),
+            (f"streaming occupancy {occ:.1%} >= {TARGET_OCCUPANCY:.0%}", occ >= TARGET_OCCUPANCY),
             (f"streaming trained tok/s {speedup:.2f}x sync >= {TARGET_SPEEDUP}x", speedup >= TARGET_SPEEDUP),
             (f"trained length gap {gap:+.1%} within {LENGTH_TOLERANCE:.0%}", abs(gap) <= LENGTH_TOLERANCE),
-            (f"sync rollout share {share:.0%} >= 50%", share >= 0.5),
+            (f"sync rollout share {share:.1%} >= 50%", share >= 0.5),
         ]
         for text, ok in checks:
             console.print(f"  [{'green' if ok else 'red'}]{'PASS' if ok else 'MISS'}[/] {text}")
