@@ -196,6 +196,9 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
         write_json_atomic(out / "cluster_audit.json", audit)
     console.print(f"job {submission_id}: {status}" + (f" — {info.message}" if info.message else ""),
                   markup=False, highlight=False)
+    if status not in TERMINAL_STATUSES:
+        error(console, f"its logs ended, but the job is still {status} after {TERMINAL_WAIT_S:g} s: dora stopped "
+                       f"waiting; `dora status {out}` follows it")
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
 
 
@@ -274,11 +277,17 @@ def _stream_logs(client: Any, submission_id: str) -> dict[str, Any] | None:
     return audit
 
 
-def _wait_terminal(client: Any, submission_id: str, timeout_s: float = 60.0) -> str:
+TERMINAL_STATUSES = ("SUCCEEDED", "FAILED", "STOPPED")
+TERMINAL_WAIT_S = 60.0
+"""How long after a job's log stream ends dora waits for its final status (the driver exits a moment later)."""
+
+
+def _wait_terminal(client: Any, submission_id: str, timeout_s: float = TERMINAL_WAIT_S) -> str:
+    """The job's status once final, or whatever it is after ``timeout_s`` (the caller says it stopped waiting)."""
     deadline = time.monotonic() + timeout_s
     while True:
         status = str(_answer_within("get_job_status", lambda: client.get_job_status(submission_id)).value)
-        if status in ("SUCCEEDED", "FAILED", "STOPPED") or time.monotonic() > deadline:
+        if status in TERMINAL_STATUSES or time.monotonic() > deadline:
             return status
         time.sleep(0.5)
 

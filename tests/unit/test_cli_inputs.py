@@ -685,3 +685,18 @@ def test_a_relative_output_dir_is_refused_for_a_cluster_job(tmp_path: Path, caps
     line = TINY.read_text().splitlines().index("  output_dir: runs/local-tiny") + 1
     assert f"runtime.output_dir ({TINY}, line {line}) 'runs/local-tiny' is relative" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_job_still_running_after_its_logs_ended_is_said_to_be_no_longer_waited_for(tmp_path: Path, capsys,
+                                                                                      monkeypatch) -> None:
+    """dora waits a while for the final status once the logs end; when it gives up it printed 'job X: RUNNING' and
+    exited 1 without saying that it had stopped waiting or how to follow the job."""
+    from dora import cluster
+
+    monkeypatch.setattr(cluster, "TERMINAL_WAIT_S", 0.0)
+    monkeypatch.setattr(cluster._wait_terminal, "__defaults__", (0.0,))
+    out = tmp_path / "out"
+    assert _submit(tmp_path, monkeypatch, _FakeJobs(infos=("RUNNING",)), "--output-dir", str(out)) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "job raysubmit_fake: RUNNING" in err
+    assert f"its logs ended, but the job is still RUNNING after 0 s: dora stopped waiting; `dora status {out}`" in err
