@@ -17,7 +17,7 @@ call.
 
 Targets (issue 9): median |step-time error| <= 15%; predicted streaming/sync speedup within 15% of measured.
 
-    python bench/predict_vs_measure.py --calibration calibration.json          # 12 steps per mode (spec: 40)
+    python bench/predict_vs_measure.py --calibration calibration.json          # 12 steps per mode (spec: 150)
     python bench/predict_vs_measure.py --steps 20 --repeats 2                  # spread over repeated runs
     python bench/predict_vs_measure.py --calibration catalog                   # the built-in constants
 Without --calibration it first calibrates in situ: two sync runs (one engine, one engine per core) and a
@@ -91,7 +91,7 @@ def main() -> int:
                          "first, from a sync and a streaming run with another seed)")
     ap.add_argument("--calib-steps", type=int, default=40, help="steps of each in-situ calibration run")
     ap.add_argument("--modes", nargs="+", default=["sync", "one-step-off", "streaming"])
-    ap.add_argument("--steps", type=int, default=12, help="steps per run (the spec's 40, shortened)")
+    ap.add_argument("--steps", type=int, default=12, help="steps per run (the spec's 150, shortened)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode (same seed: measures run-to-run noise)")
     ap.add_argument("--out-dir", default="runs/bench-predict")
     args = ap.parse_args()

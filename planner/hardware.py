@@ -162,7 +162,8 @@ _CATALOG: dict[str, Accelerator] = {
     "b200": _acc(
         name="b200",
         description="NVIDIA B200 (HGX/DGX B200, HBM3e, NVLink5)",
-        # DGX B200 / HGX B200 spec: 72 PFLOPS FP8 training per 8 GPUs -> 4.5 PF FP8, 2.25 PF dense BF16 per GPU;
+        # DGX B200 / HGX B200 spec: 72 PFLOPS FP8 training per 8 GPUs -> 9 PF FP8 per GPU with sparsity, 4.5 PF
+        # dense FP8, 2.25 PF dense BF16;
         # verl flops_counter._DEVICE_FLOPS lists B200 at 2.25e15.
         bf16_flops=2.25e15,
         # 192 GB HBM3e marketing; about 179 GiB visible to CUDA (secondary reports of nvidia-smi on DGX B200).
