@@ -552,8 +552,10 @@ def check_run_spec(run_dir: Path, expected: dict[str, Any], spec_label: str) -> 
             return (a > 0) != (b > 0)
         return bool(a != b)
 
+    # model.name is a label (an `architecture:` model is named after its spec or config directory): the fits use the
+    # architecture and dtype only
     diffs = [f"{name}: run {show(run_flat.get(name, absent))}, spec {show(spec_flat.get(name, absent))}"
-             for name in sorted(set(run_flat) | set(spec_flat)) if differs(name)]
+             for name in sorted(set(run_flat) | set(spec_flat)) if name != "model.name" and differs(name)]
     model = [d for d in diffs if d.startswith("model.")]
     if model:
         raise RunDataError(f"{path}: the run trained another model than {spec_label}: {'; '.join(model)}. The fits "
@@ -561,7 +563,7 @@ def check_run_spec(run_dir: Path, expected: dict[str, Any], spec_label: str) -> 
                            "spec the run was made from, or `dora apply` this spec and pass that run")
     if diffs:
         raise RunDataError(f"{path}: the run's training step or engines differ from {spec_label}'s: "
-                           f"{'; '.join(diffs)}. The fits evaluate the spec's on the run's timings, so they must "
+                           f"{'; '.join(diffs)}. The fits evaluate the spec's training step and engines on the run's timings, so they must "
                            "match: calibrate with the spec the run was made from, or `dora apply` this spec and pass "
                            "that run")
     if run.get("spec_hash") != expected.get("spec_hash") or run.get("spec_name") != expected.get("spec_name"):

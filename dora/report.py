@@ -52,16 +52,17 @@ def _dur(seconds: float) -> str:
 def _adding_up(total: float, parts: Sequence[float], fmt: Callable[[float, int], tuple[str, float]],
                extras: Sequence[int] = (0, 1, 2)) -> tuple[str, list[str]]:
     """``total`` and its ``parts`` (which add up to it) as ``fmt`` prints them with the fewest ``extras`` decimals
-    at which the printed parts add up to the printed total (a part printed as '<0.1' counting 0; the most decimals
-    where none does, and the fewest when there are no parts)."""
+    at which the printed parts add up to the printed total (a part printed as '<0.1' counting 0); the fewest where
+    none does (a total and parts in different units, '2.1 min' of '100 s' and '25 s', never add up to the digit) or
+    when there are no parts."""
     if not parts:
         return fmt(total, extras[0])[0], []
     for extra in extras:
         total_text, total_value = fmt(total, extra)
         printed = [fmt(x, extra) for x in parts]
         if abs(sum(v for _, v in printed) - total_value) <= 1e-9 * max(1.0, abs(total_value)):
-            break
-    return total_text, [text for text, _ in printed]
+            return total_text, [text for text, _ in printed]
+    return fmt(total, extras[0])[0], [fmt(x, extras[0])[0] for x in parts]
 
 
 def _percent(fraction: float) -> str:

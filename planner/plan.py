@@ -41,6 +41,8 @@ def format_rate(x: float) -> str:
 
     A value whose rounding reaches 1000 of its unit takes the next one (999_999 -> '1.00M', 999.96 -> '1.00K'), and a
     non-zero one that would print as 0.0 prints as '<0.1'."""
+    if not math.isfinite(x):
+        return f"{x}"  # 'nan', 'inf': no unit to scale
     units = (("", 1.0, 1), ("K", 1e3, 2), ("M", 1e6, 2))
     i = max((k for k, (_, div, _) in enumerate(units) if x >= div), default=0)
     for unit, div, decimals in units[i:]:

@@ -209,7 +209,8 @@ def test_a_run_of_another_model_is_refused_and_of_another_spec_of_the_same_model
     _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
     runs = [str(tmp_path / "sync"), str(tmp_path / "async")]
     runtime = json.loads((tmp_path / "async" / "runtime.json").read_text())
-    other = {**runtime, "spec_name": "tiny-variant", "spec_hash": "f" * 64, "mode": "sync", "steps": 7, "seed": 3}
+    other = {**runtime, "spec_name": "tiny-variant", "spec_hash": "f" * 64, "mode": "sync", "steps": 7, "seed": 3,
+             "model": {**runtime["model"], "name": "tiny-variant"}}  # an `architecture:` model takes its spec's name
     (tmp_path / "async" / "runtime.json").write_text(json.dumps(other))
     assert run_calibrate(LOCAL, str(tmp_path / "a.json"), from_runs=runs) == 0
     err = capsys.readouterr().err

@@ -236,6 +236,7 @@ def test_format_rate_rolls_over_to_the_next_unit_after_rounding() -> None:
     assert (format_rate(999.94), format_rate(12345.6), format_rate(2.5e6), format_rate(512)) == (
         "999.9", "12.35K", "2.50M", "512.0")
     assert format_rate(0.04) == "<0.1" and format_rate(0) == "0.0"
+    assert (format_rate(float("nan")), format_rate(float("inf"))) == ("nan", "inf")  # were 'nanM' and 'infM'
 
 
 def test_report_rounding_never_misleads() -> None:
@@ -272,3 +273,10 @@ def test_report_rounding_never_misleads() -> None:
     assert "extra_versions <0.01, kv_cache 6.95, reserved 0.25, weights <0.01 (GiB)" in tiny_rows
     assert "│ 7.20 GiB │" in tiny_rows
     assert (_dur(0.9996), _dur(119.97), _dur(0.0001), _dur(0.25)) == ("1.0 s", "2.0 min", "<1 ms", "250 ms")
+    # a total in minutes and parts in seconds never add up to the digit: the fewest decimals, not '100.000 s'
+    from types import SimpleNamespace
+
+    from dora.report import _host_moves
+
+    assert _host_moves(SimpleNamespace(engine_swap_s=100.0, trainer_swap_s=25.0)) == (
+        "2.1 min: engines out and back 100.0 s, trainer state out and back 25.0 s")
