@@ -53,7 +53,8 @@ def main() -> int:
         mode="streaming", steps=args.steps, rollout_workers=2, max_num_seqs=16, output_dir=str(tmp / "workers")))
     rows = []
     # 1. rollout worker kills
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
     try:
         controller = Controller(controller_config(rc, cpus=os.cpu_count() or 2))
         killer = WorkerKiller(controller, [rng.randint(1, 8) for _ in range(args.kills)], rng)

@@ -74,6 +74,9 @@ def main() -> int:
     ap.add_argument("--calibration", metavar="FILE", help="predict with this calibration file (`dora calibrate`; "
                     "default: the catalog constants)")
     args = ap.parse_args()
+    if args.steps is not None and args.steps < 2:
+        ap.error("--steps must be at least 2: the figures compared are steady-state ones, from the end of the first "
+                 "step (a one-step run has only its first step, pipeline fill included)")
     console = Console(highlight=False, width=max(160, Console().width))
     try:
         resolved = load_spec(args.spec)
@@ -112,8 +115,8 @@ def main() -> int:
                 console.print(f"[bold]{mode}[/bold] seed {seed}: {rc.rollout_workers}x{rc.max_num_seqs} slots, "
                               f"{rc.prompts_per_step}x{rc.samples_per_prompt} per step, {rc.steps} steps ...")
                 fresh_run_dir(rc.output_dir, console)
-                ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
+                ray.init(address="local", num_cpus=os.cpu_count() or 2, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)  # its own, even beside a `ray start` cluster
                 try:
                     result = run_job(rc, console=console, live=False, warmup_cache_dir=Path(args.out_dir) / "cache")
                 except JobStopped as exc:

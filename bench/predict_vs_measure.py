@@ -95,6 +95,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode (same seed: measures run-to-run noise)")
     ap.add_argument("--out-dir", default="runs/bench-predict")
     args = ap.parse_args()
+    if args.steps is not None and args.steps < 2:
+        ap.error("--steps must be at least 2: the figures compared are steady-state ones, from the end of the first "
+                 "step (a one-step run has only its first step, pipeline fill included)")
     console = Console(highlight=False, width=max(150, Console().width))
 
     from dora.apply import ApplyOverrides, run_apply, runtime_config_for

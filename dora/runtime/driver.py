@@ -355,11 +355,18 @@ def _audited_again_summary(out: Path, rc: RuntimeConfig, steps: int) -> dict[str
     comes from every step's ``metrics.jsonl`` row; the counts from the trace (``finish_job``'s ``whole_run``), with
     the resumes and restarts of every attempt. ``resumed_from_step`` stays that of the attempt summary.json was of
     (``dora calibrate --from-run`` tells by it whether the engine steps are of the last attempt)."""
-    from dora.runtime.trace import read_jsonl, training_figures
+    from dora.runtime.trace import SPEED_PREFIXES, read_jsonl, training_figures
 
+    previous = _previous_summary(out)
     summary: dict[str, Any] = {"mode": rc.mode, "steps": steps, "total_steps": steps, "audited_again": True,
                                "rollout_workers": rc.rollout_workers, "slots_per_worker": rc.max_num_seqs,
-                               "resumed_from_step": _previous_summary(out).get("resumed_from_step")}
+                               "resumed_from_step": previous.get("resumed_from_step")}
+    # the only record of how fast the run went: kept, apart, as the attempt it measured
+    earlier = {k: v for k, v in previous.items()
+               if k.startswith(tuple(f"{p}_" for p in SPEED_PREFIXES)) or k in ("steps", "wall_s", "warmup_s",
+                                                                                   "warmup_steps", "resumed_from_step")}
+    if earlier:
+        summary["earlier_attempt"] = earlier
     try:
         rows = [r for r in read_jsonl(out / "metrics.jsonl") if isinstance(r, dict) and r.get("step", 0) <= steps]
         summary.update(training_figures(rows) if rows else {})

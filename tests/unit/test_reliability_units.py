@@ -394,6 +394,9 @@ def test_a_run_audited_again_reports_its_own_steps_not_an_earlier_attempts_summa
     assert s["reward_curve"] == [0.25, 0.75] and s["reward_last"] == 0.75 and s["max_staleness"] == 1
     assert not any(key.startswith(("steady_", "first_step_")) for key in s)  # nothing ran: no speed of its own
     assert "wall_s" not in s and "warmup_s" not in s
+    # ... but the only record of how fast the earlier attempt went is kept, apart (a second review: it was lost)
+    assert s["earlier_attempt"] == {"steps": 1, "wall_s": 0.4, "warmup_s": 9.0, "resumed_from_step": None,
+                                    **{k: v for k, v in earlier.items() if k.startswith("steady_")}}
     assert s["unfinished_at_end"] == result.audit["unfinished_at_end"] == 4  # from the trace, not the old summary
     assert json.loads((out / "summary.json").read_text())["summary"] == s
     console.print(render_summary(s, result.audit))
