@@ -33,7 +33,9 @@ def local_ray():
     """One Ray instance for the module: ``run_job`` uses a running instance and leaves it running."""
     import ray
 
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # an instance of its own, as dora apply starts (a `ray start` cluster on the machine is not joined)
+    ray.init(address="local", num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
     yield
     ray.shutdown()
 

@@ -43,7 +43,9 @@ def joined():
     """A fresh local Ray instance of its own."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # an instance of its own: without an address Ray joins any `ray start` cluster on the machine, or a dead one's
+    # leftover /tmp/ray/ray_current_cluster
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
