@@ -367,11 +367,10 @@ def _audited_again_summary(out: Path, rc: RuntimeConfig, steps: int) -> dict[str
                                                                                    "warmup_steps", "resumed_from_step")}
     if earlier:
         summary["earlier_attempt"] = earlier
-    try:
+    # rows edited by hand (or a file gone): the summary has no training figures, and the audit still runs
+    with contextlib.suppress(OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
         rows = [r for r in read_jsonl(out / "metrics.jsonl") if isinstance(r, dict) and r.get("step", 0) <= steps]
         summary.update(training_figures(rows) if rows else {})
-    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):  # rows edited by hand: no such figures
-        pass
     try:
         events = [e for e in read_jsonl(out / "trace.jsonl") if isinstance(e, dict)]
     except OSError:
