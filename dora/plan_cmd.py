@@ -105,6 +105,10 @@ def write_plan_dir(resolved: ResolvedSpec, planned: Planned, out: Path) -> list[
     return [out / name for name in sorted(files)] + sorted(out / rel for rel in launch)
 
 
+_MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+"""Write failures that are the machine's, not the --out path's."""
+
+
 def _write_fix(exc: OSError) -> str:
     """What to do about ``exc``, raised while writing the plan directory."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
@@ -177,7 +181,8 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
             where = f" ({exc.filename})" if exc.filename and str(exc.filename) != args.out else ""
             error(err_console, f"cannot write the plan to {args.out}/: {exc.strerror or exc}{where}\n"
                                f"  to fix: {_write_fix(exc)}")
-            return error_code
+            # a full disk or a failing device is not bad input: 1, as any other error (2 is kept for --out's path)
+            return 1 if exc.errno in _MACHINE_ERRNOS else error_code
         if not args.json:
             out_console.print(f"\nwrote {len(written)} files to {args.out}/ (plan.json, report.txt, timeline.html, "
                               "schedule.json/.dot, launch/)", markup=False, highlight=False)
