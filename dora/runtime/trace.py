@@ -146,6 +146,8 @@ class StepRecord:
     is_weight_max: float
     is_weight_clip_frac: float
     ppo_clip_frac: float
+    kl_mean: float
+    """Mean KL estimate to the reference policy per trained token (0 without ``algorithm.kl_coef``)."""
     mean_staleness: float
     max_staleness: int
     num_sequences: int
@@ -265,7 +267,7 @@ class RunStats:
             reward_mean=metrics.reward_mean, exact_fraction=sum(r == 1.0 for r in rewards) / len(rewards),
             loss=metrics.loss, grad_norm=metrics.grad_norm, is_weight_mean=metrics.is_weight_mean,
             is_weight_max=metrics.is_weight_max, is_weight_clip_frac=metrics.is_weight_clip_frac,
-            ppo_clip_frac=metrics.ppo_clip_frac, mean_staleness=sum(staleness) / len(staleness),
+            ppo_clip_frac=metrics.ppo_clip_frac, kl_mean=metrics.kl_mean, mean_staleness=sum(staleness) / len(staleness),
             max_staleness=max(staleness), num_sequences=metrics.num_sequences,
             response_tokens=metrics.num_trained_tokens, forward_tokens=metrics.num_forward_tokens,
             forward_sum_sq_tokens=metrics.forward_sum_sq_tokens, train_threads=metrics.train_threads,

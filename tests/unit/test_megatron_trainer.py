@@ -230,6 +230,28 @@ def test_a_restored_trainer_takes_the_same_next_step() -> None:
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_the_kl_penalty_to_version_0_is_applied_and_survives_a_restore() -> None:
+    """``algorithm.kl_coef`` on the Megatron trainer: the reference is a second model holding version 0's weights;
+    the first step's KL is 0, later ones positive, and a restored trainer takes the same next step."""
+    config = lowered()
+    config["optimizer"]["lr"] = 1e-2
+    kl = dataclasses.replace(SETTINGS, kl_coef=0.5)
+
+    def make(cfg: dict) -> MegatronTrainer:
+        return MegatronTrainer(MegatronTrainerConfig(megatron=cfg, grpo=kl, device="cpu", seed=3))
+
+    t = make(config)
+    first, second = t.train_step(_batch()), t.train_step(_batch())
+    assert first.kl_mean == 0.0 and second.kl_mean > 0
+    assert "reference" in t.state_dict()
+    wa, wb = next_step_after_restore(make, config)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    plain = trainer(config)
+    plain.train_step(_batch())
+    plain.train_step(_batch())
+    assert any(not torch.equal(t.export_weights()[1][k], v) for k, v in plain.export_weights()[1].items())
+
+
 def test_what_the_trainer_does_not_run_is_refused_before_anything_is_built() -> None:
     biased = lowered()
     biased["transformer"]["add_bias_linear"] = True

@@ -206,6 +206,95 @@ def test_state_dict_round_trip_continues_identically() -> None:
         assert torch.equal(value, b.export_weights()[1][key])
 
 
+class _CountingTrainer(TorchTrainer):
+    """Counts its optimiser steps."""
+
+    def __init__(self, config: TrainerConfig) -> None:
+        super().__init__(config)
+        self.optimiser_steps = 0
+
+    def apply_gradients(self) -> float:
+        self.optimiser_steps += 1
+        return super().apply_gradients()
+
+
+@pytest.mark.parametrize("minibatches, epochs", [(1, 1), (1, 3), (2, 2)])
+def test_ppo_epochs_pass_over_the_batch_again_against_the_weights_before_the_step(
+        minibatches: int, epochs: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``algorithm.ppo_epochs`` (priced by the planner as more optimiser steps and passes) reached no trainer: every
+    step took one pass. Each pass takes one optimiser step per minibatch, and every pass's PPO ratio is to the
+    weights before the step (one proximal forward, not one per pass)."""
+    trainer = _CountingTrainer(TrainerConfig(model=MODEL, num_minibatches=minibatches, ppo_epochs=epochs, seed=3,
+                                             learning_rate=5e-3))
+    batch = _scored(_rollout(trainer.export_weights()[1], 0, 8))
+    calls: list[bool] = []
+    real = token_logprobs
+
+    def counted(model, rows, temperature=1.0):
+        calls.append(torch.is_grad_enabled())
+        return real(model, rows, temperature)
+
+    monkeypatch.setattr("dora.runtime.engines.torch_trainer.token_logprobs", counted)
+    metrics = trainer.train_step(batch)
+    assert trainer.optimiser_steps == minibatches * epochs
+    assert calls.count(True) == minibatches * epochs  # one forward with gradients per minibatch and pass
+    assert calls.count(False) == (minibatches if minibatches * epochs > 1 else 0)  # the proximal forward, once
+    if minibatches * epochs == 1:
+        assert metrics.ppo_clip_frac == 0  # the ratio to the weights it is computed with is exactly 1
+    assert metrics.kl_mean == 0.0 and math.isfinite(metrics.loss)
+
+
+def test_the_kl_penalty_pulls_towards_version_0_and_is_the_k3_estimate() -> None:
+    """``algorithm.kl_coef`` reached no trainer (the plan priced a reference forward; the run trained without the
+    penalty). The reference is version 0's weights; the reported KL is the token mean of
+    ``exp(ref - logp) - (ref - logp) - 1`` under the weights before each step."""
+    base = TorchTrainer(TrainerConfig(model=MODEL, learning_rate=2e-2, seed=4))
+    v0 = base.export_weights()[1]
+    batches = [_scored(_rollout(v0, 0, 16))] * 6
+    drift = {}
+    for kl_coef in (0.0, 5.0):
+        trainer = TorchTrainer(TrainerConfig(model=MODEL, learning_rate=2e-2, seed=4, kl_coef=kl_coef))
+        klm = []
+        for batch in batches:
+            before = trainer.export_weights()[1]
+            metrics = trainer.train_step(batch)
+            klm.append(metrics.kl_mean)
+            if kl_coef:  # the reported KL, computed independently from the weights the step started from
+                rows = pack([(s.trajectory.prompt_ids, s.trajectory.response_ids) for s in batch], 256)
+                with torch.no_grad():
+                    now = TinyTransformer(MODEL)
+                    now.load_state_dict(before)
+                    ref = TinyTransformer(MODEL)
+                    ref.load_state_dict(v0)
+                    d = token_logprobs(ref, rows) - token_logprobs(now, rows)
+                assert metrics.kl_mean == pytest.approx(float((d.exp() - d - 1).mean()), rel=1e-4, abs=1e-9)
+        assert (klm[0] == 0.0) and (all(k == 0.0 for k in klm) == (kl_coef == 0))
+        rows = pack([(s.trajectory.prompt_ids, s.trajectory.response_ids) for s in batches[0]], 256)
+        ref = TinyTransformer(MODEL)
+        ref.load_state_dict(v0)
+        with torch.no_grad():
+            d = token_logprobs(ref, rows) - token_logprobs(trainer.model, rows)
+        drift[kl_coef] = float((d.exp() - d - 1).mean())
+    assert drift[5.0] < 0.5 * drift[0.0], drift
+
+
+def test_the_kl_reference_survives_a_checkpoint_and_a_restore_without_it_is_refused() -> None:
+    config = TrainerConfig(model=MODEL, seed=5, kl_coef=0.5, learning_rate=1e-2)
+    a = TorchTrainer(config)
+    batch = _scored(_rollout(a.export_weights()[1], 0, 6))
+    a.train_step(batch)
+    b = TorchTrainer(TrainerConfig(model=MODEL, seed=99, kl_coef=0.5, learning_rate=1e-2))
+    b.load_state_dict(a.state_dict())
+    ma, mb = a.train_step(batch), b.train_step(batch)
+    assert ma.loss == mb.loss and ma.kl_mean == mb.kl_mean > 0
+    old = a.state_dict()
+    del old["reference"]
+    c = TorchTrainer(config)
+    c.load_state_dict(old)
+    with pytest.raises(RuntimeError, match="reference policy"):
+        c.train_step(batch)
+
+
 def test_warm_up_is_cached_by_content(tmp_path) -> None:
     task = TaskConfig(number_tokens=17, warmup_steps=3, warmup_batch_size=4)
     lengths = LengthDistribution.lognormal(median=4, p99=12, max_tokens=16)

@@ -189,6 +189,9 @@ class TrainMetrics:
     max_staleness: int
     grad_norm: float
     train_time_s: float
+    kl_mean: float = 0.0
+    """Mean over the trained tokens (of every pass) of the KL estimate to the reference policy (0 without a KL
+    penalty)."""
     train_threads: int = 1
     """Torch threads the step ran on (``dora calibrate --from-run`` models them as that many data-parallel
     devices)."""

@@ -54,6 +54,7 @@ import copy
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -528,6 +529,10 @@ def _weights_only(model: Any) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
 
 
+def _cpu_copy(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").clone() for k, v in _weights_only(model).items()}
+
+
 def _load(model: Any, weights: dict[str, torch.Tensor]) -> None:
     """Every weight of ``model`` from ``weights`` (``_extra_state`` entries, which hold no weights, may be absent)."""
     result = model.load_state_dict(weights, strict=False)
@@ -570,6 +575,8 @@ class MegatronTrainer:
         self.clip_grad = float(opt["clip_grad"])
         self.version = 0
         self.step = 0
+        self.reference: Any = None
+        """The KL penalty's reference policy: version 0's weights in a second model, frozen at the first step."""
 
     def logprobs(self, packed: PackedRows) -> torch.Tensor:
         """``[N]`` log-probs of ``packed``'s trained tokens at the configured temperature."""
@@ -599,7 +606,8 @@ class MegatronTrainer:
     def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
         self.model.train()
         try:
-            metrics = grpo_step(batch, self.config.grpo, self.version, self.logprobs, self)
+            metrics = grpo_step(batch, self.config.grpo, self.version, self.logprobs, self,
+                                reference=self._reference_logprobs())
         finally:
             self.model.eval()
         self.version += 1
@@ -611,11 +619,35 @@ class MegatronTrainer:
         return self.version, hf_weights(_weights_only(self.model), self.config.megatron)
 
     def state_dict(self) -> dict[str, object]:
-        return {"model": {k: v.detach().to("cpu").clone() for k, v in _weights_only(self.model).items()},
-                "optimizer": copy.deepcopy(self.optimizer.state_dict()), "step": self.step, "version": self.version}
+        state = {"model": _cpu_copy(self.model), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                 "step": self.step, "version": self.version}
+        if self.reference is not None:
+            state["reference"] = _cpu_copy(self.reference)
+        return state
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         _load(self.model, state["model"])  # type: ignore[arg-type]
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])  # type: ignore[call-overload]
         self.version = int(state["version"])  # type: ignore[call-overload]
+        reference = state.get("reference")
+        self.reference = None if reference is None else self._frozen(reference)  # type: ignore[arg-type]
+
+    def _frozen(self, weights: dict[str, torch.Tensor]) -> Any:
+        """A second model holding ``weights``, without gradients."""
+        model = build_gpt_model(self.config.megatron, device=self.config.device, seed=self.config.seed)
+        _load(model, weights)
+        return model.requires_grad_(False).eval()
+
+    def _reference_logprobs(self) -> Callable[[PackedRows], torch.Tensor] | None:
+        """The reference policy's log-probs (None without a KL penalty), freezing version 0's weights first."""
+        if self.config.grpo.kl_coef == 0:
+            return None
+        if self.reference is None:
+            if self.version != 0:
+                raise MegatronTrainerError(f"kl_coef needs the reference policy (version 0's weights), but the "
+                                           f"trainer is at version {self.version} and has none: its checkpoint was "
+                                           "written without them")
+            self.reference = self._frozen(_weights_only(self.model))
+        reference = self.reference
+        return lambda rows: trained_token_logprobs(reference, rows, self.config.grpo.temperature)

@@ -28,7 +28,12 @@ import torch
 
 from dora.runtime.engines.base import ScoredTrajectory, TrainMetrics
 from dora.runtime.engines.sampling import logit_scale
-from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer, export_weights
+from dora.runtime.engines.tiny_model import (
+    TinyModelConfig,
+    TinyTransformer,
+    export_weights,
+    model_from_weights,
+)
 from dora.runtime.grpo import LossStats, OffPolicyCorrection, group_advantages, policy_loss
 from dora.runtime.tasks import LengthSampler, TaskConfig, warmup_examples
 
@@ -45,7 +50,11 @@ class TrainerConfig:
     """``C``: truncation of ``pi_prox / mu`` (TIS; optional for decoupled PPO)."""
     ppo_clip_eps: float = 0.2
     num_minibatches: int = 1
-    """Optimiser steps per ``train_step``; > 1 makes the PPO clip (and proximal forward) matter."""
+    """Optimiser steps per ``train_step`` and epoch; > 1 makes the PPO clip (and proximal forward) matter."""
+    ppo_epochs: int = 1
+    """Passes over the batch per ``train_step`` (each pass takes ``num_minibatches`` optimiser steps)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the reference policy (version 0's weights); > 0 adds a reference forward."""
     temperature: float = 1.0
     """Must equal the rollout temperature: log-probs are of ``softmax(logits / temperature)`` (of ``softmax(logits)``
     at 0, greedy sampling)."""
@@ -154,6 +163,8 @@ class GRPOSettings:
     num_minibatches: int
     temperature: float
     pack_len: int
+    ppo_epochs: int = 1
+    kl_coef: float = 0.0
     microbatch_rows: int = 0
     """Packed rows per forward/backward (gradients accumulate over a minibatch's microbatches, then one
     optimiser step); 0: a minibatch in one forward."""
@@ -200,49 +211,67 @@ def grpo_step(
     version: int,
     logprobs: Callable[[PackedRows], torch.Tensor],
     gradients: GradientSteps,
+    reference: Callable[[PackedRows], torch.Tensor] | None = None,
 ) -> TrainMetrics:
     """One GRPO ``train_step`` on any model: advantages per group, the batch split into ``num_minibatches``
-    minibatches of packed microbatches, (with several minibatches) a no-grad proximal forward of each
-    microbatch first, then per minibatch the token losses of each microbatch and one optimiser step.
-    ``logprobs(rows)`` gives the trained tokens' log-probs in ``rows.target_ids`` order. The loss is the token
-    mean over the whole batch. Reports the metrics of producing ``version + 1``.
+    minibatches of packed microbatches, no-grad forwards of each microbatch first (the proximal policy's, when the
+    step takes several optimiser steps; the reference policy's, with a KL penalty), then ``ppo_epochs`` passes,
+    each taking per minibatch the token losses of each microbatch and one optimiser step.
+    ``logprobs(rows)`` gives the trained tokens' log-probs in ``rows.target_ids`` order, ``reference(rows)`` the
+    reference policy's (needed when ``kl_coef`` > 0). The loss is the token mean over the whole batch (of each
+    pass; the reported loss is the passes' mean) plus ``kl_coef`` times the token mean of the KL estimate
+    ``exp(ref - logp) - (ref - logp) - 1`` (the non-negative, unbiased "k3" estimator of KL(pi || ref) used by
+    GRPO). Reports the metrics of producing ``version + 1``.
     """
     if not batch:
         raise ValueError("train_step needs a non-empty batch")
-    start = time.perf_counter()
     cfg = settings
+    if cfg.kl_coef > 0 and reference is None:
+        raise ValueError(f"kl_coef {cfg.kl_coef} needs the reference policy's log-probs, and none were given")
+    start = time.perf_counter()
     advantages = group_advantages([s.reward for s in batch], [s.group_id for s in batch])
     chunks = [list(range(len(batch)))[m :: cfg.num_minibatches] for m in range(cfg.num_minibatches)]
     plan = [_microbatches(batch, chunk, cfg) for chunk in chunks if chunk]
-    proximal: list[list[torch.Tensor | None]] = [[None] * len(m) for m in plan]
-    if len(plan) > 1:
-        with torch.no_grad():
+    unset: list[list[torch.Tensor | None]] = [[None] * len(m) for m in plan]
+    proximal, ref_logp = unset, unset
+    with torch.no_grad():
+        if len(plan) * cfg.ppo_epochs > 1:  # several optimiser steps: the ratio is to the weights before the first
             proximal = [[logprobs(rows) for _, rows in minibatch] for minibatch in plan]
+        if cfg.kl_coef > 0 and reference is not None:
+            ref_logp = [[reference(rows) for _, rows in minibatch] for minibatch in plan]
     total_tokens = sum(len(s.trajectory.response_ids) for s in batch)
-    loss_total, grad_norm = 0.0, 0.0
+    loss_total, kl_total, grad_norm = 0.0, 0.0, 0.0
     stats: list[LossStats] = []
-    for minibatch, prox_list in zip(plan, proximal, strict=True):
-        gradients.zero_grad()
-        for (micro, rows), prox in zip(minibatch, prox_list, strict=True):
-            logp = logprobs(rows)
-            behaviour = torch.tensor([lp for i in micro for lp in batch[i].trajectory.behaviour_logprobs],
-                                     device=logp.device)
-            adv = torch.tensor([advantages[i] for i in micro for _ in batch[i].trajectory.response_ids],
-                               device=logp.device)
-            loss_sum, st = policy_loss(
-                logp, logp.detach() if prox is None else prox, behaviour, adv,
-                correction=cfg.off_policy_correction, clip_eps=cfg.ppo_clip_eps, is_weight_cap=cfg.is_weight_cap,
-            )
-            loss = loss_sum / total_tokens
-            gradients.backward(loss)
-            loss_total += float(loss.detach())
-            stats.append(st)
-        grad_norm = gradients.apply_gradients()
+    for _ in range(cfg.ppo_epochs):
+        for minibatch, prox_list, ref_list in zip(plan, proximal, ref_logp, strict=True):
+            gradients.zero_grad()
+            for (micro, rows), prox, ref in zip(minibatch, prox_list, ref_list, strict=True):
+                logp = logprobs(rows)
+                behaviour = torch.tensor([lp for i in micro for lp in batch[i].trajectory.behaviour_logprobs],
+                                         device=logp.device)
+                adv = torch.tensor([advantages[i] for i in micro for _ in batch[i].trajectory.response_ids],
+                                   device=logp.device)
+                loss_sum, st = policy_loss(
+                    logp, logp.detach() if prox is None else prox, behaviour, adv,
+                    correction=cfg.off_policy_correction, clip_eps=cfg.ppo_clip_eps,
+                    is_weight_cap=cfg.is_weight_cap,
+                )
+                if ref is not None:
+                    log_ratio = ref - logp
+                    kl_sum = (torch.exp(log_ratio) - log_ratio - 1.0).sum()
+                    loss_sum = loss_sum + cfg.kl_coef * kl_sum
+                    kl_total += float(kl_sum.detach())
+                loss = loss_sum / total_tokens
+                gradients.backward(loss)
+                loss_total += float(loss.detach())
+                stats.append(st)
+            grad_norm = gradients.apply_gradients()
     staleness = [version - s.trajectory.version for s in batch]
     n_tok = sum(s.num_tokens for s in stats)
     return TrainMetrics(
         version=version + 1,
-        loss=loss_total,
+        loss=loss_total / cfg.ppo_epochs,
+        kl_mean=kl_total / n_tok,
         num_sequences=len(batch),
         num_trained_tokens=total_tokens,
         num_forward_tokens=sum(s.trajectory.num_tokens for s in batch),
@@ -275,22 +304,41 @@ class TorchTrainer:
         )
         self.version = 0
         self.step = 0
+        self.reference: TinyTransformer | None = None
+        """The KL penalty's reference policy: version 0's weights, frozen at the first step (after the warm-up)."""
 
     def export_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         return self.version, export_weights(self.model)
 
     def state_dict(self) -> dict[str, object]:
         """A snapshot: the optimiser's state dict references its live moment tensors, so it is copied."""
-        return {
+        state = {
             "model": export_weights(self.model), "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "step": self.step, "version": self.version,
         }
+        if self.reference is not None:
+            state["reference"] = export_weights(self.reference)
+        return state
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.model.load_state_dict(state["model"])  # type: ignore[arg-type]
         self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
         self.step = int(state["step"])  # type: ignore[call-overload]
         self.version = int(state["version"])  # type: ignore[call-overload]
+        reference = state.get("reference")
+        self.reference = None if reference is None else model_from_weights(self.config.model, reference)  # type: ignore[arg-type]
+
+    def _reference_logprobs(self) -> Callable[[PackedRows], torch.Tensor] | None:
+        """The reference policy's log-probs (None without a KL penalty), freezing version 0's weights first."""
+        if self.config.kl_coef == 0:
+            return None
+        if self.reference is None:
+            if self.version != 0:
+                raise RuntimeError(f"kl_coef needs the reference policy (version 0's weights), but the trainer is at "
+                                   f"version {self.version} and has none: its checkpoint was written without them")
+            self.reference = model_from_weights(self.config.model, export_weights(self.model))
+        reference = self.reference
+        return lambda rows: token_logprobs(reference, rows, self.config.temperature)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -307,7 +355,8 @@ class TorchTrainer:
         self.model.train()
         try:
             metrics = grpo_step(batch, GRPOSettings.of(self.config), self.version,
-                                lambda rows: token_logprobs(self.model, rows, self.config.temperature), self)
+                                lambda rows: token_logprobs(self.model, rows, self.config.temperature), self,
+                                reference=self._reference_logprobs())
         finally:
             self.model.eval()
         self.version += 1
