@@ -17,6 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from shlex import quote  # paths in the commands a message suggests
 from typing import Any
 
 from dora.runtime.checkpoint import CheckpointError, check_resumable, resume_hint
@@ -127,19 +128,23 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
         except PlanFileError as exc:
             raise ApplyInputError(str(exc)) from None
         plan = Plan.from_dict(data)
-        spec_path = _saved_plan_spec(plan_file, plan.spec_file)
-        resolved = load_spec(spec_path)
+        resolved, planned_in = _saved_plan_spec(plan_file, plan)
+        spec_path = resolved.file
+        calibration_flag, calibration_note = _calibration_flag(plan, planned_in)
+        replan = (f"`dora plan {quote(spec_path)}{calibration_flag} --out {quote(str(plan_file.parent))}`"
+                  f"{calibration_note}")
         if resolved.spec_hash != plan.spec_hash:
-            changed = _changed_inputs(plan.inputs, resolved.inputs, f"dora diff {plan_file} {spec_path}")
+            changed = _changed_inputs(plan.inputs, resolved.inputs,
+                                      f"dora diff {quote(str(plan_file))} {quote(spec_path)}{calibration_flag}")
             raise ApplyInputError(
                 f"saved plan is stale: {plan_file} was planned for spec hash {plan.spec_hash[:12]}, but "
-                f"{plan.spec_file} now hashes to {resolved.spec_hash[:12]}{changed} — run `dora plan {plan.spec_file} "
-                f"--out {plan_file.parent}` again (or `dora apply {plan.spec_file}` to plan and run)")
+                f"{spec_path} now hashes to {resolved.spec_hash[:12]}{changed} — run {replan} again (or "
+                f"`dora apply {quote(spec_path)}{calibration_flag}` to plan and run)")
         outside = _outside_spec(plan, resolved.spec)
         if outside:
             raise ApplyInputError(
-                f"saved plan {plan_file} breaks its spec {plan.spec_file}: {'; '.join(outside)} (the plan file was "
-                f"edited?) — run `dora plan {plan.spec_file} --out {plan_file.parent}` again, or change the spec")
+                f"saved plan {plan_file} breaks its spec {spec_path}: {'; '.join(outside)} (the plan file was "
+                f"edited?) — run {replan} again, or change the spec")
         return resolved, plan
     try:
         calibration = load_calibration(calibration_file)
@@ -204,21 +209,58 @@ def _changed_inputs(old: dict[str, Any], new: dict[str, Any], diff_command: str)
     return f"; changed since: {brief_changes(changes)} (`{diff_command}` lists them all)" if changes else ""
 
 
-def _saved_plan_spec(plan_file: Path, spec_file: str) -> str:
-    """Where the spec of a saved plan is. ``spec_file`` is relative to the directory `dora plan` ran in: this one, or,
-    when the plan is applied from elsewhere, the plan's directory or one of its parents (plans are written below the
-    directory they were planned in: ``dora plan specs/x.yaml --out plans/x``). Raises ``ApplyInputError``."""
-    name = Path(spec_file)
-    if name.is_absolute() or _names_something(name, Path.exists):
-        return spec_file
-    for base in plan_file.resolve().parents:  # the plan's directory, then its parents
+def _saved_plan_spec(plan_file: Path, plan: Any) -> tuple[Any, Path]:
+    """(the resolved spec of a saved plan, the directory `dora plan` ran in, as found).
+
+    ``plan.spec_file`` is relative to the directory `dora plan` ran in, which plan.json does not record. Plans are
+    written below it (``dora plan specs/x.yaml --out plans/x``), so it is looked for relative to the plan's directory
+    and each of its parents, nearest first, then relative to this directory (a plan written elsewhere, applied from
+    where it was planned). Where several such files exist (applying project A's plan from project B, which has a
+    spec of the same name), the first whose hash is the plan's is its spec; if none is, the plan is stale against
+    the nearest. Raises ``ApplyInputError``, or the nearest spec's ``SpecError``."""
+    from dora.spec import SpecError, load_spec
+
+    name = Path(plan.spec_file)
+    seen: set[Path] = set()
+    found: list[tuple[Any, Path]] = []  # (the resolved spec or its SpecError, the directory it was found from)
+    for base in [*plan_file.resolve().parents, Path.cwd()]:
         candidate = base / name
-        if _names_something(candidate, Path.is_file):
-            return os.path.relpath(candidate)
-    raise ApplyInputError(
-        f"{plan_file} was planned from the spec {spec_file} (its spec_file, relative to the directory `dora plan` ran "
-        f"in), which is neither in this directory nor relative to {plan_file.parent.resolve()} or a parent of it; "
-        "run `dora apply` from the directory it was planned in, or plan the spec again with `dora plan SPEC --out DIR`")
+        if not _names_something(candidate, Path.is_file) or candidate.resolve() in seen:
+            continue
+        seen.add(candidate.resolve())
+        try:
+            resolved = load_spec(os.path.relpath(candidate))
+        except SpecError as exc:
+            found.append((exc, base))
+            continue
+        if resolved.spec_hash == plan.spec_hash:
+            return resolved, base
+        found.append((resolved, base))
+    if not found:
+        raise ApplyInputError(
+            f"{plan_file} was planned from the spec {plan.spec_file} (its spec_file, relative to the directory "
+            f"`dora plan` ran in), which is neither relative to {plan_file.parent.resolve()} or a parent of it nor in "
+            "this directory; run `dora apply` from the directory it was planned in, or plan the spec again with "
+            "`dora plan SPEC --out DIR`")
+    nearest, base = found[0]
+    if isinstance(nearest, SpecError):
+        raise nearest
+    return nearest, base
+
+
+def _calibration_flag(plan: Any, planned_in: Path) -> tuple[str, str]:
+    """(' --calibration FILE' for a plan planned with a calibration file, '' otherwise; a note saying what FILE is
+    when plan.json does not name it). A file named in ``calibration_source`` ("file cal.json", relative to the
+    directory `dora plan` ran in, ``planned_in``) is named from here; a measured calibration carries its own source
+    text instead of its file's name."""
+    from planner.calibration import DEFAULT_CALIBRATION
+
+    source = plan.calibration_source
+    if source == DEFAULT_CALIBRATION.source:
+        return "", ""
+    if source.startswith("file "):
+        return f" --calibration {quote(os.path.relpath(planned_in / source.removeprefix('file ')))}", ""
+    return " --calibration FILE", f" (FILE: the calibration file it was planned with, {source})"
 
 
 def _names_something(path: Path, test: Any) -> bool:

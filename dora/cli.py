@@ -241,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", help="compare two specs or plan files, Terraform-style")
     p.add_argument("old", metavar="OLD")
     p.add_argument("new", metavar="NEW")
+    p.add_argument("--calibration", metavar="FILE", help="calibration JSON from `dora calibrate`, used to plan a spec "
+                   "given as OLD or NEW (a saved plan keeps its own)")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 2 when there are changes")
     p.set_defaults(func=cmd_diff)
 

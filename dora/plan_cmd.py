@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import errno
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dora.parallel import available_cpus
@@ -22,7 +23,7 @@ from dora.planning import (
     make_plan,
     read_json_object,
 )
-from dora.report import inputs_diff, plan_diff, plan_report_text, render_diff, render_plan
+from dora.report import context_diff, inputs_diff, plan_diff, plan_report_text, render_diff, render_plan
 from dora.spec import ResolvedSpec, SpecError, load_spec
 from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.terminal import error
@@ -94,15 +95,48 @@ def write_plan_dir(resolved: ResolvedSpec, planned: Planned, out: Path) -> list[
     Everything is rendered first, then written into a temporary directory and renamed into place
     (``dora.lower.render.install_files``): a lowering error, a full disk or anything else leaves ``out`` exactly as
     it was (absent if it was absent), never a mix of an earlier plan's files and this one's. dora's own entries
-    (plan.json, report.txt, timeline.html, schedule.json/.dot, launch/) are replaced; anything else in ``out`` is
-    left alone, and a directory where a plan file goes, or a file where launch/ goes, is refused, not deleted."""
+    (plan.json, report.txt, timeline.html, schedule.json/.dot, launch/) are replaced only in a directory that already
+    holds a plan dora wrote (``_check_plan_dir``); anything else in ``out`` is left alone, and a directory where a
+    plan file goes, or a file where launch/ goes, is refused, not deleted. The report and launch/ are made from the
+    plan as plan.json holds it (``saved_plan``), so that every figure they print is the file's."""
     from dora.lower.render import install_files, launch_modes, render_launch
 
-    files = {"plan.json": planned.plan.to_json(), "report.txt": plan_report_text(planned.plan)}
+    plan = saved_plan(planned.plan)
+    files = {"plan.json": plan.to_json(), "report.txt": plan_report_text(plan)}
     files.update(schedule_artifacts(planned))
-    launch = render_launch(resolved, planned.plan)
+    launch = render_launch(resolved, plan)
+    _check_plan_dir(out, [*files, *{PurePosixPath(rel).parts[0] for rel in launch}])
     install_files(out, {**files, **launch}, launch_modes(launch))
     return [out / name for name in sorted(files)] + sorted(out / rel for rel in launch)
+
+
+def saved_plan(plan: Plan) -> Plan:
+    """``plan`` as plan.json holds it: its figures rounded as ``Plan.to_dict`` rounds them. The report and the launch
+    files are made from this, so that they print what the file holds (117,074.0 accelerator-hours, not 117,074.4)."""
+    return Plan.from_dict(plan.to_dict())
+
+
+def _check_plan_dir(out: Path, names: list[str]) -> None:
+    """Refuse (``FileExistsError``) an existing ``out`` that holds some of dora's ``names`` but no plan.json dora
+    wrote: a report.txt or launch/ of the user's is not dora's to replace. A new or empty directory, one holding none
+    of the names, or an earlier plan's directory is fine."""
+    if not out.is_dir() or _is_dora_plan(out / "plan.json"):
+        return
+    in_the_way = [name for name in sorted(names) if os.path.lexists(out / name)]
+    if in_the_way:
+        shown = ", ".join(f"{name}/" if (out / name).is_dir() else name for name in in_the_way)
+        them = "they are" if len(in_the_way) > 1 else "it is"
+        raise FileExistsError(errno.EEXIST, f"it holds {shown} but no plan `dora plan` wrote, so {them} not dora's "
+                                            "to replace", str(out))
+
+
+def _is_dora_plan(path: Path) -> bool:
+    """``path`` holds a plan `dora plan` wrote (of any format version)."""
+    try:
+        data = read_json_object(str(path), "plan file", PlanFileError)
+    except PlanFileError:
+        return False
+    return {"format_version", "spec_hash", "predictions"} <= set(data)
 
 
 _MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
@@ -111,8 +145,11 @@ _MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 def _write_fix(exc: OSError) -> str:
     """What to do about ``exc``, raised while writing the plan directory."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free space on that filesystem, or choose a directory on another one for --out"
+    if exc.errno == errno.EFBIG:  # a file over this process's size limit (`ulimit -f`) or the filesystem's
+        return ("raise this shell's file-size limit (`ulimit -f`) if it is set, or choose a directory on a filesystem "
+                "that takes larger files for --out")
     if exc.errno in (errno.EISDIR, errno.EEXIST, errno.ENOTDIR):
         return "move that out of the way, or choose another directory for --out"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -150,19 +187,9 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
     try:
         planned = make_plan(resolved, calibration, workers=available_cpus())
     except InfeasibleError as exc:
-        error(err_console, f"nothing fits — {exc}")
-        if exc.closest is not None:
-            err_console.print(f"  closest candidate: {exc.closest.what}\n  it lacks: {exc.closest.reason}",
-                              markup=False, highlight=False)
-        low_memory = resolved.spec.runtime.gpu_memory_utilization < 0.5
-        pinned = resolved.spec.placement != "auto"
-        err_console.print("  to fix: " + ("remove or relax the pinned sizes under placement (the search then "
-                                          "chooses them), " if pinned else "")
-                          + "add accelerators, use a larger accelerator, lower the response cap, "
-                          + ("raise runtime.gpu_memory_utilization, " if low_memory else "") + "or a smaller model",
-                          markup=False, highlight=False)
+        print_infeasible(err_console, exc, resolved)
         return 1
-    plan = planned.plan
+    plan = saved_plan(planned.plan)  # what plan.json holds: every figure printed is the file's
     if _native.STATUS.startswith("python: not compiled"):  # a stale build already warned when planner was imported
         err_console.print("note: the simulator ran from its Python sources (this install did not compile it: no C "
                           "compiler?), so planning took up to about 1.8x longer; see the README", markup=False,
@@ -191,18 +218,32 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         changes = plan_diff(old, new)
         # with --json, stdout holds the plan alone; the diff goes to stderr
         (err_console if args.json else out_console).print(
-            "\n".join(render_diff(changes, args.against, args.spec, inputs_diff(old["inputs"], new["inputs"]))),
+            "\n".join(render_diff(changes, args.against, args.spec, inputs_diff(old["inputs"], new["inputs"]),
+                                   context_diff(old, new))),
             markup=False, highlight=False)
         if args.detailed_exitcode:
             return 2 if changes else 0
     return 0
 
 
-def _plan_dict(path: str) -> dict[str, Any]:
-    """A plan file or plan directory as it is; a spec (YAML, or JSON without a format_version) planned now."""
-    if Path(path).is_dir() or (path.lower().endswith(".json") and not is_json_spec(path)):
-        return read_plan_file(path)
-    return make_plan(load_spec(path), workers=available_cpus()).plan.to_dict()
+def print_infeasible(console, exc: InfeasibleError, resolved: ResolvedSpec) -> None:
+    """Say that nothing fits ``resolved``'s cluster, naming its file: the closest candidate and what to change."""
+    error(console, f"{resolved.file}: nothing fits — {exc}")
+    if exc.closest is not None:
+        console.print(f"  closest candidate: {exc.closest.what}\n  it lacks: {exc.closest.reason}",
+                      markup=False, highlight=False)
+    low_memory = resolved.spec.runtime.gpu_memory_utilization < 0.5
+    pinned = resolved.spec.placement != "auto"
+    console.print("  to fix: " + ("remove or relax the pinned sizes under placement (the search then chooses them), "
+                                  if pinned else "")
+                  + "add accelerators, use a larger accelerator, lower the response cap, "
+                  + ("raise runtime.gpu_memory_utilization, " if low_memory else "") + "or a smaller model",
+                  markup=False, highlight=False)
+
+
+def _is_plan_path(path: str) -> bool:
+    """A plan file or plan directory, not a spec (YAML, or JSON without a format_version)."""
+    return Path(path).is_dir() or (path.lower().endswith(".json") and not is_json_spec(path))
 
 
 def is_json_spec(path: str) -> bool:
@@ -218,15 +259,38 @@ def cmd_diff(args: argparse.Namespace, out_console, err_console) -> int:
     from dora.cli import print_spec_error
 
     error_code = 1 if args.detailed_exitcode else 2  # as `dora plan`: with --detailed-exitcode 2 means "changed"
+    sides = (args.old, args.new)
+    if args.calibration is not None:
+        if not args.calibration.strip():
+            error(err_console, "--calibration is empty: name a calibration file from `dora calibrate`, or leave the "
+                               "flag out")
+            return error_code
+        if all(_is_plan_path(path) for path in sides):
+            error(err_console, "--calibration plans a spec side, but both sides are saved plans (each keeps the "
+                               "calibration it was planned with): give a spec, or leave the flag out")
+            return error_code
+    plans = []
     try:
-        old, new = _plan_dict(args.old), _plan_dict(args.new)
+        calibration = load_calibration(args.calibration)
+        for path in sides:
+            if _is_plan_path(path):
+                plans.append(read_plan_file(path))
+                continue
+            resolved = load_spec(path)
+            try:
+                plans.append(make_plan(resolved, calibration, workers=available_cpus()).plan.to_dict())
+            except InfeasibleError as exc:  # an error, as in `dora plan`, not bad input
+                print_infeasible(err_console, exc, resolved)
+                return 1
     except SpecError as exc:
         print_spec_error(exc)
         return error_code
-    except (PlanFileError, InfeasibleError) as exc:
+    except (PlanFileError, CalibrationFileError) as exc:
         error(err_console, str(exc))
         return error_code
+    old, new = plans
     changes = plan_diff(old, new)
     inputs = inputs_diff(old["inputs"], new["inputs"])
-    out_console.print("\n".join(render_diff(changes, args.old, args.new, inputs)), markup=False, highlight=False)
+    out_console.print("\n".join(render_diff(changes, args.old, args.new, inputs, context_diff(old, new))),
+                      markup=False, highlight=False)
     return 2 if (changes and args.detailed_exitcode) else 0

@@ -6,7 +6,7 @@ Everything printed is read from the Plan (computed by the planner); nothing here
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -209,35 +209,56 @@ class _Null:
 
 
 # --------------------------------------------------------------------------------------------- diffs
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(value: Any, prefix: str = "", keyed: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The leaves of ``value`` by path ('rollout.tp'). A list of objects is indexed by position ('x[0].a'), or, where
+    ``keyed`` names a field for its path that tells its entries apart, by that field ('memory[rollout].need_bytes'),
+    so that reordering the entries changes nothing."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k in sorted(value):
-            out.update(_flatten(value[k], f"{prefix}.{k}" if prefix else str(k)))
+            out.update(_flatten(value[k], f"{prefix}.{k}" if prefix else str(k), keyed))
         return out
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        key = (keyed or {}).get(prefix)
+        labels = [v.get(key) for v in value] if key else []
+        if labels and all(isinstance(x, str) for x in labels) and len(set(labels)) == len(labels):
+            value = [{k: x for k, x in v.items() if k != key} for v in value]  # the label says it
+        else:
+            labels = [str(i) for i in range(len(value))]
         out = {}
-        for i, v in enumerate(value):
-            out.update(_flatten(v, f"{prefix}[{i}]"))
+        for label, v in zip(labels, value, strict=True):
+            out.update(_flatten(v, f"{prefix}[{label}]", keyed))
         return out
     return {prefix: value}
 
 
 DIFF_SECTIONS = ("objective", "mode", "max_version_lag", "colocated", "allow_version_mixing", "rollout", "train", "predictions",
                  "memory", "warnings", "spec_hash", "calibration_fingerprint", "catalog_fingerprint", "format_version",
-                 "dora_version", "spec_name", "calibration_source")
-"""What a plan diff shows; the considered-candidates table is context, not part of the plan's decision."""
+                 "spec_name", "calibration_source")
+"""What a plan diff counts as changes; the considered-candidates table is not part of the plan's decision."""
+
+CONTEXT_FIELDS = ("dora_version",)
+"""Shown when they differ, but no change: a plan made by another release decides the same (``format_version``, a
+change, guards what a release could not read)."""
+
+_KEYED_LISTS = {"memory": "side"}
+"""The plan's lists of objects compared entry by entry by this field, not by position."""
 
 
 def plan_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
     """(symbol, path, old, new) for every changed leaf of the plan's decision: '~' changed, '+' added, '-' removed."""
     out = tree_diff({k: old.get(k) for k in DIFF_SECTIONS if k in old and k != "warnings"},
-                    {k: new.get(k) for k in DIFF_SECTIONS if k in new and k != "warnings"})
+                    {k: new.get(k) for k in DIFF_SECTIONS if k in new and k != "warnings"}, _KEYED_LISTS)
     # warnings one by one: the ones gone, then the new ones (a warning whose figure moved is both)
     was, now = list(old.get("warnings") or ()), list(new.get("warnings") or ())
     out += [("-", "warning", w, None) for w in was if w not in now]
     out += [("+", "warning", None, w) for w in now if w not in was]
     return out
+
+
+def context_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
+    """The ``CONTEXT_FIELDS`` that differ between two plans, as ``plan_diff`` rows."""
+    return tree_diff({k: old.get(k) for k in CONTEXT_FIELDS}, {k: new.get(k) for k in CONTEXT_FIELDS})
 
 
 def inputs_diff(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[tuple[str, str, Any, Any]]:
@@ -252,21 +273,28 @@ def inputs_diff(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[
     return out
 
 
-def tree_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
-    """(symbol, path, old, new) for every changed leaf of two nested objects (specs, plans). A leaf that is null on
-    one side and absent on the other is no change (``placement: auto`` against pins that leave fields unset)."""
-    a, b = _flatten(old), _flatten(new)
+def tree_diff(old: dict[str, Any], new: dict[str, Any],
+              keyed: Mapping[str, str] | None = None) -> list[tuple[str, str, Any, Any]]:
+    """(symbol, path, old, new) for every changed leaf of two nested objects (specs, plans; ``keyed``: as
+    ``_flatten``). A leaf that is null or an empty list on one side and absent on the other is no change
+    (``placement: auto`` against pins that leave fields unset; ``memory: []`` against the leaves of its entries,
+    which show as removed)."""
+    a, b = _flatten(old, keyed=keyed), _flatten(new, keyed=keyed)
     out = []
     for key in sorted(set(a) | set(b)):
         if key not in a:
-            if b[key] is not None:
+            if not _empty(b[key]):
                 out.append(("+", key, None, b[key]))
         elif key not in b:
-            if a[key] is not None:
+            if not _empty(a[key]):
                 out.append(("-", key, a[key], None))
         elif a[key] != b[key]:
             out.append(("~", key, a[key], b[key]))
     return out
+
+
+def _empty(leaf: Any) -> bool:
+    return leaf is None or leaf == []
 
 
 LONG_INT_DIGITS = 30
@@ -309,14 +337,18 @@ def brief_changes(changes: Sequence[tuple[str, str, Any, Any]], most: int = 4) -
 
 
 def render_diff(changes: list[tuple[str, str, Any, Any]], old_name: str, new_name: str,
-                inputs: Sequence[tuple[str, str, Any, Any]] = ()) -> list[str]:
-    """Terraform-style lines; ``inputs``: the changes between the two plans' inputs (``inputs_diff``)."""
-    lines = []
+                inputs: Sequence[tuple[str, str, Any, Any]] = (),
+                context: Sequence[tuple[str, str, Any, Any]] = ()) -> list[str]:
+    """Terraform-style lines; ``inputs``: the changes between the two plans' inputs (``inputs_diff``); ``context``:
+    fields that differ but are no change (``context_diff``), shown first and not counted."""
+    lines = [f"dora diff {old_name} -> {new_name}", ""] if inputs or context or changes else []
+    if context:
+        lines += ["Context (not a change):", *_change_lines(context), ""]
     if inputs:
-        lines += [f"dora diff {old_name} -> {new_name}", "", "Inputs (spec):", *_change_lines(inputs), ""]
+        lines += ["Inputs (spec):", *_change_lines(inputs), ""]
     if not changes:
         return [*lines, f"No changes. {new_name} plans the same as {old_name}."]
-    lines += ["Plan:"] if inputs else [f"dora diff {old_name} -> {new_name}", ""]
+    lines += ["Plan:"] if inputs or context else []
     lines += _change_lines(changes)
     n = {s: sum(1 for c in changes if c[0] == s) for s in "~+-"}
     lines += ["", f"Plan: {n['+']} to add, {n['~']} to change, {n['-']} to remove."]

@@ -156,9 +156,11 @@ def test_plan_out_writes_nothing_when_one_of_its_files_is_blocked(tmp_path: Path
     monkeypatch.chdir(REPO)
     out = tmp_path / "plan"
     (out / "timeline.html").mkdir(parents=True)
+    shutil.copy(GOLDEN_PLAN, out / "plan.json")  # an earlier plan's directory: dora's entries are its to replace
     assert main(["plan", str(TINY), "--out", str(out)]) == 2
     assert f"a directory is in the way of a plan file ({out / 'timeline.html'})" in capsys.readouterr().err
-    assert [p.name for p in out.iterdir()] == ["timeline.html"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "timeline.html"]
+    assert (out / "plan.json").read_bytes() == GOLDEN_PLAN.read_bytes()
 
 
 def test_calibrate_checks_its_output_path_before_measuring(tmp_path: Path, capsys, monkeypatch) -> None:

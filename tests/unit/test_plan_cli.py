@@ -280,3 +280,116 @@ def test_report_rounding_never_misleads() -> None:
 
     assert _host_moves(SimpleNamespace(engine_swap_s=100.0, trainer_swap_s=25.0)) == (
         "2.1 min: engines out and back 100.0 s, trainer state out and back 25.0 s")
+
+
+def _project(root: Path, name: str, seed: int = 0) -> Path:
+    """A project directory planned as `dora plan specs/local-tiny.yaml --out plans/x` (the golden plan), its spec's
+    runtime.seed set to ``seed`` (0: the spec the plan was made from)."""
+    (root / name / "specs").mkdir(parents=True)
+    (root / name / "specs" / "local-tiny.yaml").write_text(
+        (SPECS / "local-tiny.yaml").read_text().replace("seed: 0", f"seed: {seed}"))
+    (root / name / "plans" / "x").mkdir(parents=True)
+    (root / name / "plans" / "x" / "plan.json").write_text((GOLDEN / "local-tiny.plan.json").read_text())
+    return root / name
+
+
+def test_a_saved_plan_applied_from_another_project_checks_its_own_spec(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's spec_file is relative to where `dora plan` ran; a same-named spec in the working directory was
+    read first, so project A's plan applied from project B was checked against B's spec and refused as stale, with
+    advice to overwrite A's plan from B's spec."""
+    from dora.apply import ApplyInputError, plan_for_apply
+
+    assert "seed: 0" in (SPECS / "local-tiny.yaml").read_text()
+    a, b = _project(tmp_path, "projA"), _project(tmp_path, "projB", seed=1)
+    monkeypatch.chdir(b)
+    resolved, plan = plan_for_apply("../projA/plans/x", None, None)
+    assert resolved.file == "../projA/specs/local-tiny.yaml" and resolved.spec_hash == plan.spec_hash
+    # a plan written into another project's tree, applied from where it was planned: the spec here is its own
+    (a / "specs" / "local-tiny.yaml").write_text((a / "specs" / "local-tiny.yaml").read_text().replace(
+        "seed: 0", "seed: 5"))
+    (b / "specs" / "local-tiny.yaml").write_text((SPECS / "local-tiny.yaml").read_text())
+    resolved, _ = plan_for_apply("../projA/plans/x", None, None)
+    assert resolved.file == "specs/local-tiny.yaml"
+    # neither matches: stale against the spec next to the plan, named as read in every part of the message
+    (b / "specs" / "local-tiny.yaml").write_text((a / "specs" / "local-tiny.yaml").read_text())
+    with pytest.raises(ApplyInputError) as stale:
+        plan_for_apply("../projA/plans/x", None, None)
+    message = str(stale.value)
+    assert "but ../projA/specs/local-tiny.yaml now hashes to" in message
+    assert "(`dora diff ../projA/plans/x/plan.json ../projA/specs/local-tiny.yaml` lists them all)" in message
+    assert "run `dora plan ../projA/specs/local-tiny.yaml --out ../projA/plans/x` again" in message
+    assert "`dora apply ../projA/specs/local-tiny.yaml` to plan and run" in message
+    assert " specs/local-tiny.yaml" not in message
+
+
+def test_stale_plan_advice_keeps_the_plans_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan made with --calibration FILE: the refusal's `dora plan`, `dora apply` and `dora diff` commands carry
+    it (a diff without it re-plans on catalog defaults and reports every prediction changed)."""
+    from dora.apply import ApplyInputError, plan_for_apply
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "tiny.yaml").write_text((SPECS / "local-tiny.yaml").read_text())
+    (tmp_path / "cal.json").write_text(json.dumps({"calibration": {"cpu_compute_efficiency": 0.3}}))
+    assert main(["plan", "specs/tiny.yaml", "--calibration", "cal.json", "--out", "plans/c"]) == 0
+    capsys.readouterr()
+    assert main(["diff", "plans/c", "specs/tiny.yaml", "--calibration", "cal.json", "--detailed-exitcode"]) == 0
+    assert "No changes." in capsys.readouterr().out
+    assert main(["diff", "plans/c", "specs/tiny.yaml", "--detailed-exitcode"]) == 2  # planned on catalog defaults
+    assert "~ calibration_source: 'file cal.json' -> 'catalog defaults'" in capsys.readouterr().out
+    assert main(["diff", "plans/c", "plans/c", "--calibration", "cal.json"]) == 2  # nothing to plan with it
+    assert "--calibration plans a spec side, but both sides are saved plans" in capsys.readouterr().err
+
+    spec = tmp_path / "specs" / "tiny.yaml"
+    spec.write_text(spec.read_text().replace("seed: 0", "seed: 3"))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # the calibration file too is named from here
+    with pytest.raises(ApplyInputError) as stale:
+        plan_for_apply("../plans/c", None, None)
+    message = str(stale.value)
+    assert "`dora diff ../plans/c/plan.json ../specs/tiny.yaml --calibration ../cal.json` lists them all" in message
+    assert "run `dora plan ../specs/tiny.yaml --calibration ../cal.json --out ../plans/c` again" in message
+    assert "`dora apply ../specs/tiny.yaml --calibration ../cal.json` to plan and run" in message
+    # a calibration `dora calibrate` measured records its source, not its file's name
+    saved = json.loads((tmp_path / "plans" / "c" / "plan.json").read_text())
+    (tmp_path / "plans" / "c" / "plan.json").write_text(json.dumps(saved | {"calibration_source": "measured: x"}))
+    with pytest.raises(ApplyInputError, match=r"`dora plan \.\./specs/tiny.yaml --calibration FILE --out \.\./plans/c`"
+                                              r" \(FILE: the calibration file it was planned with, measured: x\)"):
+        plan_for_apply("../plans/c", None, None)
+
+
+def test_diff_of_a_spec_nothing_fits_says_so_like_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "huge.yaml"
+    spec.write_text((SPECS / "moe-235b-h800x512.yaml").read_text().replace("nodes: 64", "nodes: 1").replace(
+        "accelerator: h800", "accelerator: a100-80g"))
+    for flags in ([], ["--detailed-exitcode"]):
+        assert main(["diff", str(SPECS / "local-tiny.yaml"), str(spec), *flags]) == 1  # an error, as in `dora plan`
+        err = capsys.readouterr().err
+        assert f"{spec}: nothing fits — no placement fits" in err and "closest candidate" in err
+        assert "to fix: add accelerators" in err and "Traceback" not in err
+
+
+def test_a_new_dora_version_alone_is_no_change(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    golden = GOLDEN / "local-tiny.plan.json"
+    other = tmp_path / "plan.json"
+    other.write_text(json.dumps(json.loads(golden.read_text()) | {"dora_version": "99.0"}))
+    assert main(["diff", str(golden), str(other), "--detailed-exitcode"]) == 0
+    out = capsys.readouterr().out
+    assert "Context (not a change):\n  ~ dora_version: " in out and "-> '99.0'" in out and "No changes." in out
+
+
+def test_memory_entries_are_compared_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    golden = GOLDEN / "local-tiny.plan.json"
+    plan = json.loads(golden.read_text())
+    reordered, emptied = tmp_path / "reordered.json", tmp_path / "emptied.json"
+    reordered.write_text(json.dumps(plan | {"memory": plan["memory"][::-1]}))
+    emptied.write_text(json.dumps(plan | {"memory": []}))
+    assert main(["diff", str(golden), str(reordered), "--detailed-exitcode"]) == 0
+    assert "No changes." in capsys.readouterr().out
+    assert main(["diff", str(golden), str(emptied), "--detailed-exitcode"]) == 2
+    out = capsys.readouterr().out
+    assert "+ memory" not in out and "memory[0]" not in out and "memory[rollout].side" not in out
+    assert "  - memory[rollout].need_bytes: " in out and "  - memory[train].need_bytes: " in out
+    assert "Plan: 0 to add, 0 to change, " in out

@@ -5,7 +5,9 @@ entries, and refuses, never deletes, what it did not write."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,8 +47,10 @@ def earlier_plan(out: Path, tiny: tuple[ResolvedSpec, Planned]) -> None:
     launch file that lowering no longer writes and a file of the user's."""
     write_plan_dir(*tiny, out)
     for path in out.rglob("*"):
-        if path.is_file():
+        if path.is_file() and path != out / "plan.json":
             path.write_bytes(path.read_bytes() + b"\nearlier plan\n")
+    plan = json.loads((out / "plan.json").read_text())
+    (out / "plan.json").write_text(json.dumps(plan | {"dora_version": "earlier plan"}))  # still a plan dora wrote
     (out / "launch" / "stale.txt").write_text("from an earlier lowering")
     (out / "notes.md").write_text("the user's own file")
 
@@ -142,7 +146,8 @@ def test_something_in_the_way_of_launch_is_refused_not_deleted(tiny, tmp_path: P
     """A directory where plan.json goes was always refused; a file (or link) where launch/ goes is refused the
     same way: dora never wrote it, so it is not dora's to delete."""
     out = tmp_path / "plan"
-    out.mkdir()
+    write_plan_dir(*tiny, out)  # an earlier plan's directory, whose launch/ the user replaced
+    shutil.rmtree(out / "launch")
     (tmp_path / "elsewhere").mkdir()
     if kind == "file":
         (out / "launch").write_text("the user's notes on how to launch")
@@ -190,4 +195,85 @@ def test_a_name_too_long_for_the_filesystem_is_named_before_anything_is_made(tmp
     assert f"cannot write the plan to {out}/: File name too long: 256 bytes, and this filesystem allows at most" in err
     assert "to fix: choose a shorter name for --out" in err and "Traceback" not in err
     assert (f"({long})" in err) == (where == "parent")  # the directory whose name is too long, when not --out's
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_that_holds_no_plan_is_not_taken_over(tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--out` into a directory of the user's that never held a plan replaced its launch/ wholesale and its
+    report.txt: refused, naming them, and nothing is touched."""
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "project"
+    (out / "launch").mkdir(parents=True)
+    (out / "launch" / "deploy.sh").write_text("echo mine")
+    (out / "report.txt").write_text("my notes")
+    before = snapshot(tmp_path)
+    with pytest.raises(FileExistsError, match="it holds launch/, report.txt but no plan `dora plan` wrote"):
+        write_plan_dir(*tiny, out)
+    assert main(["plan", str(TINY), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the plan to {out}/: it holds launch/, report.txt but no plan `dora plan` wrote" in err
+    assert "to fix: move that out of the way, or choose another directory for --out" in err
+    assert snapshot(tmp_path) == before
+    (out / "plan.json").write_text('{"format_version": 5}')  # a plan.json, but not one dora wrote
+    with pytest.raises(FileExistsError, match="it holds launch/, plan.json, report.txt but no plan"):
+        write_plan_dir(*tiny, out)
+
+
+def test_a_directory_of_other_files_or_an_empty_one_is_written(tiny, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    write_plan_dir(*tiny, empty)
+    assert sorted(p.name for p in empty.iterdir()) == TOP
+    others = tmp_path / "others"  # nothing of the user's in the way of dora's entries
+    others.mkdir()
+    (others / "notes.md").write_text("the user's own file")
+    write_plan_dir(*tiny, others)
+    assert sorted(p.name for p in others.iterdir()) == sorted([*TOP, "notes.md"])
+    write_plan_dir(*tiny, others)  # and again: it now holds dora's plan
+    assert (others / "notes.md").read_text() == "the user's own file"
+
+
+def test_the_report_and_launch_files_print_the_figures_plan_json_holds(tiny, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan.json rounds to 6 significant digits; report.txt and the printed report were made from the unrounded plan
+    (117,074.4 accelerator-hours where plan.json holds 117074.0)."""
+    import dataclasses
+
+    import dora.plan_cmd
+    from dora.report import plan_report_text
+    from planner.plan import Plan
+
+    resolved, planned = tiny
+    plan = planned.plan
+    unrounded = dataclasses.replace(planned, plan=dataclasses.replace(plan, predictions=dataclasses.replace(
+        plan.predictions, accelerator_hours=117074.41234)))
+    out = tmp_path / "plan"
+    write_plan_dir(resolved, unrounded, out)
+    saved = Plan.from_dict(json.loads((out / "plan.json").read_text()))
+    assert saved.predictions.accelerator_hours == 117074.0
+    report = (out / "report.txt").read_text()
+    assert report == plan_report_text(saved) and "117,074.0" in report
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(dora.plan_cmd, "make_plan", lambda *args, **kwargs: unrounded)
+    assert main(["plan", str(TINY)]) == 0
+    printed = capsys.readouterr().out
+    assert "117,074.0" in printed and "117,074.4" not in printed
+
+
+def test_a_file_size_limit_is_not_called_a_full_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    real = render_module._write_file
+
+    def write(path: Path, text: str, mode: int) -> None:
+        if path.name == "timeline.html":
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+        real(path, text, mode)
+
+    monkeypatch.setattr(render_module, "_write_file", write)
+    assert main(["plan", str(TINY), "--out", str(tmp_path / "plan")]) == 1
+    err = capsys.readouterr().err
+    assert "File too large" in err and "`ulimit -f`" in err and "free space" not in err
     assert list(tmp_path.iterdir()) == []
