@@ -318,7 +318,8 @@ class ModelArch:
         """Named weight tensors in a Hugging Face checkpoint (what a weight reload iterates over).
 
         Per attention sub-layer: 4 projections (+3 biases, +2 qk-norms) or MLA's 5 matrices + 2 norms; 2 norms.
-        Per dense FFN or expert: 3.  Per MoE layer: 1 router.  Plus embeddings and the final norm.
+        Per dense FFN or expert: 3.  Per MoE layer: 1 router (+1 ``e_score_correction_bias`` with an expert bias).
+        Plus embeddings and the final norm.
         """
         if self.mla is None:
             attn = 4 + (3 if self.qkv_bias else 0) + (2 if self.qk_norm else 0)
@@ -326,8 +327,9 @@ class ModelArch:
             attn = 7 if self.mla.q_lora_rank else 5
         per_attention = attn + 2
         experts = self.num_experts + self.num_shared_experts
+        router = 2 if self.router_expert_bias else 1
         return (self.num_attention_layers * per_attention + 3 * self.num_dense_ffns
-                + self.num_moe_layers * (1 + 3 * experts)
+                + self.num_moe_layers * (router + 3 * experts)
                 + (1 if self.tie_embeddings else 2) + 1)
 
 
@@ -445,25 +447,60 @@ class HFConfigError(ValueError):
         self.reason = message
 
 
-_DENSE_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 _MOE_TYPES = {"qwen3_moe", "qwen2_moe", "mixtral"}
 _MLA_TYPES = {"deepseek_v3", "deepseek_v2", "kimi_k2"}
 
+_TRANSFORMERS_DEFAULTS: dict[str, Mapping[str, Any]] = {
+    # transformers 5.23's config class of each model_type: what it gives a key config.json leaves out (its class
+    # attributes). vLLM and the trainer load the checkpoint with these, so the plan reads the config as they do. Not
+    # listed: num_key_value_heads and head_dim where the class (or, for Qwen2's and Qwen3-MoE's head_dim, the modeling
+    # code) derives them from the heads, as dora does; and the keys the cost model is sized by (layers, hidden,
+    # heads, vocabulary, a dense model's FFN, expert counts and sizes, MLA ranks): their class default is one model's
+    # size, so dora requires them.
+    "llama": {"max_position_embeddings": 2048, "rope_theta": 1e4, "rms_norm_eps": 1e-6},  # LlamaConfig
+    "mistral": {"num_key_value_heads": 8, "sliding_window": 4096, "max_position_embeddings": 131072,  # MistralConfig
+                "rope_theta": 1e4, "rms_norm_eps": 1e-6},
+    "qwen2": {"num_key_value_heads": 32, "sliding_window": 4096, "max_position_embeddings": 32768,  # Qwen2Config
+              "rope_theta": 1e4, "rms_norm_eps": 1e-6},
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128, "sliding_window": 4096,  # Qwen3Config
+              "max_position_embeddings": 32768, "rope_theta": 1e4, "rms_norm_eps": 1e-6},
+    "qwen3_moe": {"num_key_value_heads": 4, "intermediate_size": 6144, "norm_topk_prob": False,  # Qwen3MoeConfig
+                  "sliding_window": 4096, "max_position_embeddings": 32768, "rope_theta": 1e4, "rms_norm_eps": 1e-6},
+    "qwen2_moe": {},  # refused: its separately sized shared expert
+    "mixtral": {"num_key_value_heads": 8, "intermediate_size": 14336, "max_position_embeddings": 131072,  # MixtralConfig
+                "rope_theta": 1e6, "rms_norm_eps": 1e-5},
+    "deepseek_v2": {"intermediate_size": 11008, "q_lora_rank": 1536, "n_shared_experts": 2,  # DeepseekV2Config
+                    "first_k_dense_replace": 0, "routed_scaling_factor": 1.0, "topk_method": "greedy",
+                    "norm_topk_prob": False, "max_position_embeddings": 2048, "rope_theta": 1e4, "rms_norm_eps": 1e-6},
+    "deepseek_v3": {"intermediate_size": 18432, "q_lora_rank": 1536, "n_shared_experts": 1,  # DeepseekV3Config
+                    "first_k_dense_replace": 3, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
+                    "norm_topk_prob": True, "max_position_embeddings": 4096, "rope_theta": 1e4, "rms_norm_eps": 1e-6},
+    "kimi_k2": {},  # no transformers class: _KIMI_REQUIRED
+}
+_KIMI_REQUIRED = ("q_lora_rank", "n_shared_experts", "first_k_dense_replace", "routed_scaling_factor", "scoring_func",
+                  "topk_method", "norm_topk_prob")
+"""Kimi K2's config.json is read by the checkpoint's own code (its ``configuration_deepseek.py``), whose defaults
+are not DeepSeek-V3's in transformers: these keys, which size or route the model, must be written out."""
+_NULL_IS_A_VALUE = {"num_key_value_heads", "head_dim", "q_lora_rank", "sliding_window"}
+"""Keys whose null means something: the heads derive the first two (transformers' ``__post_init__``), a null
+q_lora_rank projects q directly (DeepSeek-V2-Lite), a null window is full attention. Any other null reads as the key
+left out."""
+
 
 HF_INT_MAX = 1 << 40
+"""Largest integer a config.json field may hold (a vocabulary or context length is far below; the cost model's float
+arithmetic is exact there)."""
 MAX_ROPE_THETA = 1e12
 """Largest RoPE base a config.json or spec may give (released models use 1e4-1e7)."""
 MAX_NORM_EPS = 1.0
 """Largest RMSNorm epsilon a config.json or spec may give (released models use 1e-6-1e-5)."""
 MAX_ROUTER_SCALING = 1000.0
 """Largest ``routed_scaling_factor`` a config.json may give (DeepSeek-V3 2.5, Kimi K2 2.827)."""
-"""Largest integer a config.json field may hold (a vocabulary or context length is far below; the cost model's float
-arithmetic is exact there)."""
 
 
 def _int(config: Mapping[str, Any], key: str, *, default: int | None = None, minimum: int = 1) -> int:
     value = config.get(key)
-    if value is None:  # absent or null: transformers derives a null head_dim or num_key_value_heads as when absent
+    if value is None:  # absent (with no transformers default) or a null that means "derive it"
         value = default
     if value is None:
         raise HFConfigError(key, "is required but missing (or null)")
@@ -568,22 +605,28 @@ def _positive_number(key: str, value: Any, most: float) -> float | None:
 
 
 def _router(config: Mapping[str, Any], model_type: str) -> dict[str, Any]:
-    """The ``router_*`` fields of an MoE config. ``norm_topk_prob`` defaults as transformers does per type (Mixtral
+    """The ``router_*`` fields of an MoE config (its absent keys already filled in as transformers does; Mixtral
     always renormalises and has no key)."""
-    score = config.get("scoring_func", "softmax")
-    if score not in ("softmax", "sigmoid"):
-        raise HFConfigError("scoring_func", f"must be softmax or sigmoid, got {score!r}")
+    if model_type == "deepseek_v3":
+        # transformers' DeepseekV3TopkRouter (5.23) always scores with a sigmoid, chooses with e_score_correction_bias
+        # added and within topk_group of n_group groups, whatever scoring_func and topk_method say
+        score, bias, grouped = "sigmoid", True, True
+    else:
+        score = config.get("scoring_func", "softmax")
+        if score not in ("softmax", "sigmoid"):
+            raise HFConfigError("scoring_func", f"must be softmax or sigmoid, got {score!r}")
+        bias = config.get("topk_method") == "noaux_tc"
+        grouped = config.get("topk_method") in ("group_limited_greedy", "noaux_tc")
     out: dict[str, Any] = {
         "router_score": score,
-        "router_normalizes_topk": True if model_type == "mixtral" else _bool(
-            config, "norm_topk_prob", model_type in ("deepseek_v3", "kimi_k2")),
-        "router_scaling": _positive_number("routed_scaling_factor", 1.0 if config.get("routed_scaling_factor") is None
-                                           else config["routed_scaling_factor"], MAX_ROUTER_SCALING),
-        "router_expert_bias": config.get("topk_method") == "noaux_tc",
+        "router_normalizes_topk": True if model_type == "mixtral" else _bool(config, "norm_topk_prob", False),
+        "router_scaling": _positive_number("routed_scaling_factor", config.get("routed_scaling_factor", 1.0),
+                                           MAX_ROUTER_SCALING),
+        "router_expert_bias": bias,
     }
-    if config.get("topk_method") in ("group_limited_greedy", "noaux_tc"):
-        out["router_groups"] = _int(config, "n_group", default=1)
-        out["router_group_topk"] = _int(config, "topk_group", default=1)
+    if grouped:  # required: DeepSeek-V2's class leaves them null, and group routing cannot run without them
+        out["router_groups"] = _int(config, "n_group")
+        out["router_group_topk"] = _int(config, "topk_group")
         if out["router_group_topk"] > out["router_groups"]:
             raise HFConfigError("topk_group", f"must be at most n_group ({out['router_groups']}), got "
                                 f"{out['router_group_topk']}")
@@ -632,13 +675,33 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
     """Build a ModelArch from a parsed Hugging Face config.json (pure: takes the dict, reads no file).
 
     Understands the field names of Llama/Mistral, Qwen2, Qwen3, Qwen3-MoE/Qwen2-MoE/Mixtral and DeepSeek-V2/V3
-    (`model_type`).  Raises HFConfigError (a ValueError with `.key`) for a missing or invalid field, or for a
-    layout the cost model cannot represent (e.g. interleaved dense/MoE layers).
+    (`model_type`). A key the config leaves out takes the default transformers gives it for that model_type
+    (``_TRANSFORMERS_DEFAULTS``). Raises HFConfigError (a ValueError with `.key`) for a missing or invalid field, or
+    for a layout the cost model cannot represent (e.g. interleaved dense/MoE layers).
     """
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in _DENSE_TYPES | _MOE_TYPES | _MLA_TYPES:
-        known = ", ".join(sorted(_DENSE_TYPES | _MOE_TYPES | _MLA_TYPES))
+    if not isinstance(model_type, str) or model_type not in _TRANSFORMERS_DEFAULTS:
+        known = ", ".join(sorted(_TRANSFORMERS_DEFAULTS))
         raise HFConfigError("model_type", f"unsupported value {model_type!r}; supported: {known}")
+    for key in _KIMI_REQUIRED if model_type == "kimi_k2" else ():
+        if key not in config:
+            raise HFConfigError(key, "is required for model_type 'kimi_k2' but missing: transformers has no Kimi K2 "
+                                "class to default it as the checkpoint's code does; write the checkpoint's value")
+    defaults = dict(_TRANSFORMERS_DEFAULTS[model_type])
+    default_theta = defaults.pop("rope_theta", None)  # after rope_parameters' (transformers 5): see _arch
+    given = {k: v for k, v in config.items() if v is not None or k in _NULL_IS_A_VALUE}
+    try:
+        return _arch(defaults | given, model_type, name, default_theta)
+    except HFConfigError as exc:
+        if exc.key not in defaults or exc.key in given:
+            raise
+        raise HFConfigError(exc.key, f"{exc.reason} (config.json leaves it out, so transformers' default for "
+                            f"{model_type}, {defaults[exc.key]!r}, applies; write the key)") from None
+
+
+def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: float | None) -> ModelArch:
+    """``arch_from_hf_config`` of ``config`` with its absent keys filled in, but for ``rope_theta``: the config's
+    own, else its ``rope_parameters``' (transformers 5), else ``default_theta``."""
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
     kw: dict[str, Any] = {
@@ -646,7 +709,6 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
         "num_layers": _int(config, "num_hidden_layers"),
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_kv_heads": _int(config, "num_key_value_heads", default=heads),
         "vocab_size": _int(config, "vocab_size"),
         "tie_embeddings": _bool(config, "tie_word_embeddings", False),
     }
@@ -659,17 +721,21 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
             v_head_dim=_int(config, "v_head_dim"),
         )
         kw["head_dim"] = kw["mla"].qk_nope_head_dim + kw["mla"].qk_rope_head_dim
+        kw["num_kv_heads"] = heads  # MLA caches a latent, not KV heads: num_key_value_heads sizes nothing
     else:
-        if hidden % heads and "head_dim" not in config:
+        kw["num_kv_heads"] = _int(config, "num_key_value_heads", default=heads)
+        if hidden % heads and config.get("head_dim") is None:
             raise HFConfigError("head_dim", f"missing, and hidden_size {hidden} is not divisible by {heads} heads")
         kw["head_dim"] = _int(config, "head_dim", default=hidden // heads)
         # Qwen2 always has q/k/v biases (the config has no flag); Llama-family configs say attention_bias.
         kw["qkv_bias"] = True if model_type in {"qwen2", "qwen2_moe"} else _bool(config, "attention_bias", False)
         kw["qk_norm"] = model_type in {"qwen3", "qwen3_moe"}
 
-    is_moe = model_type in _MOE_TYPES or (model_type in _MLA_TYPES and config.get("n_routed_experts"))
-    kw["ffn_hidden_size"] = _int(config, "intermediate_size", default=0 if is_moe else None,
-                                 minimum=0 if is_moe else 1)
+    # transformers' DeepSeek-V2/V3 make every layer past first_k_dense_replace MoE; Kimi K2's own code, only with
+    # n_routed_experts. A Qwen-MoE's intermediate_size sizes nothing; Mixtral's is the experts' size.
+    is_moe = model_type in _MOE_TYPES | {"deepseek_v2", "deepseek_v3"} or (
+        model_type == "kimi_k2" and bool(config.get("n_routed_experts")))
+    kw["ffn_hidden_size"] = _int(config, "intermediate_size", minimum=0 if is_moe and model_type != "mixtral" else 1)
     if is_moe:
         experts_key = "n_routed_experts" if model_type in _MLA_TYPES else (
             "num_local_experts" if model_type == "mixtral" else "num_experts")
@@ -701,7 +767,8 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
     kw["max_context_tokens"] = _context_limit(config)
     _refuse_sliding_window(config, model_type, kw["max_context_tokens"])
     scaling = _rope_scaling(config)
-    theta = config.get("rope_theta", scaling.get("rope_theta") if scaling is not None else None)
+    theta = next((v for v in (config.get("rope_theta"), (scaling or {}).get("rope_theta")) if v is not None),
+                 default_theta)
     kw["rope_theta"] = _positive_number("rope_theta", theta, MAX_ROPE_THETA)
     kw["norm_eps"] = _positive_number("rms_norm_eps", config.get("rms_norm_eps"), MAX_NORM_EPS)
     kw["rope_scaling"] = rope_scaling_items(scaling) if scaling is not None else ()

@@ -4,7 +4,8 @@
    its admission version violates it, whatever the mixing policy; one with tokens from more than one version violates
    it too unless version mixing is allowed, and is then listed in ``mixed`` instead.
 2. integrity -- every admitted trajectory is consumed by exactly one training step, after it finished, or is
-   accounted for by ``discarded`` or ``unfinished_at_end`` (never both); nothing is consumed that was not admitted.
+   accounted for by ``discarded`` or ``unfinished_at_end`` (never both; a later ``regenerated`` supersedes either, and
+   the new attempt must be used or accounted for again); nothing is consumed that was not admitted.
    The trace must also be possible: each attempt (an admission, or a ``regenerated`` and its admission) finishes at
    most once; admitted <= finished <= the consuming step's ``start_t``; every version a trajectory is admitted,
    regenerated or finished on exists by then (version 0, or a ``train_step`` that produced it ended by then, and its

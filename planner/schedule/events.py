@@ -23,7 +23,8 @@ train_step             step, start_t, consumed: [traj, ...], produced_version (=
                        ``t`` is when the step finished
 discarded              traj, reason: str  (dropped on purpose; never consumed)
 regenerated            traj, version  (earlier tokens dropped; generation restarts on version; it
-                       supersedes an earlier ``unfinished_at_end`` of traj, from an attempt that stopped)
+                       supersedes an earlier ``discarded`` or ``unfinished_at_end`` of traj: that attempt's
+                       accounting, the new attempt must be consumed or accounted for again)
 unfinished_at_end      traj, finished: bool  (admitted, not consumed when the run ended; finished: whether it
                        had finished since it was last admitted or regenerated)
 resumed                step  (a new attempt continues the trace from its checkpoint after step ``step``)

@@ -1,9 +1,9 @@
 """Exports of a schedule: JSON and Graphviz DOT of the graph, and a self-contained HTML timeline.
 
 All functions return strings (no I/O here); ``dora`` or a bench script writes them to files.
-The timeline has one row per rollout group (colour = version served, opacity = slot occupancy,
-grey = loading weights, or suspended for a colocated training step; a column only partly so is a lighter grey, so
-every load shows however short) plus a trainer row (one box per training step) and dashed lines where a
+The timeline has one row per rollout group (colour = the version most of its running requests use, opacity = slot
+occupancy, grey = loading weights, or suspended for a colocated training step; a column only partly so is a lighter
+grey, so every load shows however short) plus a trainer row (one box per training step) and dashed lines where a
 version was published. It reads only the trace, so it draws simulated and real runs alike.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import networkx as nx
@@ -28,7 +29,9 @@ def _node_id(node: tuple[Any, Any]) -> str:
 
 
 def graph_to_json(graph: nx.DiGraph) -> str:
-    """Deterministic JSON: ``{"nodes": [...], "edges": [...]}`` with string ids (``v3``, ``step2``, ``g1/0``)."""
+    """Deterministic compact JSON: ``{"nodes": [...], "edges": [...]}`` with string ids (``v3``, ``step2``,
+    ``g1/0``), no trailing newline. Compact because an ``indent`` makes ``json`` skip its C encoder: a large run's
+    graph then took 2-5x longer and 30% more bytes (``python -m json.tool`` indents it for reading)."""
     nodes = []
     for node in sorted(graph.nodes, key=lambda n: (n[0], str(n[1]))):
         attrs = {k: v for k, v in graph.nodes[node].items()}
@@ -38,7 +41,7 @@ def graph_to_json(graph: nx.DiGraph) -> str:
         for u, v, data in sorted(graph.edges(data=True), key=lambda e: (_node_id(e[0]), _node_id(e[1])))
     ]
     return json.dumps({"run_config": graph.graph.get("run_config"), "nodes": nodes, "edges": edges},
-                      sort_keys=True, indent=1, default=list)
+                      sort_keys=True, separators=(",", ":"), default=list)
 
 
 def _natural_key(node: tuple[Any, Any]) -> tuple[str, int, int, str]:
@@ -84,77 +87,90 @@ def _occupancy_rows(events: list[dict[str, Any]], groups: int, end: float, colum
 
     A trajectory runs on the group that admitted it (or, after ``migrated``, on the destination) until it finishes,
     is regenerated (a restarted worker or a resumed run drops its tokens; its new admission counts again) or is left
-    ``unfinished_at_end``."""
+    ``unfinished_at_end``. A column's version is the one most of the group's running trajectories belong to over it
+    (time-weighted; a tie goes to the older): an engine hosting several versions serves the one its requests use,
+    not the one it loaded last. An idle column has no running trajectory and keeps version 0 (drawn idle)."""
     width = end / columns
     area = [[0.0] * columns for _ in range(groups)]
     loading = [[0.0] * columns for _ in range(groups)]
-    version = [[0] * columns for _ in range(groups)]
-    active = [0] * groups
+    served: dict[tuple[int, int], dict[int, float]] = {}
+    """(group, column) -> version -> running-trajectory seconds / width, for the columns where something ran."""
+    active: list[dict[int, int]] = [{} for _ in range(groups)]
+    """Per group: version -> trajectories of it running there now."""
     last_t = [0.0] * groups
-    served = [0] * groups
-    running: dict[str, int] = {}
-    """Trajectory -> the group it runs on."""
+    running: dict[str, tuple[int, int]] = {}
+    """Trajectory -> (the group it runs on, its version)."""
     load_start: dict[int, float] = {}
     stopped_at: float | None = None
 
-    def spread(grid: list[list[float]], r: int, t0: float, t1: float, weight: float) -> None:
-        """Add ``weight`` over [t0, t1) to row ``r``, each column its share (the last one takes what runs past it).
-        Column by column: stepping from edge to edge stalled where a float edge divided back into the column before."""
-        if t1 <= t0 or not weight:
+    def shares(t0: float, t1: float) -> Iterator[tuple[int, float]]:
+        """``(column, fraction of the column)`` over [t0, t1) (the last column takes what runs past it). Column by
+        column: stepping from edge to edge stalled where a float edge divided back into the column before."""
+        if t1 <= t0:
             return
-        row = grid[r]
         for col in range(min(int(t0 / width), columns - 1), min(int(t1 / width), columns - 1) + 1):
             lo = max(t0, col * width)
             hi = t1 if col == columns - 1 else min(t1, (col + 1) * width)
             if hi > lo:
-                row[col] += weight * (hi - lo) / width
+                yield col, (hi - lo) / width
 
-    def move(r: int, t: float, delta: int) -> None:
-        if stopped_at is None:
-            spread(area, r, last_t[r], t, active[r])
+    def move(r: int, t: float, version: int, delta: int) -> None:
+        if stopped_at is None and active[r]:
+            for col, share in shares(last_t[r], t):
+                area[r][col] += share * sum(active[r].values())
+                cell = served.setdefault((r, col), {})
+                for v, n in active[r].items():
+                    cell[v] = cell.get(v, 0.0) + share * n
         last_t[r] = t
-        active[r] += delta
+        if delta:
+            active[r][version] = active[r].get(version, 0) + delta
+            if not active[r][version]:
+                del active[r][version]
+
+    def grey(r: int, t0: float, t1: float) -> None:
+        for col, share in shares(t0, t1):
+            loading[r][col] += share
 
     def release(traj: str, t: float) -> None:
         if traj in running:
-            move(running.pop(traj), t, -1)
+            r, v = running.pop(traj)
+            move(r, t, v, -1)
 
     for e in events:
         etype, t = e["type"], e["t"]
         if etype == "admitted":
             release(e["traj"], t)  # admitted again without a 'regenerated': it runs once, where admitted last
-            running[e["traj"]] = e["rollout_group"]
-            move(e["rollout_group"], t, 1)
+            running[e["traj"]] = (e["rollout_group"], e["version"])
+            move(e["rollout_group"], t, e["version"], 1)
         elif etype in ("finished", "regenerated", "unfinished_at_end"):
             release(e["traj"], t)
         elif etype == "migrated":
             for traj in e["trajs"]:
                 if traj in running:
-                    move(running[traj], t, -1)
-                    running[traj] = e["dst"]
-                    move(e["dst"], t, 1)
+                    v = running[traj][1]
+                    release(traj, t)
+                    running[traj] = (e["dst"], v)
+                    move(e["dst"], t, v, 1)
         elif etype == "weights_load_started":
             load_start[e["rollout_group"]] = t
         elif etype == "weights_loaded":
-            r = e["rollout_group"]
-            spread(loading, r, load_start.pop(r, t), t, 1.0)
-            first = min(int(t / width), columns - 1)
-            for col in range(first, columns):
-                version[r][col] = e["version"]
-            served[r] = e["version"]
+            grey(e["rollout_group"], load_start.pop(e["rollout_group"], t), t)
         elif etype == "rollout_suspended":
             for r in range(groups):
-                move(r, t, 0)
+                move(r, t, 0, 0)
             stopped_at = t
         elif etype == "rollout_resumed" and stopped_at is not None:
             for r in range(groups):
-                spread(loading, r, stopped_at, t, 1.0)
+                grey(r, stopped_at, t)
                 last_t[r] = t
             stopped_at = None
     for r in range(groups):
-        move(r, end, 0)
+        move(r, end, 0, 0)
         if stopped_at is not None:  # suspended when the run ended
-            spread(loading, r, stopped_at, end, 1.0)
+            grey(r, stopped_at, end)
+    version = [[0] * columns for _ in range(groups)]
+    for (r, col), by_version in served.items():
+        version[r][col] = max(sorted(by_version), key=by_version.__getitem__)
     return area, version, loading
 
 
@@ -218,7 +234,7 @@ def timeline_html(events: list[dict[str, Any]], *, title: str = "dora schedule",
     return (
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + head + "</title></head>"
         "<body style=\"font-family:Helvetica\"><h3>" + head + f" — mode {mode}</h3>"
-        "<p>Rows: rollout groups (colour = version served, opacity = slot occupancy, grey = loading weights or "
+        "<p>Rows: rollout groups (colour = the version most running requests use, opacity = slot occupancy, grey = loading weights or "
         "suspended while a colocated step trains, lighter for part of a column); "
         "bottom: training steps; dashed: version published.</p><p>" + legend + "</p>"
         + "".join(out) + "</body></html>\n"

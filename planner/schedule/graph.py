@@ -69,7 +69,9 @@ def graph_of_parsed(events: list[dict[str, Any]]) -> nx.DiGraph:
             node["spans"] = []
             node["finished_t"] = None
             node["admitted_version"] = e["version"]
-            node["unfinished_at_end"] = None  # an earlier attempt's leftover, now generated again
+            # an earlier attempt's discard or leftover: the trajectory is generated again and accounted for anew
+            node["discarded"] = None
+            node["unfinished_at_end"] = None
             _drop_generated_edges(graph, e["traj"])
         elif etype == "finished":
             node = _traj(graph, e["traj"])

@@ -1,5 +1,6 @@
 """Model catalog: derived sizes against published totals and hand computations; HF config parsing."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -131,11 +132,12 @@ def test_hf_config_context_limit_follows_vllms_rope_scaling_rule():
     linear = {**_config("qwen3-8b"), "rope_scaling": {"type": "linear", "factor": 2.0}}
     assert arch_from_hf_config(linear, name="q").max_context_tokens == 81920
     bare = {k: v for k, v in _config("qwen3-8b").items() if k != "max_position_embeddings"}
-    assert arch_from_hf_config(bare, name="q").max_context_tokens is None
+    assert arch_from_hf_config(bare, name="q").max_context_tokens == 32768  # Qwen3Config's default, as vLLM reads it
 
 
 def test_hf_config_rope_and_norm_fields():
-    """Older configs' rope_scaling ``type``, transformers 5's ``rope_parameters``, and what counts as unknown."""
+    """Older configs' rope_scaling ``type``, transformers 5's ``rope_parameters`` (its rope_theta before the class
+    default), and the class defaults when both are left out."""
     ds = arch_from_hf_config(_config("deepseek-v3"), name="d")
     assert dict(ds.rope_scaling)["rope_type"] == "yarn" and (ds.rope_theta, ds.norm_eps) == (1e4, 1e-6)
     v5 = {k: v for k, v in _config("qwen3-8b").items() if k not in ("rope_theta", "rope_scaling")}
@@ -147,8 +149,13 @@ def test_hf_config_rope_and_norm_fields():
     v5["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e5}
     assert arch_from_hf_config(v5, name="q").rope_scaling == ()
     bare = {k: v for k, v in _config("qwen3-8b").items() if k not in ("rope_theta", "rms_norm_eps")}
-    assert (arch_from_hf_config(bare, name="q").rope_theta, arch_from_hf_config(bare, name="q").norm_eps) == (None,
-                                                                                                           None)
+    arch = arch_from_hf_config(bare, name="q")
+    assert (arch.rope_theta, arch.norm_eps) == (1e4, 1e-6)  # Qwen3Config's defaults (transformers 5.23)
+    mixtral = {"model_type": "mixtral", "hidden_size": 1024, "num_attention_heads": 32, "num_hidden_layers": 4,
+               "vocab_size": 1000, "num_local_experts": 8, "num_experts_per_tok": 2}
+    arch = arch_from_hf_config(mixtral | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, name="m")
+    assert (arch.rope_theta, arch.norm_eps) == (5e5, 1e-5)  # rope_parameters' theta, MixtralConfig's epsilon
+    assert arch_from_hf_config(mixtral, name="m").rope_theta == 1e6  # MixtralConfig's default_theta
     for key, bad in (("rope_theta", "1e6"), ("rope_theta", 0), ("rms_norm_eps", True)):
         with pytest.raises(HFConfigError, match=key):
             arch_from_hf_config({**_config("qwen3-8b"), key: bad}, name="q")
@@ -266,11 +273,26 @@ def test_hf_config_router_fields():
     arch = arch_from_hf_config(v2, name="v2")
     assert (arch.router_normalizes_topk, arch.router_expert_bias, arch.router_groups) == (False, False, 8)
     assert arch_from_hf_config(_config("qwen3-235b-a22b"), name="q").router_normalizes_topk is True
-    assert arch_from_hf_config({**ds, "routed_scaling_factor": None}, name="d").router_scaling == 1.0  # as absent
-    for key, bad in (("scoring_func", "relu"), ("topk_group", 9), ("routed_scaling_factor", -1),
+    # null reads as absent: DeepseekV3Config's 2.5
+    assert arch_from_hf_config({**ds, "routed_scaling_factor": None}, name="d").router_scaling == 2.5
+    for key, bad in (("topk_group", 9), ("routed_scaling_factor", -1),
                      ("routed_scaling_factor", 0)):  # 0 was read as absent (1.0)
         with pytest.raises(HFConfigError, match=key):
             arch_from_hf_config({**ds, key: bad}, name="d")
+    with pytest.raises(HFConfigError, match="scoring_func"):
+        arch_from_hf_config({**v2, "scoring_func": "relu"}, name="v2")
+    with pytest.raises(HFConfigError, match="n_group") as info:  # DeepseekV2Config leaves it null: no grouping
+        arch_from_hf_config({k: v for k, v in v2.items() if k != "n_group"}, name="v2")
+    assert info.value.key == "n_group"
+
+
+def test_deepseek_v3_routes_with_a_sigmoid_and_the_expert_bias_whatever_its_config_says():
+    """transformers' DeepseekV3TopkRouter (5.23) always scores with a sigmoid, adds e_score_correction_bias and routes
+    within n_group groups: scoring_func and topk_method are not read."""
+    ds = _config("deepseek-v3") | {"scoring_func": "softmax", "topk_method": "greedy"}
+    arch = arch_from_hf_config(ds, name="d")
+    assert (arch.router_score, arch.router_expert_bias, arch.router_groups, arch.router_group_topk) == (
+        "sigmoid", True, 8, 4)
 
 
 @pytest.mark.parametrize(("preset", "key", "bad", "says"), [
@@ -294,6 +316,88 @@ def test_hf_config_null_head_dim_and_kv_heads_are_derived_as_transformers_does()
     with pytest.raises(HFConfigError, match="is required but missing") as info:
         arch_from_hf_config(cfg | {"hidden_size": None}, name="x")
     assert info.value.key == "hidden_size"
+
+
+_MINIMAL = {"hidden_size": 1024, "num_attention_heads": 32, "num_hidden_layers": 5, "vocab_size": 1000}
+_MLA_SHAPE = {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
+
+
+# What transformers 5.23 resolves for these minimal config.json files (AutoConfig.for_model, and the parameters of
+# AutoModelForCausalLM.from_config on the meta device), as (num_kv_heads, head_dim, ffn_hidden_size,
+# max_context_tokens, rope_theta, norm_eps, total_params). MLA types: head_dim is dora's d_nope + d_rope, and
+# num_kv_heads the heads (MLA caches no KV heads; DeepseekV3Config says 128).
+@pytest.mark.parametrize(("model_type", "keys", "expected"), [
+    ("llama", {"intermediate_size": 512}, (32, 32, 512, 2048, 1e4, 1e-6, 30_895_104)),
+    ("mistral", {"intermediate_size": 512, "sliding_window": None}, (8, 32, 512, 131072, 1e4, 1e-6, 23_030_784)),
+    ("qwen2", {"intermediate_size": 512}, (32, 32, 512, 32768, 1e4, 1e-6, 30_910_464)),
+    ("qwen3", {"intermediate_size": 512}, (32, 128, 512, 32768, 1e4, 1e-6, 93_810_944)),
+    ("qwen3_moe", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+     (4, 32, 6144, 32768, 1e4, 1e-6, 21_761_344)),
+    ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2},
+     (8, 32, 14336, 131072, 1e6, 1e-5, 1_776_815_104)),
+    ("deepseek_v2", {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, **_MLA_SHAPE},
+     (32, 48, 11008, 2048, 1e4, 1e-6, 37_907_264)),
+    ("deepseek_v3", {"n_routed_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 64, **_MLA_SHAPE},
+     (32, 48, 18432, 4096, 1e4, 1e-6, 204_622_656)),
+])
+def test_hf_config_absent_keys_take_transformers_defaults(model_type, keys, expected):
+    """A key config.json leaves out is read as transformers' config class for its model_type gives it (vLLM and the
+    trainer load the checkpoint so): dora used the heads for num_key_value_heads and head_dim, and "unknown" for the
+    context, RoPE base and norm epsilon."""
+    arch = arch_from_hf_config({"model_type": model_type, **_MINIMAL, **keys}, name="x")
+    assert (arch.num_kv_heads, arch.head_dim, arch.ffn_hidden_size, arch.max_context_tokens, arch.rope_theta,
+            arch.norm_eps, arch.total_params) == expected
+
+
+def test_deepseek_v3_without_its_optional_keys_is_deepseek_v3():
+    """DeepseekV3Config's defaults (transformers 5.23): q_lora_rank 1536, n_shared_experts 1, first_k_dense_replace 3,
+    routed_scaling_factor 2.5, n_group 8, topk_group 4. Without them dora counted 708.9B parameters, not 671B."""
+    keep = ("model_type", "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+            "moe_intermediate_size", "vocab_size", "n_routed_experts", "num_experts_per_tok", "kv_lora_rank",
+            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "norm_topk_prob", "max_position_embeddings",
+            "rope_theta", "rms_norm_eps", "rope_scaling")
+    bare = {k: v for k, v in _config("deepseek-v3").items() if k in keep}
+    assert arch_from_hf_config(bare, name="deepseek-v3") == get_preset("deepseek-v3")
+    assert round(get_preset("deepseek-v3").total_params / 1e9, 1) == 671.0
+
+
+def test_hf_config_defaults_a_model_cannot_run_with_name_the_key_and_the_default():
+    """Mistral's absent sliding_window is MistralConfig's 4096 (refused, as an explicit 4096 is); DeepSeek-V3's absent
+    first_k_dense_replace is 3, more than a 3-layer model has; Kimi K2 has no transformers class to default its
+    routing keys."""
+    mistral = {"model_type": "mistral", **_MINIMAL, "intermediate_size": 512}
+    with pytest.raises(HFConfigError, match="4096-token sliding-window .* transformers' default for mistral, 4096") \
+            as info:
+        arch_from_hf_config(mistral, name="m")
+    assert info.value.key == "sliding_window"
+    ds = {"model_type": "deepseek_v3", **_MINIMAL, "num_hidden_layers": 3, "n_routed_experts": 16,
+          "num_experts_per_tok": 2, "moe_intermediate_size": 64, **_MLA_SHAPE}
+    with pytest.raises(HFConfigError, match="must be below num_hidden_layers .* default for deepseek_v3, 3") as info:
+        arch_from_hf_config(ds, name="d")
+    assert info.value.key == "first_k_dense_replace"
+    assert arch_from_hf_config(ds | {"first_k_dense_replace": 1}, name="d").first_dense_layers == 1
+    kimi = {k: v for k, v in _config("deepseek-v3").items() if k != "n_shared_experts"} | {"model_type": "kimi_k2"}
+    with pytest.raises(HFConfigError, match="is required for model_type 'kimi_k2'") as info:
+        arch_from_hf_config(kimi, name="k")
+    assert info.value.key == "n_shared_experts"
+    mixtral = {"model_type": "mixtral", **_MINIMAL, "num_local_experts": 8, "num_experts_per_tok": 2}
+    with pytest.raises(HFConfigError, match="must be >= 1") as info:  # was blamed on model_type
+        arch_from_hf_config(mixtral | {"intermediate_size": 0}, name="m")
+    assert info.value.key == "intermediate_size"
+
+
+def test_weight_tensors_count_the_routers_expert_bias():
+    """A tiny DeepSeek-V3 (5 layers, 2 dense, 8 experts + 1 shared): transformers 5.23's DeepseekV3ForCausalLM has 141
+    tensors once its fused experts are counted per expert, as the checkpoint names them; 3 are the MoE layers'
+    e_score_correction_bias, which a weight reload also iterates over."""
+    cfg = {"model_type": "deepseek_v3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 5,
+           "intermediate_size": 96, "moe_intermediate_size": 32, "vocab_size": 128, "n_routed_experts": 8,
+           "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 2, "q_lora_rank": 16,
+           "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "n_group": 2,
+           "topk_group": 1}
+    arch = arch_from_hf_config(cfg, name="tiny-dsv3")
+    assert arch.num_moe_layers == 3 and arch.num_weight_tensors == 141
+    assert dataclasses.replace(arch, router_expert_bias=False).num_weight_tensors == 138
 
 
 def test_hf_config_with_sliding_window_attention_is_refused():

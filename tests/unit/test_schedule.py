@@ -90,6 +90,23 @@ def test_regenerated_trajectory_restarts_its_spans():
     assert check_trace(trace, k=0, allow_version_mixing=False).ok
 
 
+def test_regenerated_supersedes_an_earlier_discard():
+    """A discarded trajectory generated again is accounted for by its new attempt alone (as the runtime's ledger
+    counts it): consumed once it is clean, and lost when the new attempt never finishes."""
+    discard = {"t": 2, "type": "discarded", "traj": "g0/1", "reason": "bad reward"}
+    again = [discard, {"t": 2.1, "type": "regenerated", "traj": "g0/1", "version": 0}, adm(2.1, "g0/1", 0)]
+    base = [adm(0, "g0/0", 0), adm(0, "g0/1", 0), fin(1, "g0/0", [(0, 5)]), fin(1.5, "g0/1", [(0, 6)]), *again]
+    used = check_trace(base + [fin(2.4, "g0/1", [(0, 7)]), step(3, 1, ["g0/0", "g0/1"], start=2.5)], k=0,
+                       allow_version_mixing=False)
+    assert used.ok and used.discarded == () and used.num_consumed == 2
+    lost = check_trace(base + [step(3, 1, ["g0/0"], start=2.5)], k=0, allow_version_mixing=False)
+    (v,) = lost.violations
+    assert v.traj == "g0/1" and "never consumed, discarded or accounted for" in v.message
+    dropped_again = check_trace(base + [fin(2.4, "g0/1", [(0, 7)]), {**discard, "t": 2.5},
+                                        step(3, 1, ["g0/0"], start=2.5)], k=0, allow_version_mixing=False)
+    assert dropped_again.ok and dropped_again.discarded == ("g0/1",)
+
+
 @pytest.mark.parametrize(
     ("event", "match"),
     [
@@ -120,7 +137,10 @@ def test_parser_collects_all_problems():
 
 def test_exports():
     g = build_schedule_graph(clean_trace())
-    data = json.loads(graph_to_json(g))
+    text = graph_to_json(g)
+    data = json.loads(text)
+    # compact, so json's C encoder writes it (an indent made a large run's graph 2-5x slower and 30% bigger)
+    assert text == json.dumps(data, sort_keys=True, separators=(",", ":")) and "\n" not in text
     assert {n["id"] for n in data["nodes"]} >= {"v0", "v1", "step1", "g0/0"}
     assert graph_to_json(g) == graph_to_json(build_schedule_graph(clean_trace()))
     dot = graph_to_dot(g)
@@ -330,6 +350,26 @@ def test_timeline_releases_a_group_on_regenerated_and_unfinished_at_end_and_foll
     area, _, _ = _occupancy_rows(parse_trace(left), 2, 10.0, 10)
     assert area[0] == [1.0, 1.0] + [0.0] * 8
     assert area[1] == [1.0, 1.0, 2.0, 2.0] + [0.0] * 6
+
+
+def test_timeline_colours_a_multi_version_engine_by_the_version_its_requests_use():
+    """An engine that runs only v0's requests from t=0 to 10 and loads v1 at t=2 (admitting nothing on it) was drawn
+    v1 from t=2 on: the colour followed the version loaded last. A request keeps its version when it migrates."""
+    from planner.schedule.export import _occupancy_rows
+
+    cfg = {"t": 0, "type": "run_config", "mode": "streaming", "k": 2, "allow_version_mixing": False,
+           "num_rollout_groups": 2, "slots_per_group": 4}
+    trace = [cfg, *[adm(0, f"g0/{i}", 0) for i in range(4)], step(1, 1, [], start=0.5), pub(1.5, 1),
+             {"t": 1.5, "type": "weights_load_started", "rollout_group": 0, "version": 1, "source": "trainer"},
+             {"t": 2, "type": "weights_loaded", "rollout_group": 0, "version": 1},
+             adm(4, "g1/0", 1, rg=1), {"t": 6, "type": "migrated", "src": 1, "dst": 0, "trajs": ["g1/0"]},
+             *[fin(10, f"g0/{i}", [(0, 50)]) for i in range(4)], fin(10, "g1/0", [(1, 50)]),
+             {"t": 10, "type": "version_dropped", "rollout_group": 0, "version": 0}]
+    area, version, _ = _occupancy_rows(parse_trace(trace), 2, 10.0, 10)
+    assert version[0] == [0] * 10  # four v0 requests outweigh the migrated v1 one
+    assert version[1] == [0] * 4 + [1, 1] + [0] * 4 and area[1] == [0.0] * 4 + [1.0, 1.0] + [0.0] * 4  # idle: 0
+    page = timeline_html(trace, columns=10)
+    assert page.count('fill="#f28e2b" fill-opacity') == 2  # v1's colour only where g1/0 ran on group 1
 
 
 def test_timeline_draws_every_weight_load_however_short():
