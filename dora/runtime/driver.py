@@ -101,8 +101,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
                             num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, ffn_size=m.ffn_hidden_size,
                             vocab_size=task.vocab_size, tie_embeddings=m.tie_embeddings,
                             rope_theta=m.rope_theta or TinyModelConfig.rope_theta,
-                            norm_eps=m.norm_eps or TinyModelConfig.norm_eps,
-                            mlp="swiglu" if rc.trainer == "megatron" else "gelu")
+                            norm_eps=m.norm_eps or TinyModelConfig.norm_eps, mlp="swiglu")
     megatron = _megatron_for_torch_engines(rc, task.vocab_size)
     a = rc.algorithm
     policy = PolicyConfig(

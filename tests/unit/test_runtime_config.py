@@ -43,6 +43,19 @@ def test_values_mirror_spec_and_plan() -> None:
     assert mla is not None and mla.kv_lora_rank == 512
 
 
+def test_the_local_runtime_builds_the_model_the_plan_priced() -> None:
+    """The plan of specs/local-tiny.yaml prices the ``tiny-local`` preset (a SwiGLU FFN); the torch trainer's
+    model was a GELU one (a third fewer FFN weights and FLOPs), so the CPU constants fitted on its runs absorbed
+    the difference."""
+    from dora.runtime.driver import controller_config
+
+    resolved = load_example("local-tiny")
+    config = runtime_config(resolved, example_plan(resolved, "local-tiny"))
+    built = controller_config(config).trainer.model
+    assert built.mlp == "swiglu"
+    assert built.num_params() == resolved.arch.total_params
+
+
 def _mutated(path: list[str], value) -> str:
     data = json.loads(_config().to_json())
     node = data

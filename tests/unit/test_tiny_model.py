@@ -24,6 +24,7 @@ CONFIGS = {
     "eps-theta": TinyModelConfig(vocab_size=32, num_layers=1, norm_eps=0.5, rope_theta=500.0),
     "swiglu": TinyModelConfig(vocab_size=32, num_layers=2, num_heads=4, num_kv_heads=2, tie_embeddings=False,
                               mlp="swiglu"),
+    "gelu": TinyModelConfig(vocab_size=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp="gelu"),
 }
 
 
@@ -167,4 +168,4 @@ def test_a_swiglu_models_checkpoint_names_round_trip(tied: bool) -> None:
     with pytest.raises(ValueError, match="does not use"):
         tiny_weights({**hf, "model.layers.9.mlp.up_proj.weight": hf["model.layers.0.mlp.up_proj.weight"]}, config)
     with pytest.raises(ValueError, match="gelu"):
-        hf_weights(export_weights(TinyTransformer(CONFIGS["gqa"])), CONFIGS["gqa"])
+        hf_weights(export_weights(TinyTransformer(CONFIGS["gelu"])), CONFIGS["gelu"])

@@ -55,9 +55,10 @@ class TinyModelConfig:
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-6
     """RMSNorm epsilon (the ``tiny-local`` preset's ``norm_eps``)."""
-    mlp: Literal["gelu", "swiglu"] = "gelu"
-    """``gelu``: ``down(gelu(up(x)))`` with biases. ``swiglu``: ``down(silu(gate(x)) * up(x))`` without biases,
-    gate and up in one matmul (``gate_up``, gate rows first)."""
+    mlp: Literal["gelu", "swiglu"] = "swiglu"
+    """``swiglu``: ``down(silu(gate(x)) * up(x))`` without biases, gate and up in one matmul (``gate_up``, gate rows
+    first), as the ``tiny-local`` preset prices it and Megatron trains it. ``gelu``: ``down(gelu(up(x)))`` with
+    biases."""
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
