@@ -16,7 +16,8 @@ Each point is fitted with the cost model's *own* formula, so that the planner re
              grid over (eta_mem, eta_c) in [1e-3, 1], t_step in closed form, minimising sum ((t - y) / y)^2
     prefill  t(P, S2) = max(bytes / (eta_mem BW), flops / (eta_pre F)) + t_step    (1-D grid over eta_pre)
     train    t(T, S2) = C(T, S2) / eta_train + R(T) + t_train    (C: compute at eta = 1, R: optimizer, comm);
-             weighted linear least squares in (1 / eta_train, t_train), weights 1 / y
+             weighted linear least squares in (1 / eta_train, t_train), weights 1 / y; where that gives
+             eta_train > 1, eta_train = 1 and t_train is refitted alone (the weighted mean of y - C - R, >= 0)
     publish  t = gather + convert + transfer + reload(reload_fixed = 0) + reload_fixed
              ->   reload_fixed = median(y) - model
              (the terms of what the benchmark times: the trainer's export, one serialisation round trip of the whole
@@ -333,7 +334,9 @@ def fit_train(points: Sequence[Point], ctx: ModelContext, calib: Calibration) ->
     if b < 0 or a <= 0:  # overhead must be >= 0: refit the slope alone through t_train = 0
         b = 0.0
         a = scz / scc
-    a = max(a, 1.0)  # eta <= 1
+    if a < 1.0:  # eta <= 1. The overhead fitted beside the steeper slope is not the best one at eta = 1: refit it
+        a = 1.0  # under the same loss, min over b >= 0 of sum w (C + b - z)^2: the weighted mean of z - C
+        b = max(0.0, sum(wi * (z - c) for wi, c, z in zip(w, comp, target, strict=True)) / s11)
     eta = 1 / a
     pred = [a * c + r + b for c, r in zip(comp, rest, strict=True)]
     return Fit(kind="train", constants={"cpu_train_compute_efficiency": eta, "cpu_train_step_overhead_s": b},
@@ -397,6 +400,44 @@ def machine_description() -> dict[str, Any]:
     return {"cpu_model": model, "cpu_count": os.cpu_count() or 1, "machine": platform.machine(),
             "system": platform.system(), "python": platform.python_version(), "torch": torch.__version__,
             "torch_threads_per_actor": 1}
+
+
+MACHINE_KEYS = ("cpu_model", "cpu_count", "machine", "system")
+"""What makes timings another machine's (the library versions, which also differ between runs, are only recorded)."""
+
+
+def _machine_label(machine: dict[str, Any]) -> str:
+    return f"{machine.get('cpu_model', 'unknown CPU')}, {machine.get('cpu_count', '?')} cores"
+
+
+def runs_machine(machines: dict[str, dict[str, Any] | None],
+                 here: dict[str, Any]) -> tuple[dict[str, Any], bool, list[str], list[str]]:
+    """The machine a `--from-run` calibration is of: (the first run's record, or ``here`` when no run has one;
+    whether it is a run's record; notes; warnings). ``machines``: each run's record (None: an older dora's run,
+    which records none). It warns when the runs ran on different machines, or on another than this host."""
+    def key(m: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(m.get(k) for k in MACHINE_KEYS)
+
+    recorded = {run: m for run, m in machines.items() if m is not None}
+    unrecorded = [run for run, m in machines.items() if m is None]
+    older = "made by a dora that did not record it in summary.json"
+    if not recorded:
+        return here, False, [f"the runs record no machine ({older}): the file names this host ({_machine_label(here)}),"
+                             " where they are taken to have run"], []
+    first, machine = next(iter(recorded.items()))
+    notes = [f"{', '.join(unrecorded)} record{'s' if len(unrecorded) == 1 else ''} no machine ({older}): taken to have "
+             f"run where {first} did ({_machine_label(machine)})"] if unrecorded else []
+    warnings = []
+    if len({key(m) for m in recorded.values()}) > 1:
+        warnings.append("the runs ran on different machines (" + "; ".join(f"{run}: {_machine_label(m)}" for run, m
+                                                                           in recorded.items())
+                        + "): their timings are fitted together and the file names the first's; to fix: calibrate "
+                          "from runs made on one machine")
+    elsewhere = [run for run, m in recorded.items() if key(m) != key(here)]
+    if elsewhere:
+        warnings.append(f"{', '.join(elsewhere)} ran on another machine than this host ({_machine_label(here)}): the "
+                        "file names the runs' machine; its constants describe that machine, not this one")
+    return machine, True, notes, warnings
 
 
 def _round(value: Any) -> Any:
@@ -509,7 +550,15 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
                          from_runs: Sequence[str], expected: dict[str, Any]) -> int:
     """`--from-run`: fit the constants to real runs of this spec (`dora.calibrate_run`); ``expected``: the spec's
     runtime config, as `dora apply` writes it to runtime.json (a run of another model is refused)."""
-    from dora.calibrate_run import RunDataError, RunTimings, check_run_spec, fit_runs, points_of, read_run
+    from dora.calibrate_run import (
+        WARMUP_TRAIN_STEPS,
+        RunDataError,
+        RunTimings,
+        check_run_spec,
+        fit_runs,
+        points_of,
+        read_run,
+    )
 
     seen: dict[str, str] = {}
     for run in from_runs:
@@ -527,20 +576,27 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
             note = check_run_spec(Path(run), expected, spec_path)
             read_run(Path(run), data)
             notes += [note] if note else []
-        machine = machine_description()
+        machine, recorded, machine_notes, machine_warnings = runs_machine(data.machines, machine_description())
         engine_steps = (sum(len(c) for c in data.decode_alone.values()) + len(data.decode_engines)
                         + len(data.decode_contended) + len(data.multi))
         resumed = f" ({'; '.join(data.resumed)})" if data.resumed else ""
         source = (f"measured in situ: {engine_steps} engine steps and "
                   f"{len(data.train_alone) + len(data.train_contended)} training steps of {len(from_runs)} "
-                  f"`dora apply` run(s) of {resolved.spec.name}{resumed} on {machine['cpu_model']}, "
-                  f"{machine['cpu_count']} cores")
+                  f"`dora apply` run(s) of {resolved.spec.name}{resumed} on {_machine_label(machine)}"
+                  + (" (as the runs recorded)" if recorded else " (this host: the runs record no machine)"))
         calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, source)
     except RunDataError as exc:
         error(console, str(exc))
         return EXIT_INVALID
-    for note in [*notes, *data.notes]:
+    for note in [*notes, *data.notes, *machine_notes]:
         say(console, f"note: {note}")
+    for warning in machine_warnings:
+        error(console, warning, label="warning")
+    say(console, f"  machine  {_machine_label(machine)}, "
+                 + ("as the runs' summary.json records it" if recorded else "this host (the runs record none)"))
+    if data.warmup_left_out:
+        say(console, f"  train    left out the first {WARMUP_TRAIN_STEPS} training steps of each run ("
+                     f"{data.warmup_left_out} in all): the trainer's warm-up, slower than the steps after it")
     if not data.prefill_steps:
         say(console, "  prefill  not refitted: the runs ingested every prompt through the decode batch "
                      f"(kept cpu_prefill_compute_efficiency={calib.cpu_prefill_compute_efficiency})")

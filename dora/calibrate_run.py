@@ -43,7 +43,11 @@ cover at least half of their span. Then, with the cost model's own formulas (`do
                  (steps that another engine's steps cover have the engine factor divided out too, here and in
                  the contention fit)
     train        (eta_train, t_train) from training steps with no rollout running; a step run on n torch
-                 threads (a colocated sync trainer has every core) is modelled as data parallel over n cores
+                 threads (a colocated sync trainer has every core) is modelled as data parallel over n cores.
+                 The first WARMUP_TRAIN_STEPS training steps of each run's attempt are left out (here and in the
+                 contention fit): they are the trainer's warm-up (a sync run of local-tiny: 111 and 97 ms against a
+                 median step of 44), and leaving them out took the train fit's median residual on a sync and a
+                 streaming run from 8.5% to 5.3%
     weights      cpu_weight_publish_fixed_s from train-step end -> weights published (the trainer side: the
                  checkpoint, export and object-store put of a real step); cpu_weight_reload_fixed_s from the
                  loads of engines that ran no step meanwhile (trace: load started -> version served; the
@@ -55,6 +59,10 @@ A sync run gives the alone figures (rollout and training alternate), an asynchro
 so pass one of each, e.g. `--from-run runs/sync --from-run runs/streaming`. Prefill is not refitted when the
 runs have no prefill steps (prompts that fit the decode batch are ingested there): the base value is kept and
 the fit says so.
+
+The machine: a run's summary.json records where its steps ran (``machine``: CPU model, cores, versions); the
+calibration file names that machine, and the command warns when the runs ran on different machines or not on the host
+it runs on. A run without the record (made by an older dora) leaves the file naming this host, with a note.
 
 Which runs are accepted (`check_run_spec`): the fits evaluate the spec's model (architecture and dtype), its
 training step's passes and optimizer steps (algorithm name, ppo_epochs, minibatches_per_step, whether kl_coef > 0),
@@ -85,6 +93,8 @@ MIN_CELL_STEPS = 5
 """Engine steps a (batch, context) cell needs to become a decode point (the mean of its steps' durations is the
 point, their min and max its spread)."""
 MIN_POINTS = 3
+WARMUP_TRAIN_STEPS = 2
+"""Training steps at the start of each attempt left out of the training fits (warm-up; see the module docstring)."""
 """Fewest points (cells, training steps) a fit accepts."""
 CONTEXT_BUCKET = 8
 """Mean context per row is rounded to this many tokens to form cells."""
@@ -127,6 +137,10 @@ class RunTimings:
     """What the command should tell the user about how the runs were read (a resumed run, an ignored cut line)."""
     resumed: list[str] = field(default_factory=list)
     """One short phrase per resumed run ('RUN: steps 88..120 after the resume at step 87'), for the file's source."""
+    machines: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    """run directory -> the machine its summary.json records (None: it records none, an older dora's run)."""
+    warmup_left_out: int = 0
+    """Training steps left out as warm-up (``WARMUP_TRAIN_STEPS`` per run)."""
 
     def decode_points(self) -> list[Point]:
         out = []
@@ -153,6 +167,8 @@ class RunTimings:
         self.prefill_steps += other.prefill_steps
         self.notes += other.notes
         self.resumed += other.resumed
+        self.machines.update(other.machines)
+        self.warmup_left_out += other.warmup_left_out
 
 
 # ----- reading and checking the files ---------------------------------------------------------------------------
@@ -339,6 +355,17 @@ def _trace(path: Path, notes: list[str]) -> list[_Event]:
     return out
 
 
+def _summary_machine(path: Path) -> dict[str, Any] | None:
+    """The machine a run's summary.json records (where the attempt it is of ran), or None when it records none."""
+    try:
+        data = loads_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None  # missing or unreadable: no record (_last_attempt refuses it where the run needs it)
+    summary = data.get("summary") if isinstance(data, dict) else None
+    machine = summary.get("machine") if isinstance(summary, dict) else None
+    return machine if isinstance(machine, dict) else None
+
+
 def _summary_resumed_from(path: Path) -> tuple[bool, Any, str]:
     """Of a run's summary.json: (whether it could be read, its ``resumed_from_step`` or None, a phrase saying which
     attempt it is of)."""
@@ -417,6 +444,7 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
     events = _trace(paths["trace"], part.notes)
     train, events, offset = _last_attempt(run_dir, train, events, paths, part.notes, part.resumed)
     part.runs.append(str(run_dir))
+    part.machines[str(run_dir)] = _summary_machine(run_dir / "summary.json")
     spans = [(s.start, s.end) for s in train]  # in start order, not overlapping (checked)
     starts = [s for s, _ in spans]
     busy_in: dict[int, float] = defaultdict(float)
@@ -469,6 +497,9 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
         else:
             part.decode_alone[(rows, round(ctx / rows / CONTEXT_BUCKET))].append((ctx, dur))
     for i, s in enumerate(train):
+        if i < WARMUP_TRAIN_STEPS:  # still spans above: the engine steps it overlaps ran beside training all the same
+            part.warmup_left_out += 1
+            continue
         span = s.end - s.start
         point = Point(kind="train", x={"tokens": s.tokens, "sum_sq_seq_len": s.sum_sq, "num_seqs": s.seqs,
                                        "dp": s.threads},

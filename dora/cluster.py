@@ -12,14 +12,19 @@ The run's outputs (trace, checkpoints) are written by the job where its ``runtim
 ``--output-dir`` on storage the cluster shares keeps them (and lets a killed job resume by submitting the same
 command again). A relative one is refused: the job runs in a working directory of its own on the cluster's node, a
 temporary one Ray removes. The directory is checked before the cluster is contacted and created before the job is
-submitted. A job that stays PENDING (waiting for resources) is said to, with Ray's message; losing the cluster while
-following a job ends the command with exit 1 (the job may still run: `dora status`). The job's working directory, made
-here, is removed once the submission is over, whatever its outcome.
+submitted. A directory another run writes is refused: one whose run lock a run holds, one that holds a local run, and
+one whose ``job.json`` names a job the cluster says is not over (or that cannot be asked): a second job would write the
+same trace and checkpoints. A job that stays PENDING (waiting for resources) is said to, with Ray's message; losing the
+cluster while following a job ends the command with exit 1 (the job may still run: `dora status`), and so does a job
+the cluster no longer knows; a closed standard output stops the following, not the job. The job's working directory,
+made here, is removed once the submission is over, whatever its outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import fcntl
 import json
 import os
 import shutil
@@ -51,6 +56,10 @@ class ClusterError(Exception):
 
 class JobRecordError(ClusterError):
     """The target names no readable job record (bad input: the CLI exits 2, not 1)."""
+
+
+class JobNotFound(ClusterError):
+    """The cluster answered that it has no such job (deleted, or the cluster restarted since it was submitted)."""
 
 
 RAY_ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
@@ -147,6 +156,10 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
     if problem := output_dir_problem(out):
         error(console, f"cannot write the run's outputs to {out}/: {problem}{fix}")
         return EXIT_INVALID
+    if refusal := _taken(out, rc):
+        message, code = refusal
+        error(console, message)
+        return code
     directory: Path | None = None
     try:
         client = _client(address)
@@ -156,15 +169,17 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
             error(console, f"cannot write the run's outputs to {out}/: {exc.strerror or exc}{fix}")
             return EXIT_INVALID
         directory, body = job_directory(resolved, plan, rc, watchdog_s)
-        submission_id = client.submit_job(
-            entrypoint=body["entrypoint"], runtime_env=body["runtime_env"], metadata=body.get("metadata"),
-            entrypoint_num_cpus=body.get("entrypoint_num_cpus"), entrypoint_num_gpus=body.get("entrypoint_num_gpus"),
-        )
+        try:
+            submission_id = client.submit_job(
+                entrypoint=body["entrypoint"], runtime_env=body["runtime_env"], metadata=body.get("metadata"),
+                entrypoint_num_cpus=body.get("entrypoint_num_cpus"),
+                entrypoint_num_gpus=body.get("entrypoint_num_gpus"),
+            )
+        except Exception as exc:  # the Jobs API answers errors as RuntimeError with the server's text
+            error(console, f"job submission to {address} failed: {exc}")
+            return EXIT_FAILED
     except ClusterError as exc:
         error(console, str(exc))
-        return EXIT_FAILED
-    except Exception as exc:  # the Jobs API answers errors as RuntimeError with the server's text
-        error(console, f"job submission to {address} failed: {exc}")
         return EXIT_FAILED
     finally:  # uploaded by submit_job (or never to be): the local copy is no longer needed
         if directory is not None:
@@ -184,13 +199,20 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
         _wait_started(client, submission_id, console, cpus=body.get("entrypoint_num_cpus"))
         audit = _stream_logs(client, submission_id)
         status = _wait_terminal(client, submission_id)
-        info = _answer_within("get_job_info", lambda: client.get_job_info(submission_id))
+        info = _ask("get_job_info", lambda: client.get_job_info(submission_id))
     except KeyboardInterrupt:
         console.print(f"detached; the job keeps running: `dora status {out}` / `dora stop {out}`", markup=False)
         return EXIT_INTERRUPTED
-    except _contact_errors() as exc:
-        error(console, f"lost contact with {address} ({_reason(exc)}); the job may still be running: "
-                       f"`dora status {out}`")
+    except BrokenPipeError:  # the reader of the logs went away (`| head`): stop following, not the job
+        console.print(f"standard output closed: stopped following {submission_id}; the job keeps running: "
+                      f"`dora status {out}` / `dora stop {out}`", markup=False, highlight=False)
+        return EXIT_FAILED
+    except JobNotFound as exc:
+        error(console, f"{address} has no job {submission_id} any more ({exc}): it was deleted, or the cluster "
+                       f"restarted; what it wrote is in {out}/")
+        return EXIT_FAILED
+    except ClusterError as exc:
+        error(console, f"lost contact with {address} ({exc}); the job may still be running: `dora status {out}`")
         return EXIT_FAILED
     if audit is not None:
         write_json_atomic(out / "cluster_audit.json", audit)
@@ -202,21 +224,104 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
 
 
+def _taken(out: Path, rc: RuntimeConfig) -> tuple[str, int] | None:
+    """Why no job may be submitted into ``out`` (the message and the exit code), or None: a run holds its run lock, it
+    holds a local run, its ``job.json`` names a job its cluster does not say is over (or that cannot be asked), or its
+    checkpoint is another job's. Only the recorded job's cluster is contacted, and only when there is a record."""
+    if not out.is_dir():
+        return None
+    other = "give this submission another --output-dir"
+    if holder := _run_lock_holder(out):
+        return (f"{out}/ is in use by a dora run ({holder}): a job submitted into it would write the same trace and "
+                f"checkpoints\n  to fix: wait for that run to end or stop it (Ctrl-C; `dora stop {out}` for a submitted "
+                f"job), or {other}"), EXIT_FAILED
+    record = out / JOB_FILE
+    if not record.exists():
+        if (out / "runtime.json").exists() or (out / "summary.json").exists():  # what `dora apply` writes locally
+            return (f"{out}/ holds a local run, not a submitted job: a job submitted into it would resume or overwrite "
+                    f"that run's trace and checkpoints\n  to fix: {other}, or go on with the local run with `dora "
+                    "apply` without --address"), EXIT_INVALID
+    else:
+        try:
+            job = find_job(str(out))
+        except JobRecordError as exc:
+            return f"{exc}\n  to fix: {other}, or remove {record} if no job of it runs", EXIT_INVALID
+        named = f"job {job['submission_id']} on {job['address']}"
+        status: str | None
+        try:
+            client = _client(job["address"])
+            status = str(_ask(job["address"], lambda: client.get_job_status(job["submission_id"])).value)
+        except JobNotFound:  # the cluster no longer has it (deleted, or restarted): nothing of it writes here
+            status = None
+        except ClusterError as exc:
+            return (f"{record} records {named}, and that cluster cannot be asked whether it is over ({exc}): a second "
+                    f"job would write the same trace and checkpoints\n  to fix: {other}, or remove {record} once you "
+                    "know that job is over"), EXIT_FAILED
+        if status is not None and status not in TERMINAL_STATUSES:
+            return (f"{out}/ holds {named}, still {status}: a second job would write the same trace and checkpoints"
+                    f"\n  to fix: stop it first (`dora stop {out}`) or wait for it (`dora status {out}`), or {other}"
+                    ), EXIT_FAILED
+    from dora.runtime.checkpoint import CheckpointError, check_resumable
+
+    try:  # the job would refuse it on the cluster, after its submission
+        check_resumable(out, json.loads(rc.to_json()))
+    except CheckpointError as exc:
+        return str(exc), EXIT_INVALID
+    return None
+
+
+def _run_lock_holder(out: Path) -> str | None:
+    """Who holds ``out``'s run lock (``dora.runtime.runlock``: a local `dora apply`, or a job's driver writing there),
+    as the lock file names it; None when no one does. Only tries the lock, with a shared one that it drops at once,
+    and creates nothing."""
+    from dora.runtime.runlock import LOCK_FILE
+
+    try:
+        fd = os.open(out / LOCK_FILE, os.O_RDONLY)
+    except OSError:  # none: no run holds the directory (a run creates the file before it locks it)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "a process"
+    finally:
+        os.close(fd)  # releases the shared lock, if it was taken
+    return None
+
+
 PENDING_NOTICE_S = 5.0
 """How long a submitted job may stay PENDING (its runtime environment set up, its driver's resources found) before
 the wait is said, with Ray's own message."""
 
 
 def _contact_errors() -> tuple[type[BaseException], ...]:
-    """What the Jobs client raises when the cluster stops answering: connection errors (``requests``' are
-    ``OSError``s), an HTTP error answered as ``RuntimeError``, the log stream's ``aiohttp`` errors, and dora's own
-    timeout (``ClusterError``)."""
-    errors: tuple[type[BaseException], ...] = (ClusterError, OSError, RuntimeError)
+    """What a Jobs client call raises when the cluster stops answering or answers an error: connection errors
+    (``requests``' are ``OSError``s), an HTTP error answered as ``RuntimeError``, the log stream's ``aiohttp``
+    errors. Only the client's calls are read this way (``_ask``, the log stream): the same types raised by anything
+    else (a closed standard output, asyncio) are not the cluster's."""
+    errors: tuple[type[BaseException], ...] = (OSError, RuntimeError)
     try:
         import aiohttp
     except ImportError:
         return errors
     return (*errors, aiohttp.ClientError)
+
+
+def _cluster_error(exc: BaseException) -> ClusterError:
+    """A Jobs client call's error as dora reports it: ``JobNotFound`` for Ray's "Job ... does not exist" (HTTP 404)."""
+    reason = _reason(exc)
+    return JobNotFound(reason) if "does not exist" in str(exc) else ClusterError(reason)
+
+
+def _ask(what: str, call: Callable[[], T]) -> T:
+    """``call()``, one Jobs client call, within ``ANSWER_TIMEOUT_S``; what it raises for the cluster's part as
+    ``ClusterError`` (``JobNotFound``: the cluster has no such job)."""
+    try:
+        return _answer_within(what, call)
+    except ClusterError:
+        raise
+    except _contact_errors() as exc:
+        raise _cluster_error(exc) from None
 
 
 def _reason(exc: BaseException) -> str:
@@ -235,7 +340,7 @@ def _wait_started(client: Any, submission_id: str, console: Any, *, cpus: Any = 
     lacks otherwise waits in silence (Ray fails it after RAY_JOB_START_TIMEOUT_SECONDS, 15 minutes by default)."""
     started, said = time.monotonic(), None
     while True:
-        info = _answer_within("get_job_info", lambda: client.get_job_info(submission_id))
+        info = _ask("get_job_info", lambda: client.get_job_info(submission_id))
         if str(info.status.value) != "PENDING":
             return
         message = info.message or "(Ray gives no reason)"
@@ -249,7 +354,8 @@ def _wait_started(client: Any, submission_id: str, console: Any, *, cpus: Any = 
 
 def _stream_logs(client: Any, submission_id: str) -> dict[str, Any] | None:
     """Print the job's logs as they come; the driver's audit line, parsed (``None`` if it never came, or came
-    unreadable). A chunk may end inside a line: the rest of it comes with the next."""
+    unreadable). A chunk may end inside a line: the rest of it comes with the next. The stream's errors are the
+    cluster's (``ClusterError``); printing's are not (a closed standard output raises ``BrokenPipeError``)."""
     from dora.runtime.driver import AUDIT_PREFIX
 
     audit: dict[str, Any] | None = None
@@ -259,20 +365,36 @@ def _stream_logs(client: Any, submission_id: str) -> dict[str, Any] | None:
         nonlocal audit
         if line.startswith(AUDIT_PREFIX):
             try:
-                audit = json.loads(line[len(AUDIT_PREFIX):])
+                audit = loads_json(line[len(AUDIT_PREFIX):])  # a ValueError also for nesting too deep to parse
             except ValueError:
                 audit = None
 
     async def follow() -> None:
         nonlocal partial
-        async for chunk in client.tail_job_logs(submission_id):
+        chunks = aiter(client.tail_job_logs(submission_id))
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except _contact_errors() as exc:
+                raise _cluster_error(exc) from None
             print(chunk, end="", flush=True)
             lines = (partial + chunk).split("\n")
             partial = lines.pop()
             for line in lines:
                 scan(line.rstrip("\r"))
 
-    asyncio.run(follow())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # none in this thread (the CLI): the stream gets a loop of its own
+        asyncio.run(follow())
+    else:  # called from async code (a notebook), where asyncio.run refuses to start a loop: one in a thread of its own
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dora-logs")
+        try:
+            pool.submit(asyncio.run, follow()).result()
+        finally:
+            pool.shutdown(wait=False)  # after Ctrl-C the caller goes on; the stream ends with the job
     scan(partial)
     return audit
 
@@ -286,7 +408,7 @@ def _wait_terminal(client: Any, submission_id: str, timeout_s: float = TERMINAL_
     """The job's status once final, or whatever it is after ``timeout_s`` (the caller says it stopped waiting)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        status = str(_answer_within("get_job_status", lambda: client.get_job_status(submission_id)).value)
+        status = str(_ask("get_job_status", lambda: client.get_job_status(submission_id)).value)
         if status in TERMINAL_STATUSES or time.monotonic() > deadline:
             return status
         time.sleep(0.5)

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ class JobStopped(Exception):
 
 
 def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
-                      warmup_cache_dir: Path | None = None, cpus: float | None = None,
+                      warmup_cache_dir: Path | None = None, cpus: float | Sequence[float] | None = None,
                       watchdog_s: float | None = None) -> Any:
     """Resolve the runtime config into the controller's objects (engine, trainer, task, policy configs).
 
@@ -70,7 +71,9 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     the task's, not the catalog preset's. Sequences fit ``4`` prompt tokens plus the response cap.
     The warm-up cache defaults to ``<output_dir>/cache``; runs that share a spec and seed can share it.
     Each engine runs one torch thread (one core); the trainer runs one per core of the plan's trainer
-    (``train_accelerators``: both cores in a colocated plan, whose engines idle or stop while it trains).
+    (``train_accelerators``: both cores in a colocated plan, whose engines idle or stop while it trains), at most the
+    cores it may use. ``cpus``: the free CPUs of each node the actors may use (a number: one node; None: this
+    machine's cores); each actor reserves an equal share of them (``actor_share``).
     """
     from dora.runtime.checkpoint import config_key
     from dora.runtime.controller import ControllerConfig
@@ -115,8 +118,11 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     )
     # A request still ingesting its prompt has no token yet: resumed on new weights it would start on a version
     # other than the one it was admitted on. Modes that interrupt in-flight requests prefill in one forward.
-    cores = cpus if cpus is not None else os.cpu_count() or 2
-    share = int(100 * cores / (rc.rollout_workers + 1)) / 100  # Ray CPU reservation per actor
+    nodes = [float(os.cpu_count() or 2)] if cpus is None else [cpus] if isinstance(cpus, int | float) else list(cpus)
+    share = actor_share(nodes, rc.rollout_workers + 1)  # Ray CPU reservation per actor
+    # the trainer's torch threads: the cores of its reservation; a colocated trainer's engines idle or stop while it
+    # trains, so it may take a whole node's (on a cluster, the largest node's: which one Ray gives it is not known here)
+    trainer_threads = max(1, min(rc.train_accelerators, int(max(nodes, default=0.0) if rc.colocated else share)))
     out = base_dir / rc.output_dir
     extra: dict[str, Any] = {} if watchdog_s is None else {"watchdog_s": watchdog_s}
     return ControllerConfig(
@@ -127,7 +133,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
         trainer=TrainerConfig(model=model, learning_rate=a.learning_rate, off_policy_correction=a.off_policy_correction,
                               is_weight_cap=a.tis_cap, ppo_clip_eps=a.clip_ratio, num_minibatches=a.minibatches_per_step,
                               ppo_epochs=a.ppo_epochs, kl_coef=a.kl_coef, temperature=a.temperature,
-                              num_threads=max(1, min(rc.train_accelerators, int(cores))),
+                              num_threads=trainer_threads,
                               seed=rc.seed),
         megatron=megatron,
         task=task, response_lengths=lengths, temperature=a.temperature, seed=rc.seed, output_dir=out,
@@ -221,14 +227,15 @@ def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, war
         joined = True  # the caller's Ray: others may hold its CPUs
     try:
         if joined:
-            free = _free_cpus()
+            nodes = _free_cpus()
             total = float(ray.cluster_resources().get("CPU", 0.0))
         else:  # the instance just started with every core: Ray's resource view may lag its start
-            free = total = float(os.cpu_count() or 2)
-        config = controller_config(rc, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir, cpus=free,
+            nodes = [float(os.cpu_count() or 2)]
+            total = nodes[0]
+        config = controller_config(rc, base_dir=base_dir, warmup_cache_dir=warmup_cache_dir, cpus=nodes,
                                    watchdog_s=watchdog_s)
         config = dataclasses.replace(config, resume=resume)
-        _check_room(config, free=free, total=total, place=joined, console=console)
+        _check_room(config, nodes=nodes, total=total, place=joined, console=console)
         header = f"dora apply {rc.spec_name} — {rc.mode}, k={rc.max_version_lag}, " \
                  f"{rc.rollout_workers}x{rc.max_num_seqs} rollout slots"
         with LiveDisplay(console, header, enabled=live) as display:
@@ -240,7 +247,10 @@ def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, war
     finally:
         if started:
             ray.shutdown()
-    summary = stats.summary()
+    from dora.calibrate import machine_description
+
+    # where this attempt's steps ran (a local run's actors run on this host): `dora calibrate --from-run` names it
+    summary = {**stats.summary(), "machine": machine_description()}
     if resume is not None and stats.steps:  # the stats hold this attempt; metrics.jsonl every attempt's steps
         from dora.runtime.trace import read_jsonl, training_figures
 
@@ -263,27 +273,56 @@ FREE_CPU_SETTLE_S = 5.0
 attempt, an earlier run in the same process) give theirs back a moment after they stop."""
 
 
-def _free_cpus() -> float:
-    """The CPUs free on the Ray this process joined (no "CPU" key: none), once two reads a moment apart agree and at
-    least ``MIN_FREE_CPUS`` are free, or after ``FREE_CPU_SETTLE_S``."""
-    import time
+def actor_share(node_free_cpus: Sequence[float], actors: int) -> float:
+    """The largest CPU reservation, in steps of 0.01, that each of ``actors`` can hold with every reservation on one
+    node: a node with f CPUs free holds floor(f / share) of them. 0 when not even 0.01 each fits.
 
-    import ray
+    The best share is one node's free CPUs split k ways, k <= ``actors``: at the best share s, cap each node's count
+    at ``actors`` (the counts still add up to ``actors``); the smallest of the counted nodes' free CPUs split into
+    their counts keeps every count and is no less than s, so it is s. On one node this is int(100 * f / actors) / 100.
+    """
+    cents = [int(f * 100 + 1e-6) for f in node_free_cpus if f > 0]  # Ray's figures are of 1e-4 CPU; 0.29 * 100 < 29
+    shares = {c // k for c in cents for k in range(1, actors + 1)}
+    return max((s for s in shares if s > 0 and sum(c // s for c in cents) >= actors), default=0) / 100
+
+
+def _free_cpus() -> list[float]:
+    """The CPUs free on each node of the Ray this process joined (no "CPU" key: none), largest first, once two reads a
+    moment apart agree and at least ``MIN_FREE_CPUS`` are free in all, or after ``FREE_CPU_SETTLE_S``. Per node: each
+    actor's reservation must fit on one (``actor_share``)."""
+    import time
 
     deadline = time.monotonic() + FREE_CPU_SETTLE_S
     last = None
     while True:
-        free = float(ray.available_resources().get("CPU", 0.0))
-        if (free >= MIN_FREE_CPUS and free == last) or time.monotonic() > deadline:
+        free = _node_free_cpus()
+        if (sum(free) >= MIN_FREE_CPUS and free == last) or time.monotonic() > deadline:
             return free
         last = free
         time.sleep(0.25)
 
 
-def _check_room(config: Any, *, free: float, total: float, place: bool, console: Any) -> None:
+def _node_free_cpus() -> list[float]:
+    """The CPUs free on each live node, largest first: Ray's developer API, of which ``ray.available_resources()`` is
+    the sum over the nodes (and, should a Ray release move that API, the sum as if it were one node: the placement
+    probe of ``_check_room`` then says when the shares do not fit)."""
+    import ray
+
+    try:
+        from ray._private.state import available_resources_per_node
+
+        per_node = available_resources_per_node().values()
+    except (ImportError, AttributeError):
+        return [float(ray.available_resources().get("CPU", 0.0))]
+    return sorted((float(r.get("CPU", 0.0)) for r in per_node), reverse=True)
+
+
+def _check_room(config: Any, *, nodes: Sequence[float], total: float, place: bool, console: Any) -> None:
     """Stop (``JobStopped``) before any actor is created when the cluster cannot hold them: less than
     ``MIN_FREE_CPUS`` free, or (``place``: a cluster shared with others, where a node's free CPUs are not another's)
-    their reservations not placed within ``PLACEMENT_TIMEOUT_S``. Reservations are never more than was free."""
+    their reservations not placed within ``PLACEMENT_TIMEOUT_S``. Reservations are never more than was free, and fit
+    on the nodes' free CPUs as they were (``actor_share``)."""
+    free = sum(nodes)
     n = config.policy.num_rollout_groups
     actors = f"the trainer and {n} rollout worker{'s' if n != 1 else ''}"
     need = config.trainer_num_cpus + n * config.worker_num_cpus
@@ -296,10 +335,10 @@ def _check_room(config: Any, *, free: float, total: float, place: bool, console:
                          f"between them, and the cluster has {free:g} free of {total:g}{own}" + fix)
     if config.worker_num_cpus <= 0 or config.trainer_num_cpus <= 0:  # shares are rounded down to 0.01 CPU
         raise JobStopped(f"not enough free CPU on the Ray cluster: {actors} reserve equal shares of the {free:g} CPU "
-                         f"free, in steps of 0.01, and {n + 1} shares of 0.01 need {(n + 1) / 100:g}" + fix)
+                         f"free{_per_node(nodes)}, in steps of 0.01, each on one node, and {n + 1} shares of 0.01 need "
+                         f"{(n + 1) / 100:g}" + fix)
     if not place:
         return
-    import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundles = [{"CPU": config.trainer_num_cpus}] + [{"CPU": config.worker_num_cpus}] * n
@@ -313,11 +352,16 @@ def _check_room(config: Any, *, free: float, total: float, place: bool, console:
     finally:
         remove_placement_group(group)
     if not ready:
-        now = float(ray.available_resources().get("CPU", 0.0))
+        now = _node_free_cpus()
         raise JobStopped(f"the Ray cluster could not place {actors} in {PLACEMENT_TIMEOUT_S:g} s: they reserve "
                          f"{config.trainer_num_cpus:g} CPU (trainer) + {n} x {config.worker_num_cpus:g} (rollout "
-                         f"workers) = {need:g}, and the cluster has {now:g} CPU free of {total:g}, not where they fit "
-                         "(each reservation must fit on one node)" + fix)
+                         f"workers) = {need:g}, and the cluster has {sum(now):g} CPU free of {total:g}{_per_node(now)}, "
+                         "not where they fit (each reservation must fit on one node, and others may have taken CPUs "
+                         "meanwhile)" + fix)
+
+
+def _per_node(nodes: Sequence[float]) -> str:
+    return f" (per node: {', '.join(f'{f:g}' for f in nodes)})" if len(nodes) > 1 else ""
 
 
 def _quiet_token_auth_notice() -> None:
@@ -353,14 +397,17 @@ def _audited_again_summary(out: Path, rc: RuntimeConfig, steps: int) -> dict[str
     runs, so it has no speed, wall time or warm-up of its own, and those of an earlier attempt (``summary.json`` is of
     the last attempt that reached its end, maybe not the last one) are not this run's. What the trained batches were
     comes from every step's ``metrics.jsonl`` row; the counts from the trace (``finish_job``'s ``whole_run``), with
-    the resumes and restarts of every attempt. ``resumed_from_step`` stays that of the attempt summary.json was of
-    (``dora calibrate --from-run`` tells by it whether the engine steps are of the last attempt)."""
+    the resumes and restarts of every attempt. ``resumed_from_step`` and ``machine`` stay those of the attempt
+    summary.json was of (``dora calibrate --from-run`` tells by them whether the engine steps are of the last attempt,
+    and where they ran)."""
     from dora.runtime.trace import SPEED_PREFIXES, read_jsonl, training_figures
 
     previous = _previous_summary(out)
     summary: dict[str, Any] = {"mode": rc.mode, "steps": steps, "total_steps": steps, "audited_again": True,
                                "rollout_workers": rc.rollout_workers, "slots_per_worker": rc.max_num_seqs,
                                "resumed_from_step": previous.get("resumed_from_step")}
+    if "machine" in previous:
+        summary["machine"] = previous["machine"]
     # the only record of how fast the run went: kept, apart, as the attempt it measured
     earlier = {k: v for k, v in previous.items()
                if k.startswith(tuple(f"{p}_" for p in SPEED_PREFIXES)) or k in ("steps", "wall_s", "warmup_s",

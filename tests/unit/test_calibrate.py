@@ -77,6 +77,36 @@ def test_train_fit_is_exact_on_its_own_formula(ctx: ModelContext) -> None:
     assert fit.max_abs_error < 1e-6
 
 
+def test_a_train_fit_clamped_at_efficiency_one_refits_its_overhead(ctx: ModelContext) -> None:
+    """Steps faster than eta = 1 allows (y = 0.6 C + R + 20 ms): the slope is clamped at eta = 1, and the overhead
+    fitted beside the unclamped slope (20 ms) was kept; at eta = 1 the best overhead under the same loss is the
+    weighted mean of y - C - R, and no other overhead does better."""
+    from dora.calibrate import _train_seconds
+
+    calib = DEFAULT_CALIBRATION.with_overrides(cpu_memory_efficiency=0.2)
+    points, parts = [], []
+    for n, s in ((8, 12), (32, 12), (32, 36), (16, 132), (32, 100), (64, 68)):
+        x = {"tokens": n * s, "sum_sq_seq_len": n * s * s, "num_seqs": n}
+        probe = Point(kind="train", x=x, seconds=0, seconds_min=0, seconds_max=0)
+        at1, at2 = (_train_seconds(ctx, calib.with_overrides(cpu_train_compute_efficiency=eta,
+                                                            cpu_train_step_overhead_s=0.0), probe) for eta in (1, 0.5))
+        c, r = at2 - at1, 2 * at1 - at2  # compute at eta = 1, and the rest
+        y = 0.6 * c + r + 0.02
+        points.append(Point(kind="train", x=x, seconds=y, seconds_min=y, seconds_max=y))
+        parts.append((c, r, y))
+    fit = fit_train(points, ctx, calib)
+    overhead = fit.constants["cpu_train_step_overhead_s"]
+    assert fit.constants["cpu_train_compute_efficiency"] == 1.0
+
+    def loss(b: float) -> float:
+        return sum(((c + r + b) / y - 1) ** 2 for c, r, y in parts)
+
+    best = sum((y - c - r) / y**2 for c, r, y in parts) / sum(1 / y**2 for *_, y in parts)
+    assert 0 < overhead == pytest.approx(best, rel=1e-9)
+    assert loss(overhead) < min(loss(overhead - 1e-4), loss(overhead + 1e-4), loss(0.02))
+    assert sum(r * r for r in fit.residuals) == pytest.approx(loss(overhead), rel=1e-9)
+
+
 def test_fit_all_then_file_round_trips_to_the_same_fingerprint(ctx: ModelContext, tmp_path) -> None:
     points = _synthetic(ctx, TRUTH)
     calib, fits = fit_all(*points, ctx, DEFAULT_CALIBRATION, "measured: synthetic")

@@ -98,7 +98,7 @@ def test_in_situ_fit_recovers_contention_versions_and_weight_times(ctx: ModelCon
     _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
     read_run(tmp_path / "sync", data)
     read_run(tmp_path / "async", data)
-    assert len(data.train_alone) == 12 and len(data.train_contended) == 12
+    assert len(data.train_alone) == 10 and len(data.train_contended) == 10  # 12 each, less 2 of warm-up
     calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, "test")
     assert {f.kind for f in fits} == {"decode", "engines", "contention", "versions", "train", "weights"}
     assert calib.cpu_engine_contention == pytest.approx(1.25, rel=0.03)
@@ -369,3 +369,78 @@ def test_a_run_given_twice_and_quick_with_from_run_are_refused(ctx: ModelContext
     assert run_calibrate(LOCAL, str(out), quick=True, from_runs=twice[:2]) == 2
     assert _said("--quick and --from-run do not go together", capsys.readouterr().err)
     assert not out.exists()
+
+
+def test_each_attempt_s_first_two_training_steps_are_left_out_as_warm_up(ctx: ModelContext, tmp_path: Path,
+                                                                          capsys) -> None:
+    """The trainer's first two steps are its warm-up (103 and 87 ms against ~40 later on local-tiny): fitted with the
+    rest, they pulled the train fit off and gave it the largest residuals."""
+    runs = [tmp_path / "sync", tmp_path / "async"]
+    _write_run(runs[0], ctx, overlapped=False, seed=1)
+    _write_run(runs[1], ctx, overlapped=True, seed=2)
+    for run in runs:  # steps 1 and 2 take 2.5x (the span of each step is well inside its 0.3 s period)
+        _with("metrics.jsonl", lambda rows: [{**m, "end_s": m["start_s"] + 2.5 * (m["end_s"] - m["start_s"])}
+                                             if m["step"] <= 2 else m for m in rows])(run)
+    data = RunTimings()
+    for run in runs:
+        read_run(run, data)
+    assert len(data.train_alone) == len(data.train_contended) == 10 and data.warmup_left_out == 4
+    calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, "test")
+    train = next(f for f in fits if f.kind == "train")
+    assert train.max_abs_error < 1e-3
+    assert calib.cpu_train_step_overhead_s == pytest.approx(0.01, rel=0.05)
+    assert calib.cpu_train_contention == pytest.approx(1.5, rel=0.03)
+    assert run_calibrate(LOCAL, str(tmp_path / "cal.json"), from_runs=[str(r) for r in runs]) == 0
+    assert _said("train left out the first 2 training steps of each run (4 in all): the trainer's warm-up",
+                 capsys.readouterr().err)
+    # a resumed run: the first two of its last attempt (a new trainer, warm-up again), steps 6 and 7
+    _resumed(runs[1], tmp_path / "resumed", earlier=5)
+    resumed = RunTimings()
+    read_run(tmp_path / "resumed", resumed)
+    assert [p.seconds for p in resumed.train_contended] == [p.seconds for p in data.train_contended]
+
+
+def _with_machine(run: Path, machine: dict | None) -> None:
+    summary = {"resumed_from_step": None, **({"machine": machine} if machine is not None else {})}
+    (run / "summary.json").write_text(json.dumps({"summary": summary}))
+
+
+def test_the_file_names_the_machine_the_runs_recorded_and_warns_when_it_is_not_one_or_not_this_one(
+        ctx: ModelContext, tmp_path: Path, capsys) -> None:
+    """The file's source and machine named the host running `dora calibrate`, whatever machine had made the runs."""
+    from dora.calibrate import machine_description
+
+    here = machine_description()
+    elsewhere = {**here, "cpu_model": "Big Iron 9000", "cpu_count": 96}
+    runs = [tmp_path / "sync", tmp_path / "async"]
+    _write_run(runs[0], ctx, overlapped=False, seed=1)
+    _write_run(runs[1], ctx, overlapped=True, seed=2)
+    out = tmp_path / "cal.json"
+
+    def calibrate() -> tuple[dict, str]:
+        assert run_calibrate(LOCAL, str(out), from_runs=[str(r) for r in runs]) == 0
+        return json.loads(out.read_text()), capsys.readouterr().err
+
+    for run in runs:
+        _with_machine(run, elsewhere)
+    doc, err = calibrate()
+    assert doc["machine"] == elsewhere
+    assert doc["calibration"]["source"].endswith("on Big Iron 9000, 96 cores (as the runs recorded)")
+    assert _said(f"{runs[0]}, {runs[1]} ran on another machine than this host ({here['cpu_model']}, "
+                 f"{here['cpu_count']} cores)", err)
+    assert "different machines" not in err
+    _with_machine(runs[1], here)
+    doc, err = calibrate()
+    assert doc["machine"] == elsewhere and _said(f"the runs ran on different machines ({runs[0]}: Big Iron 9000, 96 "
+                                                 f"cores; {runs[1]}: {here['cpu_model']}", err)
+    _with_machine(runs[0], here)
+    doc, err = calibrate()
+    assert doc["machine"] == here and "warning: the runs" not in err and "another machine" not in err
+    _with_machine(runs[1], None)  # a run of an older dora
+    doc, err = calibrate()
+    assert doc["machine"] == here and _said(f"{runs[1]} records no machine", err)
+    _with_machine(runs[0], None)
+    doc, err = calibrate()
+    assert doc["machine"] == here and doc["calibration"]["source"].endswith("(this host: the runs record no machine)")
+    assert _said("the runs record no machine (made by a dora that did not record it in summary.json): the file names "
+                 "this host", err)

@@ -702,3 +702,133 @@ def test_a_job_still_running_after_its_logs_ended_is_said_to_be_no_longer_waited
     err = " ".join(capsys.readouterr().err.split())
     assert "job raysubmit_fake: RUNNING" in err
     assert f"its logs ended, but the job is still RUNNING after 0 s: dora stopped waiting; `dora status {out}`" in err
+
+
+def test_a_submission_into_a_directory_a_local_run_writes_is_refused_before_the_cluster_is_contacted(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """`dora apply --address` wrote its job.json into a directory a local run was writing (its run lock held), and
+    into one holding a finished local run: the job would have resumed or overwritten that run's files."""
+    from dora.runtime.runlock import run_dir_lock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with run_dir_lock(out):  # a local `dora apply` of this directory is running
+        assert _submit(tmp_path, monkeypatch, None, "--output-dir", str(out)) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{out}/ is in use by a dora run (pid {os.getpid()} on " in err
+    assert "to fix: wait for that run to end or stop it" in err and "give this submission another --output-dir" in err
+    (out / "runtime.json").write_text("{}")
+    (out / "summary.json").write_text("{}")
+    assert _submit(tmp_path, monkeypatch, None, "--output-dir", str(out)) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{out}/ holds a local run, not a submitted job" in err
+    assert "go on with the local run with `dora apply` without --address" in err
+    assert not (out / "job.json").exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+class _Recorded(_FakeJobs):
+    """A cluster that also knows the job an earlier submission recorded (``raysubmit_old``): its status is ``old``, or
+    it has no such job (None), or it cannot be asked (an exception)."""
+
+    def __init__(self, old, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.old = old
+
+    def get_job_status(self, submission_id):
+        from types import SimpleNamespace
+
+        if submission_id != "raysubmit_old":
+            return super().get_job_status(submission_id)
+        if self.old is None:
+            raise RuntimeError("Request failed with status code 404: Job raysubmit_old does not exist.")
+        if isinstance(self.old, Exception):
+            raise self.old
+        return SimpleNamespace(value=self.old)
+
+
+def test_a_submission_into_the_directory_of_a_job_not_over_is_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A second submission into a directory whose job.json named a job still RUNNING overwrote the record (and its
+    job wrote the same trace and checkpoints as the first): refused unless the cluster says that job is over."""
+    import requests
+
+    out = tmp_path / "out"
+    out.mkdir()
+    record = {"address": "http://head:8265", "submission_id": "raysubmit_old", "spec_name": "local-tiny",
+              "mode": "sync", "output_dir": str(out)}
+    refusals = {"RUNNING": f"{out}/ holds job raysubmit_old on http://head:8265, still RUNNING: a second job would "
+                           f"write the same trace and checkpoints to fix: stop it first (`dora stop {out}`)",
+                requests.exceptions.ConnectionError("Connection refused"):
+                    f"{out}/job.json records job raysubmit_old on http://head:8265, and that cluster cannot be asked "
+                    "whether it is over (ConnectionError: connection refused)"}
+    for old, message in refusals.items():
+        (out / "job.json").write_text(json.dumps(record))
+        jobs = _Recorded(old)
+        assert _submit(tmp_path, monkeypatch, jobs, "--output-dir", str(out)) == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert message in err and "give this submission another --output-dir" in err
+        assert not jobs.submitted and json.loads((out / "job.json").read_text())["submission_id"] == "raysubmit_old"
+    for old in ("STOPPED", None):  # over, or gone from the cluster: nothing of it writes there any more
+        (out / "job.json").write_text(json.dumps(record))
+        jobs = _Recorded(old)
+        assert _submit(tmp_path, monkeypatch, jobs, "--output-dir", str(out)) == 0, capsys.readouterr().err
+        assert jobs.submitted and json.loads((out / "job.json").read_text())["submission_id"] == "raysubmit_fake"
+    (out / "job.json").write_text("[1, 2]")
+    assert _submit(tmp_path, monkeypatch, None, "--output-dir", str(out)) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{out}/job.json is not a dora job record" in err and f"or remove {out}/job.json if no job of it runs" in err
+    # the job over, its checkpoint another job's: the new job would refuse it on the cluster, after its submission
+    from dora.runtime.checkpoint import FORMAT, checkpoint_dir
+
+    (out / "job.json").write_text(json.dumps(record))
+    checkpoint_dir(out).mkdir(parents=True)
+    (checkpoint_dir(out) / "trainer-3.pt").write_bytes(b"")
+    (checkpoint_dir(out) / "checkpoint.json").write_text(json.dumps(
+        {"format": FORMAT, "step": 3, "consumed_groups": [0], "trainer_state": "trainer-3.pt", "step_event": None,
+         "config_key": "another-job"}))
+    jobs = _Recorded("SUCCEEDED")
+    assert _submit(tmp_path, monkeypatch, jobs, "--output-dir", str(out)) == 2
+    assert "different job configuration" in capsys.readouterr().err and not jobs.submitted
+
+
+def test_what_is_not_the_cluster_s_fault_is_not_reported_as_lost_contact(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Every RuntimeError and OSError while following a job read "lost contact with the cluster": asyncio refusing to
+    start a loop inside a running one, an audit line nested too deeply to parse, a closed standard output, and the
+    cluster's answer that the job does not exist."""
+    import asyncio
+    import sys
+
+    deep = "DORA_AUDIT " + "[" * 100_000 + "]" * 100_000 + "\n"
+    assert _submit(tmp_path, monkeypatch, _FakeJobs(logs=[deep]), "--output-dir", str(tmp_path / "deep")) == 0
+    assert "lost contact" not in capsys.readouterr().err and not (tmp_path / "deep" / "cluster_audit.json").exists()
+
+    async def from_async_code() -> int:  # a notebook's running event loop
+        return _submit(tmp_path, monkeypatch, _FakeJobs(logs=["step 1/2\n"]), "--output-dir", str(tmp_path / "loop"))
+
+    assert asyncio.run(from_async_code()) == 0
+    captured = capsys.readouterr()
+    assert "step 1/2" in captured.out and "lost contact" not in captured.err
+
+    class Closed:  # `dora apply ... | head` after head exited
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "stdout", Closed())
+        code = _submit(tmp_path, monkeypatch, _FakeJobs(logs=["step 1/2\n"]), "--output-dir", str(tmp_path / "pipe"))
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "lost contact" not in err
+    assert (f"standard output closed: stopped following raysubmit_fake; the job keeps running: `dora status "
+            f"{tmp_path / 'pipe'}`") in err
+
+    class Deleted(_FakeJobs):
+        def get_job_info(self, submission_id):
+            raise RuntimeError(f"Request failed with status code 404: Job {submission_id} does not exist.")
+
+    assert _submit(tmp_path, monkeypatch, Deleted(), "--output-dir", str(tmp_path / "gone")) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "http://head:8265 has no job raysubmit_fake any more (RuntimeError: Request failed with status code 404: " \
+           "Job raysubmit_fake does not exist.): it was deleted, or the cluster restarted" in err
+    assert "lost contact" not in err

@@ -384,7 +384,8 @@ def test_a_run_audited_again_reports_its_own_steps_not_an_earlier_attempts_summa
                "steady_rollout_occupancy": 0.91, "mean_staleness": 0.0, "max_staleness": 0, "max_live_versions": 1,
                "mean_trained_response_tokens": 7.8, "reward_first": 0.0, "reward_last": 0.0, "reward_curve": [0.0],
                "is_weight_mean": 0.995, "is_weight_max": 1.0, "is_weight_clip_frac": 0.0, "warmup_s": 9.0,
-               "resumed_from_step": None, "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 7}
+               "resumed_from_step": None, "migrated_trajectories": 0, "weight_loads": 0, "unfinished_at_end": 7,
+               "machine": {"cpu_model": "the machine that ran step 1", "cpu_count": 64}}
     (out / "summary.json").write_text(json.dumps({"summary": earlier, "audit": {"ok": True}}))
     console = Console(record=True, width=200, force_terminal=False)
     result = run_job(rc, console=console, live=False, base_dir=tmp_path)
@@ -398,6 +399,7 @@ def test_a_run_audited_again_reports_its_own_steps_not_an_earlier_attempts_summa
     assert s["earlier_attempt"] == {"steps": 1, "wall_s": 0.4, "warmup_s": 9.0, "resumed_from_step": None,
                                     **{k: v for k, v in earlier.items() if k.startswith("steady_")}}
     assert s["unfinished_at_end"] == result.audit["unfinished_at_end"] == 4  # from the trace, not the old summary
+    assert s["machine"] == earlier["machine"]  # where the steps it holds ran (`dora calibrate --from-run` names it)
     assert json.loads((out / "summary.json").read_text())["summary"] == s
     console.print(render_summary(s, result.audit))
     text = console.export_text()
@@ -432,16 +434,19 @@ def test_a_local_run_asks_ray_for_an_instance_of_its_own_beside_a_running_cluste
         run_job(rc, live=False, base_dir=tmp_path)
 
 
-def _joined_cluster(monkeypatch, free: dict, total: dict) -> list:
-    """Ray as a job's driver finds it: initialised (by the job), with ``free`` of ``total`` resources. Returns the
-    list the Controller's construction is recorded in (it must not be reached)."""
+def _joined_cluster(monkeypatch, free: dict | list[dict], total: dict) -> list:
+    """Ray as a job's driver finds it: initialised (by the job), with ``free`` (each node's, or one node's) of
+    ``total`` resources. Returns the list the Controller's construction is recorded in (it must not be reached)."""
     import ray
+    import ray._private.state
 
     from dora.runtime import controller
 
+    nodes = free if isinstance(free, list) else [free]
     built: list = []
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(ray, "available_resources", lambda: dict(free))
+    monkeypatch.setattr(ray._private.state, "available_resources_per_node",
+                        lambda: {f"node{i}": dict(node) for i, node in enumerate(nodes)})
     monkeypatch.setattr(ray, "cluster_resources", lambda: dict(total))
 
     def no_controller(*args, **kwargs):
@@ -509,6 +514,106 @@ def test_actor_reservations_are_shares_of_what_is_free_and_an_unplaceable_one_st
     assert ("could not place the trainer and 2 rollout workers in 3 s: they reserve 0.5 CPU (trainer) + 2 x 0.5 "
             "(rollout workers) = 1.5, and the cluster has 1.5 CPU free of 4") in str(stopped.value)
     assert "waiting up to 3 s for the Ray cluster to place the trainer and 2 rollout workers" in console.export_text()
+
+
+@pytest.mark.parametrize(("nodes", "actors", "share"), [
+    pytest.param([2.0], 2, 1.0, id="this-machine-1-worker"),
+    pytest.param([2.0], 3, 0.66, id="this-machine-2-workers-as-before"),
+    pytest.param([1.5], 3, 0.5, id="one-node-rounded-down"),
+    pytest.param([1.0, 2.0], 2, 1.0, id="1+2-not-1.5-each"),
+    pytest.param([3.0, 3.0], 3, 1.5, id="3+3-not-2-each"),
+    pytest.param([2.0, 2.0, 2.0, 2.0], 3, 2.0, id="4x2-not-2.66-each"),
+    pytest.param([1.0, 4.0, 4.0], 4, 2.0, id="small-node-left-idle"),
+    pytest.param([0.29, 0.0], 1, 0.29, id="hundredths-exact"),
+    pytest.param([0.01, 0.01], 3, 0.0, id="too-little-anywhere"),
+    pytest.param([], 2, 0.0, id="no-node"),
+])
+def test_an_actor_share_is_the_largest_equal_reservation_that_fits_on_the_nodes(nodes, actors, share):
+    """The shares were the sum of every node's free CPUs split equally, which Ray cannot place when each reservation
+    must fit on one node (1 + 2 free: 1.5 each, and neither node holds two)."""
+    from dora.runtime.driver import actor_share
+
+    got = actor_share(nodes, actors)
+    assert got == share
+    cents = [round(f * 100) for f in nodes]
+    if got:  # it fits, and a hundredth more does not
+        assert sum(c // round(got * 100) for c in cents) >= actors
+        assert sum(c // (round(got * 100) + 1) for c in cents) < actors
+
+
+def test_on_a_cluster_the_actors_reserve_shares_that_fit_on_a_node_and_the_trainer_threads_its_own(tmp_path,
+                                                                                                    monkeypatch):
+    """Nodes with 1 and 2 CPUs free: the actors reserved 1.5 each (the 3 free split in two), which no node holds,
+    and the run stopped after PLACEMENT_TIMEOUT_S; the trainer ran as many torch threads as the cluster had cores."""
+    import importlib
+
+    from test_runtime_config import _config
+
+    from dora.runtime import driver
+
+    asked: list = []
+
+    class Placed:
+        def wait(self, timeout_seconds):
+            return True
+
+    def placement_group(bundles, strategy):
+        asked.append(bundles)
+        return Placed()
+
+    pg = importlib.import_module("ray.util.placement_group")
+    monkeypatch.setattr(pg, "placement_group", placement_group)
+    monkeypatch.setattr(pg, "remove_placement_group", lambda group: None)
+    built = _joined_cluster(monkeypatch, free=[{"CPU": 1.0}, {"CPU": 2.0}], total={"CPU": 4.0})
+    rc = dataclasses.replace(_config("local-tiny"), steps=1, output_dir="run", rollout_workers=1, train_accelerators=4,
+                             colocated=False)
+    with pytest.raises(AssertionError, match="actors were created"):  # placed: the controller is built
+        driver.run_job(rc, live=False, base_dir=tmp_path)
+    assert asked == [[{"CPU": 1.0}, {"CPU": 1.0}]] and len(built) == 1
+    config = built[0][0]
+    assert config.trainer.num_threads == 1  # its 1-CPU share, not the cluster's 3 free or 4 in all
+    assert driver.controller_config(rc, cpus=[3.0, 3.0]).trainer.num_threads == 3  # a share of 3, one each
+    colocated = dataclasses.replace(rc, colocated=True)  # its engines idle while it trains: a node's cores
+    assert driver.controller_config(colocated, cpus=[1.0, 2.0]).trainer.num_threads == 2
+
+
+def test_a_run_records_the_machine_it_ran_on_in_its_summary(tmp_path, monkeypatch):
+    """A run directory recorded nothing about its machine, so `dora calibrate --from-run` named the host it ran on
+    instead of the one that made the runs."""
+    import importlib
+    import os
+
+    from test_runtime_config import _config
+
+    from dora.calibrate import machine_description
+    from dora.runtime import controller, driver
+
+    class Ran:
+        steps = 1
+
+        def summary(self):
+            return {"mode": "sync", "steps": 1, "total_steps": 1}
+
+    class Controller:  # the run itself is the integration tests': here it ends at once, with an empty trace
+        def __init__(self, config, **_):
+            (config.output_dir / "trace.jsonl").write_text("")
+
+        def run(self):
+            return Ran()
+
+    class Placed:
+        def wait(self, timeout_seconds):
+            return True
+
+    pg = importlib.import_module("ray.util.placement_group")
+    monkeypatch.setattr(pg, "placement_group", lambda bundles, strategy: Placed())
+    monkeypatch.setattr(pg, "remove_placement_group", lambda group: None)
+    _joined_cluster(monkeypatch, free={"CPU": 2.0}, total={"CPU": 2.0})
+    monkeypatch.setattr(controller, "Controller", Controller)
+    rc = dataclasses.replace(_config("local-tiny"), steps=1, output_dir="run", rollout_workers=1)
+    driver.run_job(rc, live=False, base_dir=tmp_path)
+    machine = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]["machine"]
+    assert machine == machine_description() and machine["cpu_count"] == os.cpu_count()
 
 
 def test_one_step_off_does_not_raise_a_staleness_budget_of_zero(tmp_path):
