@@ -94,9 +94,9 @@ def print_spec_error(exc) -> None:
 
     con = _err_console()
     n = len(exc.diagnostics)
-    error(con, f"{exc.file}: {n} problem{'s' if n != 1 else ''}")
+    error(con, f"{exc.file or repr(exc.file)}: {n} problem{'s' if n != 1 else ''}")  # '': an empty name given
     for d in exc.diagnostics:
-        where = format_path(d.path) if d.path else "<document>"
+        where = format_path(d.path)
         line = f" (line {d.line})" if d.line is not None else ""
         con.print(Text.assemble("  ", (where, "bold"), f"{line}: {d.message}"))
         if d.hint:

@@ -217,6 +217,10 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
     if rt.backend == "ray-cluster" and not rt.address:
         out.append(_d(("runtime", "address"), "backend ray-cluster needs the cluster's address",
                       "set runtime.address: http://<head>:8265 (the Ray dashboard)"))
+    elif rt.backend == "local" and rt.address is not None:  # `dora apply` reads it only to submit to a cluster
+        out.append(_d(("runtime", "address"), "runtime.address is only used with backend: ray-cluster, and backend "
+                      "is local (a Ray instance on this machine)",
+                      "remove it or set backend: ray-cluster"))
     elif rt.address is not None and (problem := address_problem(rt.address)):
         out.append(_d(("runtime", "address"), f"{rt.address!r} {problem}", f"write it as {ADDRESS_FORMS}"))
     if cpu and rt.rollout_engine == "vllm":
@@ -237,6 +241,11 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
                       "remove workload.task (GPU runs read prompts from their own dataset)"))
     if torch_runtime and spec.workload.task is not None:
         out += check_task_lengths(spec)
+    if torch_runtime and spec.model.dtype != "fp32":  # the torch engines and trainers, megatron-core's too, run fp32
+        default = "" if "dtype" in spec.model.model_fields_set else " (the default)"
+        out.append(_d(("model", "dtype"), f"the embedded CPU runtime computes in fp32, but model.dtype is "
+                      f"{spec.model.dtype}{default}: the plan would price {spec.model.dtype} weights and activations "
+                      "that the run does not use", "set model.dtype: fp32"))
     if torch_runtime and spec.algorithm.name != "grpo":
         out.append(_d(("algorithm", "name"), f"the embedded torch runtime trains grpo only, got {spec.algorithm.name}",
                       "set algorithm.name: grpo"))
@@ -415,6 +424,10 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
         out.append(_d((*R, "consolidation_batch"), f"consolidation only happens in mode streaming, and "
                       f"staleness.mode is {spec.staleness.mode!r}",
                       "remove consolidation_batch or set staleness.mode to streaming or auto"))
+    elif r.consolidation_batch is not None and spec.staleness.mode == "auto" and spec.staleness.max_version_lag == 0:
+        out.append(_d((*R, "consolidation_batch"), "consolidation only happens in mode streaming, which needs a "
+                      "staleness budget k >= 1, and staleness.max_version_lag is 0 (mode auto can only pick sync)",
+                      "remove consolidation_batch, or raise staleness.max_version_lag to 1 or more"))
     if spec.cluster.accelerator == "cpu" and r.tp is not None and r.tp > 1:
         out.append(_d((*R, "tp"), f"the CPU engine runs one thread per replica, so rollout tp must be 1, got {r.tp}",
                       "set tp: 1 (or remove it); more rollout replicas use more cores"))

@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PathPart = str | int
 Path = tuple[PathPart, ...]
 
 
 def format_path(path: Path) -> str:
-    """``("placement", "rollout", "tp")`` -> ``placement.rollout.tp``; list indices as ``[i]``."""
+    """``("placement", "rollout", "tp")`` -> ``placement.rollout.tp``; list indices as ``[i]``; ``<document>`` for the
+    file as a whole (a YAML syntax error, a file that cannot be read)."""
     out = ""
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
             out += ("." if out else "") + part
-    return out or "<root>"
+    return out or "<document>"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +64,7 @@ class SpecError(Exception):
 
     def __init__(self, file: str, diagnostics: Sequence[Diagnostic]):
         self.file = file
-        self.diagnostics = tuple(diagnostics)
+        self.diagnostics = tuple(d if d.file else replace(d, file=file) for d in diagnostics)
         super().__init__(self.render())
 
     def render(self) -> str:

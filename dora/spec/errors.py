@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -49,11 +51,11 @@ def _describe(value: Any) -> str:
         return "null (an empty value)"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, set | frozenset):
+    if isinstance(value, AbstractSet):  # ruamel's own collections are not all set, list or dict subclasses
         return "a set"
-    if isinstance(value, list | tuple):
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
         return "a list"
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return "a mapping"
     try:
         text = repr(value)
@@ -62,13 +64,33 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _quoted(value: Any, *kinds: str) -> bool:
-    """Whether ``value`` is text that YAML would have read as one of ``kinds`` (int, float, bool) unquoted: the
-    quotes (``nodes: "2"``) are what made it a string. ``2:0`` or ``two`` is text however it was written."""
+def _without(value: Any, path: Path, doc: YamlDoc, *kinds: str) -> str:
+    """" without quotes" when ``value`` is text that YAML would have read as one of ``kinds`` (int, float, bool)
+    unquoted: the quotes (``nodes: "2"``) are what made it a string; " without the !!str tag" when the tag did
+    (``nodes: !!str 2``). ``2:0`` or ``two`` is text however it was written: ""."""
     if not isinstance(value, str):
-        return False
+        return ""
     tag = str(VersionedResolver().resolve(ScalarNode, value, (True, False)))  # a ruamel Tag, not a str
-    return tag in {f"tag:yaml.org,2002:{kind}" for kind in kinds}
+    if tag not in {f"tag:yaml.org,2002:{kind}" for kind in kinds}:
+        return ""
+    return f" without {doc.str_tagged.get(path, 'quotes')}"
+
+
+_BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+
+
+def _bounds(path: Path) -> str:
+    """The bounds of the number field at ``path`` (``> 0 and <= 1000``), as its type states them; '' if none."""
+    parent = _model_at(path[:-1])
+    field = parent.model_fields.get(str(path[-1])) if parent and path else None
+    if field is None:
+        return ""
+    constraints = list(field.metadata)
+    for arg in getattr(field.annotation, "__args__", ()):  # `Annotated[float, Field(le=...)] | None`
+        for info in getattr(arg, "__metadata__", ()):
+            constraints += getattr(info, "metadata", [])
+    said = [f"{sign} {getattr(c, name):g}" for c in constraints for name, sign in _BOUNDS if hasattr(c, name)]
+    return " and ".join(said)
 
 
 def _key_description(key: Any) -> str:
@@ -81,15 +103,39 @@ def _key_description(key: Any) -> str:
         return f"the key `{_describe(key)}` (YAML reads it as a number)"
     if isinstance(key, tuple | list):
         return "a `? [...]` key (a list)"
+    if isinstance(key, Mapping):  # ruamel's CommentedKeyMap, from `? {a: 1}`
+        return "a `? {...}` key (a mapping)"
     return f"the key {_describe(key)}"
 
 
-def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -> list[Diagnostic]:
+_KEY_ERRORS = frozenset({"extra_forbidden", "invalid_key"})
+"""A key that names no field: unknown whatever its value."""
+
+
+def stray_keys(exc: ValidationError) -> list[Path] | None:
+    """The paths, as keys of the data, of the keys that name no field (``runtime.sed``, ``true:``), when they are all
+    that validation refused; None when it refused something else."""
+    out: list[Path] = []
+    for err in exc.errors(include_url=False):
+        if err["type"] not in _KEY_ERRORS:
+            return None
+        path = _clean(tuple(err["loc"]))
+        out.append(path if err["type"] == "extra_forbidden" else (*path[:-1], err["input"]))  # pydantic spells the key
+    return out
+
+
+def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str,
+                                unbuilt: Collection[Path] = ()) -> list[Diagnostic]:
+    """Every error of ``exc`` as a located diagnostic. A value under a path in ``unbuilt`` (a scalar YAML could not
+    build, which yamlio reports) is in the data as its text: what validation says about that text is left out, but not
+    that its key names no field."""
     out: list[Diagnostic] = []
     seen: set[tuple[Path, str]] = set()
     for err in exc.errors(include_url=False):
         path = _clean(tuple(err["loc"]))
         kind = err["type"]
+        if kind not in _KEY_ERRORS and any(path[:len(u)] == u for u in unbuilt):
+            continue
         value = err.get("input")
         ctx = err.get("ctx") or {}
         line = doc.line_of(path)
@@ -124,16 +170,21 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDoc, file: str) -
             hint = f"set a value {rel} {bound}"
         elif kind in ("int_type", "int_parsing", "int_from_float"):
             msg = f"expected an integer, got {_describe(value)}"
-            hint = "write a whole number" + (" without quotes" if _quoted(value, "int", "float") else "") + ", e.g. 8"
+            hint = f"write a whole number{_without(value, path, doc, 'int', 'float')}, e.g. 8"
+        elif kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):
+            bounds = _bounds(path)  # an integer of 309 digits or more: beyond a float, so pydantic says "not a number"
+            msg = f"must be {bounds}, got {_describe(value)}" if bounds else \
+                f"is out of range, got {_describe(value)} (beyond any float, about 1.8e308)"
+            hint = f"set a value {bounds}" if bounds else "write a smaller number"
         elif kind in ("float_type", "float_parsing"):
             msg = f"expected a number, got {_describe(value)}"
-            hint = "write a number" + (" without quotes" if _quoted(value, "int", "float") else "") + ", e.g. 0.5"
+            hint = f"write a number{_without(value, path, doc, 'int', 'float')}, e.g. 0.5"
         elif kind == "finite_number":
             msg = f"must be a finite number, got {_describe(value)}"
             hint = "write a finite number, e.g. 0.5"
         elif kind in ("bool_type", "bool_parsing"):
             msg = f"expected true or false, got {_describe(value)}"
-            hint = "write true or false" + (" without quotes" if _quoted(value, "bool") else "")
+            hint = f"write true or false{_without(value, path, doc, 'bool')}"
         elif kind in ("string_type",):
             msg = f"expected a string, got {_describe(value)}"
             hint = "quote the value"

@@ -6,6 +6,7 @@ length-histogram files. It collects every problem it can find and raises them to
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 
 from dora.spec.checks import check_context, check_lengths, check_placement, check_spec, check_spec_staleness
 from dora.spec.diagnostics import Diagnostic, Path, SpecError
-from dora.spec.errors import diagnostics_from_validation
+from dora.spec.errors import diagnostics_from_validation, stray_keys
 from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ArchitectureSpec, LengthSpec, Spec, StalenessSpec
 from dora.spec.yamlio import MAX_FILE_BYTES, YamlDoc, parse_yaml
@@ -88,10 +89,12 @@ def _architecture_checks(a: ArchitectureSpec) -> list[Diagnostic]:
         out.append(Diagnostic(path=(*base, "num_kv_heads"), message=(
             f"num_kv_heads ({kv}) does not divide num_attention_heads ({a.num_attention_heads})"),
             hint="GQA groups query heads evenly: choose a divisor of num_attention_heads"))
-    moe_fields = (a.experts_top_k, a.moe_ffn_hidden_size)
-    if a.num_experts == 0 and any(moe_fields):
-        out.append(Diagnostic(path=(*base, "num_experts"), message="experts_top_k/moe_ffn_hidden_size set but "
-                              "num_experts is 0", hint="set num_experts for an MoE model, or remove the MoE fields"))
+    moe_fields = [name for name in ("experts_top_k", "num_shared_experts", "moe_ffn_hidden_size", "first_dense_layers")
+                  if getattr(a, name)]
+    if a.num_experts == 0 and moe_fields:
+        out.append(Diagnostic(path=(*base, "num_experts"), message=f"{', '.join(moe_fields)} set but num_experts is 0 "
+                              "(a dense model, which would ignore them)",
+                              hint="set num_experts for an MoE model, or remove the MoE fields"))
     if a.num_experts > 0:
         if not 0 < a.experts_top_k <= a.num_experts:
             out.append(Diagnostic(path=(*base, "experts_top_k"), message=(
@@ -190,6 +193,11 @@ def _lengths(ls: LengthSpec, where: Path, base_dir: FsPath) -> tuple[LengthDistr
         return None, None, [Diagnostic(path=(*where, "max_tokens"), message=(
             f"histogram '{ls.histogram_file}' has lengths up to {too_long} > max_tokens ({ls.max_tokens})"),
             hint="raise max_tokens to the generation cap the histogram was observed under")]
+    if ls.min_tokens > too_long:  # every sample would be raised to min_tokens: the histogram would not matter
+        return None, None, [Diagnostic(path=(*where, "min_tokens"), message=(
+            f"min_tokens ({ls.min_tokens}) is above every length of histogram '{ls.histogram_file}' (the longest is "
+            f"{too_long}): every sample would be {ls.min_tokens} tokens"),
+            hint=f"lower min_tokens to at most {too_long}, or remove it")]
     return LengthDistribution.empirical(histogram=rows, max_tokens=ls.max_tokens, min_tokens=ls.min_tokens), rows, []
 
 
@@ -259,6 +267,9 @@ def load_spec_text(text: str, file: str, base_dir: FsPath) -> ResolvedSpec:
 
 def load_spec(file: str) -> ResolvedSpec:
     """Read, validate and resolve a spec file; raise ``SpecError`` with every problem found."""
+    if not file:  # Path("") is ".", the current directory
+        raise SpecError(file, [Diagnostic(path=(), message="the file name is empty",
+                                          hint="pass the path of a YAML spec file, e.g. specs/local-tiny.yaml")])
     fs = FsPath(file)
     try:
         raw = read_input_file(fs, MAX_FILE_BYTES)
@@ -298,6 +309,23 @@ def _section_checks(data: Any, reported: set[Path]) -> list[Diagnostic]:
     return [d for d in out if d.path not in reported]
 
 
+def _without_stray_keys(data: Any, stray: list[Path]) -> Spec | None:
+    """The spec ``data`` is once the keys at ``stray``, which name no field, are taken out; None if it is still not
+    valid."""
+    data = copy.deepcopy(data)
+    for path in stray:
+        mapping = data
+        for part in path[:-1]:
+            mapping = mapping.get(part) if isinstance(mapping, dict) else None
+        if not isinstance(mapping, dict) or path[-1] not in mapping:
+            return None
+        del mapping[path[-1]]
+    try:
+        return Spec.model_validate(data)
+    except ValidationError:
+        return None
+
+
 def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
     def located(diags: list[Diagnostic]) -> list[Diagnostic]:
         return [Diagnostic(path=d.path, message=d.message, hint=d.hint, file=d.file or file,
@@ -310,14 +338,21 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
                                           file=file)])
     # a scalar YAML could not build (`!!int "abc"`) is in the data as its text: its own diagnostic replaces what
     # validation says about that text
-    unbuilt = located(list(doc.problems))
+    diags = located(list(doc.problems))
+    stray: list[Path] = []
     try:
         spec = Spec.model_validate(doc.data)
     except ValidationError as exc:
-        diags = unbuilt + [d for d in diagnostics_from_validation(exc, doc, file)
-                           if not any(d.path[:len(u.path)] == u.path for u in unbuilt)]
-        raise SpecError(file, diags + located(_section_checks(doc.data, {d.path for d in diags}))) from None
-    diags = unbuilt + check_spec(spec)
+        diags += diagnostics_from_validation(exc, doc, file, [d.path for d in diags])
+        # when keys that name no field are all that validation refused, the spec without them is checked too, so that
+        # a typo does not hide every other problem until it is fixed
+        stray = stray_keys(exc) or []
+        without = _without_stray_keys(doc.data, stray) if stray else None
+        if without is None:
+            raise SpecError(file, diags + located(_section_checks(doc.data, {d.path for d in diags}))) from None
+        spec = without
+    validated = len(diags)
+    diags += check_spec(spec)
     arch, hf, arch_diags = (None, None, []) if any(d.path[:1] == ("model",) for d in diags) else \
         _resolve_arch(spec, base_dir)
     diags += arch_diags
@@ -332,6 +367,9 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
         diags += d1 + d2
     if arch is not None:
         diags += check_context(spec, arch) + check_placement(spec, arch)
+    # a check of the mapping that holds a stray key may be about that very key (`model: {presett: x}`: no model given)
+    diags[validated:] = [d for d in diags[validated:]
+                         if not any(len(d.path) < len(s) and s[:len(d.path)] == d.path for s in stray)]
     if diags:
         raise SpecError(file, located(diags))
     assert arch is not None and prompt is not None and response is not None

@@ -8,13 +8,17 @@ produces and stops at ``MAX_NODES``, which bounds time and memory whatever the i
 Scalars are built by ``_SpecConstructor``, which never fails on content: a spec has no date fields, so a scalar
 YAML reads as a date (``name: 2024-02-30``) stays the text as written, and a scalar its tag cannot build
 (``!!int "abc"``, ``!!bool maybe``, an integer of thousands of digits) becomes a ``_BadScalar`` that the walk
-reports at its YAML path and line, alongside every other problem of the spec (``YamlDoc.problems``).
+reports at its YAML path and line, alongside every other problem of the spec (``YamlDoc.problems``). So is every
+tag outside the YAML core schema (``!env``, ``!!env``, ``!!python/int``, ``!!binary``, ``!e!include`` under a
+``%TAG`` directive, ``!<tag:example.com,2000:x>``): dora expands none, and a value read without its tag is not
+what its author meant.
 """
 
 from __future__ import annotations
 
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -38,7 +42,10 @@ class YamlDoc:
     data: Any
     lines: dict[Path, int]
     problems: tuple[Diagnostic, ...] = ()
-    """Scalars the YAML could not build (``!!int "abc"``), each at its path and line; in ``data`` as their text."""
+    """Scalars the YAML could not build (``!!int "abc"``), and tags dora does not read (``!env``), each at its path and
+    line; in ``data`` as their text."""
+    str_tagged: Mapping[Path, str] = field(default_factory=dict)
+    """Scalars that are text because of an explicit ``!!str`` (``nodes: !!str 1``): what to remove, for a message."""
 
     def line_of(self, path: Path) -> int | None:
         """Line of the deepest known prefix of ``path`` (an unknown leaf points at its parent)."""
@@ -54,12 +61,21 @@ class _TooBig(Exception):
 
 
 _CORE = "tag:yaml.org,2002:"
+_MERGE = _CORE + "merge"
 _NODE_KINDS: dict[str, tuple[Any, str]] = {
-    **{t: (ScalarNode, "a scalar") for t in ("int", "float", "bool", "null", "str", "binary", "timestamp")},
-    **{t: (MappingNode, "a mapping") for t in ("map", "set")},
-    **{t: (SequenceNode, "a list") for t in ("seq", "omap", "pairs")},
+    **{t: (ScalarNode, "a scalar") for t in ("int", "float", "bool", "null", "str")},
+    "map": (MappingNode, "a mapping"),
+    "seq": (SequenceNode, "a list"),
 }
-"""The node each core tag builds from: ``!!set "abc"`` would otherwise fail deep inside ruamel."""
+"""The tags dora reads, the YAML core schema's, and the node each builds from: ``!!int {a: 1}`` would otherwise fail
+deep inside ruamel."""
+_READ_TAGS = frozenset(_CORE + short for short in _NODE_KINDS)
+_UNREAD = frozenset({"binary", "timestamp", "set", "omap", "pairs"})
+"""YAML 1.1 tags ruamel builds (bytes, dates, sets, ordered maps) that no spec field takes: reported like any other tag
+dora does not read. A date written without a tag is read as its text (no spec field is a date)."""
+_UNREGISTERED = "tag:dora,2026:unread"
+"""A tag no constructor is registered for: ruamel builds a node under it as it builds any unknown tag's, keeping the
+tag written (``node.ctag``) on the value for ``_plain`` to report."""
 _WANTED = {"int": "an integer", "float": "a number", "bool": "true or false"}
 _HINTS = {
     "int": "write a whole number such as 8 (the !!int tag is not needed)",
@@ -86,13 +102,15 @@ class _SpecConstructor(RoundTripConstructor):
     def construct_non_recursive_object(self, node: Any, tag: str | None = None) -> Any:
         tag = node.tag if tag is None else tag
         short = tag[len(_CORE):] if isinstance(tag, str) and tag.startswith(_CORE) else None
+        if short == "timestamp" and node.ctag.handle is None and isinstance(node, ScalarNode):
+            return str(node.value)  # a date YAML resolved, with no tag written: the text as written, valid date or not
+        if short in _UNREAD:
+            return super().construct_non_recursive_object(node, _UNREGISTERED)
         if short not in _NODE_KINDS:
             return super().construct_non_recursive_object(node, tag)
         kind, what = _NODE_KINDS[short]
         if not isinstance(node, kind):
             return self._bad(node, f"!!{short} needs {what}, got {_node_kind(node)}", f"remove the !!{short} tag")
-        if short == "timestamp":
-            return str(node.value)  # no spec field is a date: the text as written (valid date or not)
         try:
             return super().construct_non_recursive_object(node, tag)
         except (YAMLError, ValueError, LookupError, TypeError, AttributeError, ArithmeticError) as exc:
@@ -122,16 +140,27 @@ class _SpecConstructor(RoundTripConstructor):
                                    key_node.start_mark) from None
         return bool(super().check_mapping_key(node, key_node, mapping, key, value))
 
+    def construct_mapping(self, node: Any, maptyp: Any, deep: bool = False) -> Any:  # type: ignore[override]
+        # (ruamel's round-trip signature, which differs from its base classes')
+        merge = next((key for key, _ in node.value if key.tag == _MERGE), None)
+        if merge is not None:  # ruamel drops the `<<` entry; its line is where the keys it merges are reported
+            maptyp.dora_merge_line = merge.start_mark.line + 1
+        return super().construct_mapping(node, maptyp, deep)
+
     @staticmethod
     def _bad(node: Any, message: str, hint: str) -> _BadScalar:
         text = node.value if isinstance(node, ScalarNode) else ""
         return _BadScalar(text=str(text), message=message, hint=hint, line=node.start_mark.line + 1)
 
 
-def _local_tag(node: Any) -> str | None:
-    """The application tag written on ``node`` (``!foo``), None if it has none or a core one (``!!str``)."""
-    tag = getattr(getattr(node, "tag", None), "value", None)
-    return tag if isinstance(tag, str) and tag.startswith("!") else None
+def _unread_tag(node: Any) -> str | None:
+    """The tag written on ``node`` as written (``!env``, ``!!env``, ``!!python/int``, ``!e!include``,
+    ``!<tag:example.com,2000:foo>``), or None if it has none or one dora reads (``!!str``, ``!!int``, ...)."""
+    tag: Any = getattr(node, "tag", None)
+    value = getattr(tag, "value", None)
+    if not isinstance(value, str) or value in _READ_TAGS:
+        return None
+    return f"{tag.handle}{tag.suffix}" if tag.handle else f"!<{tag.suffix}>"
 
 
 def _tag_problem(path: Path, line: int | None, shown: str, tag: str) -> Diagnostic:
@@ -140,28 +169,39 @@ def _tag_problem(path: Path, line: int | None, shown: str, tag: str) -> Diagnost
 
 
 def _key_line(mapping: CommentedMap, key: Any) -> int | None:
-    """The 1-based line of ``key`` in ``mapping``; None for a merged key (``<<``), which has no position of its own."""
+    """The 1-based line of ``key`` in ``mapping``; for a key merged in (``<<: {...}`` or ``<<: *base``), the line of
+    the ``<<`` entry."""
     try:
         return int(mapping.lc.key(key)[0]) + 1
     except (KeyError, TypeError, AttributeError):
-        return None
+        return getattr(mapping, "dora_merge_line", None)
 
 
 def _node_kind(node: Any) -> str:
     return {ScalarNode: "a scalar", MappingNode: "a mapping", SequenceNode: "a list"}.get(type(node), "a node")
 
 
-def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], depth: int,
-           problems: list[Diagnostic]) -> Any:
-    budget[0] -= 1
-    if budget[0] < 0 or depth > MAX_DEPTH:
+@dataclass
+class _Walk:
+    """What ``_plain`` records on its way through the document."""
+
+    lines: dict[Path, int]
+    problems: list[Diagnostic]
+    str_tagged: dict[Path, str]
+    budget: int = MAX_NODES
+
+
+def _plain(node: Any, path: Path, depth: int, walk: _Walk) -> Any:
+    lines, problems = walk.lines, walk.problems
+    walk.budget -= 1
+    if walk.budget < 0 or depth > MAX_DEPTH:
         raise _TooBig(path)
     if isinstance(node, _BadScalar):
         problems.append(Diagnostic(path=path, line=node.line, message=node.message, hint=node.hint))
         return node.text
-    tag = _local_tag(node)
+    tag = _unread_tag(node)
     if tag is not None:  # `!env NAME`, `!include x.yaml`: reported; a scalar is kept as its text, a mapping walked
-        shown = f"`{tag} {node.value}`" if isinstance(node, TaggedScalar) else \
+        shown = f"`{tag} {node.value}`".replace(" `", "`") if isinstance(node, TaggedScalar) else \
             "this mapping" if isinstance(node, CommentedMap) else "this list"
         problems.append(_tag_problem(path, lines.get(path), shown, tag))
         if isinstance(node, TaggedScalar):
@@ -171,17 +211,18 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
         for key in node:
             if isinstance(key, _BadScalar):  # a key its tag could not build: as its text, reported at the key
                 problems.append(Diagnostic(path=(*path, key.text), line=key.line, message=key.message, hint=key.hint))
-                out[key.text] = _plain(node[key], (*path, key.text), lines, budget, depth + 1, problems)
+                out[key.text] = _plain(node[key], (*path, key.text), depth + 1, walk)
                 continue
-            key_tag = _local_tag(key)
-            name = str(key.value) if key_tag is not None else key  # `!foo name: x`: read as its text, reported
+            key_tag = _unread_tag(key)
+            # `!foo name: x`: read as its text, reported; `!!str name: x`: its text
+            name = str(key.value) if isinstance(key, TaggedScalar) else key
             child = (*path, name if isinstance(name, str | int) else str(name))
             line = _key_line(node, key)
             if line is not None:
                 lines.setdefault(child, line)
             if key_tag is not None:
                 problems.append(_tag_problem(child, line, f"the key `{key_tag} {name}`", key_tag))
-            out[name] = _plain(node[key], child, lines, budget, depth + 1, problems)
+            out[name] = _plain(node[key], child, depth + 1, walk)
         return out
     if isinstance(node, CommentedSeq):
         items = []
@@ -191,7 +232,7 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
                 lines.setdefault(child, node.lc.item(i)[0] + 1)
             except (KeyError, TypeError, AttributeError):
                 pass
-            items.append(_plain(item, child, lines, budget, depth + 1, problems))
+            items.append(_plain(item, child, depth + 1, walk))
         return items
     if isinstance(node, str):
         return str(node)  # drop ruamel's scalar-string subclasses
@@ -203,10 +244,14 @@ def _plain(node: Any, path: Path, lines: dict[Path, int], budget: list[int], dep
         return float(node)
     if node is None:
         return None
-    if isinstance(node, bytes | AbstractSet):
-        return node  # !!binary, !!set: no spec field takes them, so validation names the field (as text they passed)
-    return str(node)  # core-tagged scalars (!!str 5): as text
+    if isinstance(node, TaggedScalar):  # `!!str 5`: text because of its tag, which a message about it names
+        walk.str_tagged[path] = "the !!str tag" + (" and quotes" if node.style in ("'", '"') else "")
+        return str(node.value)
+    return str(node)  # any other scalar ruamel builds: as text
 
+
+_LINE_BREAK = re.compile("\r\n|[\n\r\x85\u2028\u2029]")
+"""What ruamel counts as a line break (its marks' lines; a CR-only file has no \n at all)."""
 
 _SCALAR_KINDS = {int: "a number", float: "a number", bool: "true or false", str: "a single string"}
 """How a top-level value that is not a mapping reads to the spec's author."""
@@ -238,7 +283,7 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
         if not isinstance(exc.character, int) or not isinstance(exc.position, int):
             raise SpecError(file, [Diagnostic(path=(), message=f"not valid YAML: {exc}",
                                               hint="check the file is a YAML document")]) from None
-        line = text.count("\n", 0, exc.position) + 1
+        line = len(_LINE_BREAK.findall(text, 0, exc.position)) + 1
         raise SpecError(file, [Diagnostic(path=(), line=line,
                                           message=f"not valid YAML: the character U+{exc.character:04X} is not allowed "
                                                   "in a YAML document",
@@ -263,15 +308,14 @@ def parse_yaml(text: str, file: str) -> YamlDoc:
             "a scalar" if isinstance(root, _BadScalar) else _SCALAR_KINDS.get(type(root), "a single value")
         raise SpecError(file, [Diagnostic(path=(), line=1, message=f"the spec must be a YAML mapping, got {kind}",
                                           hint="top-level keys are name, model, cluster, workload, ...")])
-    lines: dict[Path, int] = {(): 1}
-    problems: list[Diagnostic] = []
+    walk = _Walk(lines={(): 1}, problems=[], str_tagged={})
     try:
-        data = _plain(root, (), lines, [MAX_NODES], 0, problems)
+        data = _plain(root, (), 0, walk)
     except _TooBig as exc:
         path: Path = exc.args[0][:1]  # the top-level key whose value explodes; deeper paths are noise
         raise SpecError(file, [Diagnostic(
-            path=path, line=YamlDoc({}, lines).line_of(path),
+            path=path, line=YamlDoc({}, walk.lines).line_of(path),
             message=f"the document expands to more than {MAX_NODES} nodes or {MAX_DEPTH} levels of nesting "
                     "(deeply nested lists or mappings, or aliases that expand)",
             hint="write the values out plainly: a spec's fields nest a few levels at most")]) from None
-    return YamlDoc(data=data, lines=lines, problems=tuple(problems))
+    return YamlDoc(data=data, lines=walk.lines, problems=tuple(walk.problems), str_tagged=walk.str_tagged)

@@ -52,6 +52,18 @@ def test_json_schema_rejects_unknown_key() -> None:
         jsonschema.validate(data, spec_json_schema())
 
 
+def test_the_schema_says_what_its_integer_type_lets_through() -> None:
+    """JSON Schema's integer accepts 1.0, which dora refuses: the schema cannot say so in a keyword, so it says so in
+    its comment."""
+    from dora.spec import SpecError
+
+    text = (REPO / "specs" / "local-tiny.yaml").read_text().replace("  nodes: 1\n", "  nodes: 1.0\n")
+    jsonschema.validate(YAML(typ="safe").load(text), spec_json_schema())
+    with pytest.raises(SpecError, match="expected an integer, got 1.0"):
+        load_spec_text(text, "x.yaml", REPO / "specs")
+    assert "dora refuses 1.0 or 1e3 there, which this schema's integer type accepts" in spec_json_schema()["$comment"]
+
+
 def test_schema_cli_prints_json() -> None:
     out = subprocess.run([sys.executable, "-m", "dora.cli", "schema"], capture_output=True, text=True, check=True)
     schema = json.loads(out.stdout)

@@ -72,6 +72,11 @@ def test_every_numeric_field_has_an_upper_bound() -> None:
     ("algorithm.ppo_epochs", "runtime:", "algorithm: {ppo_epochs: 101}\nruntime:", "must be <= 100"),
     ("placement.rollout.versions_per_engine", "runtime:", "placement: {rollout: {versions_per_engine: 66}}\nruntime:",
      "must be <= 65"),
+    # an integer beyond a float: pydantic says "not a valid number", and dora said "expected a number"
+    ("algorithm.tis_cap", "runtime:", "algorithm: {tis_cap: 1" + "0" * 400 + "}\nruntime:",
+     "must be > 0 and <= 1000, got 1000"),
+    ("algorithm.learning_rate", "runtime:", "algorithm: {learning_rate: -0x" + "f" * 400 + "}\nruntime:",
+     "must be > 0 and <= 1, got -4446"),
 ])
 def test_a_value_over_its_bound_is_reported_at_its_field(tmp_path: Path, yaml_path: str, old: str, new: str,
                                                           message: str) -> None:

@@ -282,3 +282,133 @@ def test_the_count_task_s_prompt_length_must_be_the_four_tokens_it_generates(tmp
         assert "prompt_length:" in text.splitlines()[d.line - 1]
     proc = _dora("validate", str(TINY))  # the shipped spec says what the task does
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_unknown_key_does_not_hide_the_cross_field_problems() -> None:
+    """`runtime.sed` was the only problem reported; the four cross-field ones came after it was fixed."""
+    from dora.spec.loader import load_spec_text
+
+    text = _tiny_with("  seed: 0\n", "  seed: 0\n  sed: 1\n").replace("  rollout_engine: torch", "  rollout_engine: vllm")
+    text = text.replace("  nodes: 1\n", "  nodes: 1000\n")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    got = {format_path(d.path): d for d in info.value.diagnostics}
+    assert set(got) == {"runtime.sed", "cluster.nodes", "runtime.rollout_engine", "workload.task"}
+    assert "did you mean 'seed'" in got["runtime.sed"].message
+    assert "2,000 cpu cores" in got["cluster.nodes"].message
+    assert text.splitlines()[got["runtime.sed"].line - 1] == "  sed: 1"
+
+
+def test_an_unknown_key_with_a_tag_dora_cannot_read_is_reported_as_both() -> None:
+    from dora.spec.loader import load_spec_text
+
+    for written, tag_message in (('  sed: !!int "abc"', '!!int "abc" is not an integer'),
+                                 ("  outputdir: !env HOME", "`!env HOME` carries the YAML tag !env")):
+        key = written.split(":")[0].strip()
+        with pytest.raises(SpecError) as info:
+            load_spec_text(_tiny_with("  seed: 0\n", f"  seed: 0\n{written}\n"), "x.yaml", TINY.parent)
+        messages = sorted(d.message for d in info.value.diagnostics)
+        assert [format_path(d.path) for d in info.value.diagnostics] == [f"runtime.{key}"] * 2
+        assert any(m.startswith(tag_message) for m in messages)
+        assert any(m.startswith(f"unknown key '{key}' — did you mean") for m in messages)
+
+
+@pytest.mark.parametrize(("written", "shown"), [
+    ("  output_dir: !!env HOME", "`!!env HOME` carries the YAML tag !!env"),
+    ("  output_dir: !e!include runs.yaml", "`!e!include runs.yaml` carries the YAML tag !e!include"),
+    ("  output_dir: !<tag:example.com,2000:foo> runs", "`!<tag:example.com,2000:foo> runs` carries the YAML tag "
+                                                       "!<tag:example.com,2000:foo>"),
+    ("  output_dir: !!foo runs", "`!!foo runs` carries the YAML tag !!foo"),
+    ("  output_dir: !!binary aGVsbG8=", "`!!binary aGVsbG8=` carries the YAML tag !!binary"),
+    ("  output_dir: !!timestamp 2024-01-01", "`!!timestamp 2024-01-01` carries the YAML tag !!timestamp"),
+    ("  output_dir: !!python/str runs", "`!!python/str runs` carries the YAML tag !!python/str"),
+    ("  output_dir: !!set {a, b}", "this mapping carries the YAML tag !!set"),
+])
+def test_a_tag_outside_the_core_schema_is_reported_at_its_line(written: str, shown: str) -> None:
+    """`!!env HOME` was read as "HOME", and the other tags as their text, silently."""
+    from dora.spec.loader import load_spec_text
+
+    text = "%TAG !e! tag:example.com,2000:\n---\n" + _tiny_with("  output_dir: runs/local-tiny", written)
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    (diag,) = info.value.diagnostics
+    assert diag.path == ("runtime", "output_dir") and diag.message == f"{shown}, which dora does not read"
+    assert text.splitlines()[diag.line - 1] == written
+
+
+def test_the_core_schema_s_tags_are_read() -> None:
+    from dora.spec.loader import load_spec_text
+
+    text = _tiny_with("  nodes: 1\n", "  nodes: !!int 1\n").replace("name: local-tiny", "name: !!str 2024-01-01")
+    text = text.replace("  seed: 0", "  seed: !<tag:yaml.org,2002:int> 0")
+    text = text.replace("  accelerators_per_node: 2", "  !!str accelerators_per_node: 3")  # was a key named TaggedScalar(...)
+    c = load_spec_text(text, "x.yaml", TINY.parent).spec
+    assert (c.name, c.cluster.nodes, c.cluster.accelerators_per_node, c.runtime.seed) == ("2024-01-01", 1, 3, 0)
+
+
+@pytest.mark.parametrize(("written", "hint"), [
+    ("!!str 1", "write a whole number without the !!str tag, e.g. 8"),
+    ('!!str "1"', "write a whole number without the !!str tag and quotes, e.g. 8"),
+])
+def test_a_number_the_str_tag_made_text_names_the_tag(written: str, hint: str) -> None:
+    """Said "without quotes" of a value that had none."""
+    from dora.spec.loader import load_spec_text
+
+    with pytest.raises(SpecError) as info:
+        load_spec_text(_tiny_with("  nodes: 1\n", f"  nodes: {written}\n"), "x.yaml", TINY.parent)
+    (diag,) = info.value.diagnostics
+    assert diag.path == ("cluster", "nodes") and diag.hint == hint
+
+
+def test_a_mapping_as_a_key_is_described_not_printed_as_python() -> None:
+    from dora.spec.loader import load_spec_text
+
+    text = _tiny_with("name: local-tiny\n", "name: local-tiny\n? {a: 1}\n: x\n")
+    with pytest.raises(SpecError) as info:  # said: the key ordereddict([('a', 1)]) is not a field name
+        load_spec_text(text, "x.yaml", TINY.parent)
+    (diag,) = info.value.diagnostics
+    assert diag.message == "a `? {...}` key (a mapping) is not a field name"
+    assert text.splitlines()[diag.line - 1] == "? {a: 1}"
+
+
+@pytest.mark.parametrize("merged", ["  <<: {accelerators_per_node: 0}", "  <<: *base"])
+def test_a_merged_key_is_reported_at_the_merge_entry(merged: str) -> None:
+    """Was reported at the line of `cluster:`, the mapping the key was merged into."""
+    from dora.spec.loader import load_spec_text
+
+    text = _tiny_with("  accelerators_per_node: 2\n", merged + "\n")
+    text = ("x-base: &base {accelerators_per_node: 0}\n" if "*" in merged else "") + text
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    diag = next(d for d in info.value.diagnostics if d.path == ("cluster", "accelerators_per_node"))
+    assert text.splitlines()[diag.line - 1] == merged
+
+
+@pytest.mark.parametrize("newline", ["\r", "\r\n", "\u2028", "\x85"])
+def test_a_character_yaml_refuses_is_reported_at_its_line_whatever_the_line_breaks(newline: str) -> None:
+    """A CR-only file's control character was reported at line 1 (lines were counted by \\n alone)."""
+    from dora.spec.yamlio import parse_yaml
+
+    text = TINY.read_text().replace("name: local-tiny", "name: local\x07tiny")
+    with pytest.raises(SpecError) as info:
+        parse_yaml(text.replace("\n", newline), "x.yaml")
+    (diag,) = info.value.diagnostics
+    assert "\x07" in text.splitlines()[diag.line - 1]
+
+
+def test_validate_json_names_the_file_and_the_document_as_the_human_output_does(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [\n")
+    missing = tmp_path / "missing.yaml"
+    proc = _dora("validate", "--json", str(bad), str(missing))
+    assert proc.returncode == 2, proc.stderr
+    problems = [p for result in json.loads(proc.stdout) for p in result["problems"]]
+    assert [(p["file"], p["path"]) for p in problems] == [(str(bad), "<document>"), (str(missing), "<document>")]
+    proc = _dora("validate", str(bad))
+    assert "  <document> (line 2): not valid YAML" in proc.stderr
+
+
+def test_an_empty_spec_path_is_refused_as_empty() -> None:
+    """`dora validate ""` read "" as "." and said the file is a directory."""
+    proc = _dora("validate", "")
+    assert proc.returncode == 2 and "the file name is empty" in proc.stderr and "directory" not in proc.stderr
