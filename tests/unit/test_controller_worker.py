@@ -245,7 +245,7 @@ def _counters(slot_s: float, busy_s: float, gen: int, wall_s: float = 0.0) -> Si
 
 def _metrics(tokens: int, n: int) -> SimpleNamespace:
     return SimpleNamespace(train_time_s=0.1, reward_mean=0.5, loss=0.0, grad_norm=1.0, is_weight_mean=1.0,
-                           is_weight_max=1.2, is_weight_clip_frac=0.0, ppo_clip_frac=0.0, num_sequences=n,
+                           is_weight_max=1.2, is_weight_clip_frac=0.0, ppo_clip_frac=0.0, kl_mean=0.0, num_sequences=n,
                            num_trained_tokens=tokens, num_forward_tokens=tokens + 4 * n,
                            forward_sum_sq_tokens=(tokens // n + 4) ** 2 * n, train_threads=1)
 
