@@ -144,32 +144,30 @@ class Calibration:
     """Fixed cost per weight update on the rollout side (s): pausing the engine, resetting the prefix cache,
     resuming.  Prior."""
 
-    cpu_compute_efficiency: float = 0.0701
+    # The cpu_* defaults but cpu_prefill_compute_efficiency are fitted in situ, on 2026-11-24, on the development
+    # machine class (AMD EPYC VM, 2 cores; one torch thread per engine, one per trainer core) and the SwiGLU
+    # tiny-local model: `python bench/predict_vs_measure.py --calib-steps 60` twice (each time two sync runs of 60
+    # steps, with one engine and with one engine per core, and a streaming run, all seed 1), then `dora calibrate
+    # specs/local-tiny.yaml --from-run` over the six runs (median residuals: decode 9%, train 8%, weights 17%, the
+    # contention and extra-version terms 25-36%). Rerun it on yours: this machine's speed has varied 2-4x between
+    # sessions (the fit of 2026-11-21, on a GELU model, had a 2.38 ms decode step overhead where this one has 0.55).
+    cpu_compute_efficiency: float = 0.2329
     """On the local `cpu` entry, replaces the decode compute efficiency: tiny PyTorch matmuls on one core reach only
-    a small fraction of the FMA peak. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run
-    SYNC --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development
-    machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it
-    on yours."""
+    a small fraction of the FMA peak. Fitted in situ (above)."""
 
-    cpu_memory_efficiency: float = 0.1145
+    cpu_memory_efficiency: float = 1.0
     """On `cpu`, replaces eta_mem: the decode step's bytes (weights, KV) over this fraction of the core's nominal
     memory rate, the catalog's rough 20 GB/s. The fit trades it against the compute efficiency and the step
-    overhead, so read the three together. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run
-    SYNC --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development
-    machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it
-    on yours."""
+    overhead, so read the three together. Fitted in situ (above), at its bound: the tiny model's decode steps move
+    too few bytes to pin it, so the memory term is a small part of a step whatever it is."""
 
-    cpu_step_overhead_s: float = 0.00238
+    cpu_step_overhead_s: float = 0.000552
     """On `cpu`, replaces decode_step_overhead_s: Python and operator-dispatch cost of one engine step for the tiny
-    model. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`,
-    runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM,
-    2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
+    model. Fitted in situ (above)."""
 
-    cpu_train_step_overhead_s: float = 0.0722
+    cpu_train_step_overhead_s: float = 0.01464
     """On `cpu`, replaces train_step_overhead_s.  In a run it includes the Ray call and the batch's serialisation.
-    Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of
-    60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores,
-    one torch thread per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
+    Fitted in situ (above)."""
 
     # Optional CPU constants: None means "fall back" (named in each docstring).  They are left out of `to_dict`
     # while None, so calibration files and plan fingerprints written before they existed stay valid.
@@ -180,65 +178,45 @@ class Calibration:
     specs/local-tiny.yaml` on the development machine class (AMD EPYC VM, 2 cores, 1 torch thread per engine) on
     2026-11-21 (the local runs ingest prompts through the decode batch, so `--from-run` does not refit it)."""
 
-    cpu_train_compute_efficiency: float | None = 0.3067
+    cpu_train_compute_efficiency: float | None = 0.3775
     """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed GRPO
     step. A step on n torch threads (the colocated sync trainer has both cores) is charged as data parallel over n
-    cores. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`,
-    runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM,
-    2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
+    cores. Fitted in situ (above)."""
 
-    cpu_extra_version_step_s: float | None = 0.00052
+    cpu_extra_version_step_s: float | None = 0.00031
     """On `cpu`: what each extra policy version with running requests adds to one decode step of a multi-version
     engine (the torch engine stacks the versions' weights and runs one batched matmul per linear over rows padded
     per version, so a version costs a few pad/unpad ops, not a forward).  None: a full `decode_step_overhead_s` per
     extra version (a separate forward, as an engine without stacking would run).  (Engine alone, `python
-    bench/engine_speed.py`: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms.) Default measured in situ (`dora
-    calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1,
-    versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, one torch thread
-    per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
+    bench/engine_speed.py`: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms.) Fitted in situ (above)."""
 
-    cpu_weight_reload_fixed_s: float | None = 0.01275
+    cpu_weight_reload_fixed_s: float | None = 0.001169
     """On `cpu`, replaces weight_reload_fixed_s (None: keep it): from the start of a load to the engine serving the
     version, beyond the formula's per-tensor term (fetching the state dict from Ray's object store and building the
     engine's model; the engine pauses only to install it). The GPU prior (0.5 s engine pause/resume) is far too slow
-    for the tiny CPU model. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC
-    --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development machine
-    class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it on
-    yours."""
+    for the tiny CPU model. Fitted in situ (above)."""
 
-    cpu_weight_publish_fixed_s: float | None = 0.01556
+    cpu_weight_publish_fixed_s: float | None = 0.005945
     """On `cpu`: trainer-side time to publish a version beyond the formula's gather/convert terms (the local runtime
     checkpoints the step, exports the state dict and puts it in Ray's object store before the version is published;
     the trainer is busy, the engines keep decoding).  None: 0.  `dora calibrate --from-run` measures it as the mean
-    train-step end -> weights-published interval. Default measured in situ (`dora calibrate specs/local-tiny.yaml
-    --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the
-    development machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on
-    2026-11-21; rerun it on yours."""
+    train-step end -> weights-published interval. Fitted in situ (above)."""
 
-    cpu_rollout_contention: float | None = 1.29
+    cpu_rollout_contention: float | None = 1.511
     """On `cpu` with rollout and training on disjoint cores of one host: a decode step takes this many times longer
     while the trainer runs (they share the host's caches and memory bus, and with the controller, its cores).  None:
     1 (no contention).  `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the
-    engine steps that overlap a training step. Default measured in situ (`dora calibrate specs/local-tiny.yaml
-    --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the
-    development machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on
-    2026-11-21; rerun it on yours."""
+    engine steps that overlap a training step. Fitted in situ (above)."""
 
-    cpu_train_contention: float | None = 1.084
-    """The same for a training step that starts while rollout is under way (None: 1). Default measured in situ
-    (`dora calibrate specs/local-tiny.yaml --from-run SYNC --from-run STREAMING`, runs of 60 steps, seed 1,
-    versions_per_engine 4; see the README) on the development machine class (AMD EPYC VM, 2 cores, one torch thread
-    per engine, one per trainer core) on 2026-11-21; rerun it on yours."""
+    cpu_train_contention: float | None = 1.051
+    """The same for a training step that starts while rollout is under way (None: 1). Fitted in situ (above)."""
 
-    cpu_engine_contention: float | None = 1.391
+    cpu_engine_contention: float | None = 1.268
     """On `cpu`: a decode step takes this many times longer while another engine replica of the host decodes at the
     same time (the engines share the host's caches and memory bus, and with the controller, its cores).  None: 1.
     `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the engine steps of a run
     with several engines (a sync run on 2 cores) that overlap another engine's steps; the decode constants are
-    fitted on the steps that do not. Default measured in situ (`dora calibrate specs/local-tiny.yaml --from-run SYNC
-    --from-run STREAMING`, runs of 60 steps, seed 1, versions_per_engine 4; see the README) on the development
-    machine class (AMD EPYC VM, 2 cores, one torch thread per engine, one per trainer core) on 2026-11-21; rerun it
-    on yours."""
+    fitted on the steps that do not. Fitted in situ (above)."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -97,7 +97,8 @@ def test_a_saved_plan_edited_beyond_its_spec_is_refused(tmp_path, monkeypatch):
     plan = _saved_plan(tmp_path, monkeypatch)
     original = json.loads(plan.read_text())
     for edit, message in (({"max_version_lag": 99}, "max_version_lag 99 is over staleness.max_version_lag 3"),
-                          ({"mode": "partial-rollout"}, "partial-rollout with version mixing, which"),
+                          ({"mode": "partial-rollout"}, "mode partial-rollout, but staleness.mode pins streaming; "
+                                                        "partial-rollout with version mixing, which"),
                           ({"rollout": original["rollout"] | {"replicas": 50, "accelerators": 50}},
                            "51 accelerators, more than the cluster's 2"),
                           ({"rollout": original["rollout"] | {"max_model_len": 1}},
@@ -621,7 +622,7 @@ def test_one_step_off_does_not_raise_a_staleness_budget_of_zero(tmp_path):
     are refused for k = 0: it is refused the same way (and a larger budget is still narrowed to one step)."""
     tiny = (REPO / "specs" / "local-tiny.yaml").read_text()
     spec = tmp_path / "k0.yaml"
-    spec.write_text(tiny.replace("max_version_lag: 3", "max_version_lag: 0").replace("mode: auto", "mode: sync")
+    spec.write_text(tiny.replace("max_version_lag: 3", "max_version_lag: 0").replace("mode: streaming", "mode: sync")
                     .replace("versions_per_engine: 3", "versions_per_engine: 1"))
     plan_for_apply(str(spec), None, None)  # the spec itself is valid (sync)
     messages = {}

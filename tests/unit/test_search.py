@@ -35,6 +35,11 @@ def _resolved(text: str, **replace: str):
     return load_spec_text(text, "test.yaml", SPECS)
 
 
+def _tiny_auto(**replace: str):
+    """specs/local-tiny.yaml with its pinned mode left to the planner (``mode: auto``)."""
+    return _resolved((SPECS / "local-tiny.yaml").read_text(), **{"  mode: streaming\n": "  mode: auto\n", **replace})
+
+
 @pytest.mark.parametrize("case", ["local-tiny", "small-gpu"])
 def test_chosen_within_3_percent_of_exhaustive_best(case: str) -> None:
     resolved = load_spec(str(SPECS / "local-tiny.yaml")) if case == "local-tiny" else _resolved(SMALL_GPU)
@@ -183,7 +188,7 @@ def test_a_finalist_that_ties_says_so_and_why_it_lost() -> None:
 
     from planner.search.build import _candidate_rows
 
-    inputs = search_inputs(load_spec(str(SPECS / "local-tiny.yaml")))
+    inputs = search_inputs(_tiny_auto())
     outcome = search(inputs)
     chosen = outcome.chosen
     same_k = next(s for s in outcome.finalists if s is not chosen and s.screened.k == chosen.screened.k)
@@ -350,7 +355,7 @@ def test_cpu_rollout_engines_are_one_core_each_and_a_pinned_tp_is_refused_with_t
 
     from planner.search import Pins
 
-    inputs = search_inputs(load_spec(str(SPECS / "local-tiny.yaml")))
+    inputs = search_inputs(_tiny_auto())
     outcome = search(inputs)
     assert {c.placement.rollout.tp for c in outcome.screened} == {1}
     assert any(c.placement.colocated and c.placement.replicas == 2 for c in outcome.screened if c.mode == "sync")
@@ -362,7 +367,7 @@ def test_cpu_rollout_engines_are_one_core_each_and_a_pinned_tp_is_refused_with_t
 def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simulates_to() -> None:
     """The warning's figure is a simulation of the chosen placement and mode at k + 1: beyond the budget a what-if
     (dense-8b, k=2: the trainer waits on the tail and k=3 trains more), within it a candidate like any other
-    (local-tiny with a budget of 4: k=4 simulated, not chosen, the rollout side limits the plan)."""
+    (dense-32b with a budget of 4: k=4 simulated, not chosen, the rollout side limits the plan)."""
     planned = make_plan(load_spec(str(SPECS / "dense-8b-h800x64.yaml")))
     outcome = planned.outcome
     chosen, alt = outcome.chosen, outcome.one_more_version
@@ -374,8 +379,8 @@ def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simula
     (warning,) = [w for w in planned.plan.warnings if "oldest version's tail" in w]
     assert f"at k=2: raising staleness.max_version_lag to 3 trains {100 * gain:.0f}% more tokens/s" in warning
 
-    tiny = _resolved((SPECS / "local-tiny.yaml").read_text(), **{"max_version_lag: 3 ": "max_version_lag: 4 "})
-    planned = make_plan(tiny)
+    dense = _resolved((SPECS / "dense-32b-h800x128.yaml").read_text(), **{"max_version_lag: 3": "max_version_lag: 4"})
+    planned = make_plan(dense)
     outcome = planned.outcome
     assert outcome.chosen.screened.k == 3 and outcome.one_more_version is None
     (k4,) = [s for s in outcome.finalists if s.screened.placement == outcome.chosen.screened.placement
