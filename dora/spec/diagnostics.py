@@ -73,7 +73,11 @@ class SpecError(Exception):
         return "\n".join([head] + ["  " + d.render().replace("\n", "\n  ") for d in self.diagnostics])
 
 
+DID_YOU_MEAN_CUTOFF = 0.6
+"""difflib's similarity a candidate needs to be suggested."""
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """A ' — did you mean 'x'?' suffix for the nearest candidate, or ''."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=DID_YOU_MEAN_CUTOFF)
     return f" — did you mean '{close[0]}'?" if close else ""

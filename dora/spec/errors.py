@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml.nodes import ScalarNode
 from ruamel.yaml.resolver import VersionedResolver
 
-from dora.spec.diagnostics import Diagnostic, Path, did_you_mean
+from dora.spec.diagnostics import DID_YOU_MEAN_CUTOFF, Diagnostic, Path, did_you_mean
 from dora.spec.models import UNION_TAGS, PinnedPlacement, Spec
 from dora.spec.yamlio import YamlDoc
 
@@ -29,6 +30,16 @@ def _model_at(path: Path) -> type[BaseModel] | None:
             continue
         model = _first_model(field.annotation)
     return model
+
+
+def closest_field(path: Path) -> str | None:
+    """The field of the mapping at ``path[:-1]`` that the key ``path[-1]`` (which names none) is closest to, as
+    ``did_you_mean`` picks it; None when none is close or the key is not text."""
+    parent = _model_at(path[:-1])
+    if parent is None or not path or not isinstance(path[-1], str):
+        return None
+    close = difflib.get_close_matches(path[-1], list(parent.model_fields), n=1, cutoff=DID_YOU_MEAN_CUTOFF)
+    return close[0] if close else None
 
 
 def _first_model(annotation: Any) -> type[BaseModel] | None:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from dora.spec.checks import check_context, check_lengths, check_placement, check_spec, check_spec_staleness
 from dora.spec.diagnostics import Diagnostic, Path, SpecError
-from dora.spec.errors import diagnostics_from_validation, stray_keys
+from dora.spec.errors import closest_field, diagnostics_from_validation, stray_keys
 from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ArchitectureSpec, LengthSpec, Spec, StalenessSpec
 from dora.spec.yamlio import MAX_FILE_BYTES, YamlDoc, parse_yaml
@@ -309,27 +309,44 @@ def _section_checks(data: Any, reported: set[Path]) -> list[Diagnostic]:
     return [d for d in out if d.path not in reported]
 
 
-def _without_stray_keys(data: Any, stray: list[Path]) -> Spec | None:
-    """The spec ``data`` is once the keys at ``stray``, which name no field, are taken out; None if it is still not
-    valid."""
+def _with_keys_meant(data: Any, stray: list[Path]) -> tuple[Spec, dict[Path, Path]] | None:
+    """The spec ``data`` is once each key at ``stray``, which names no field, is read as the field it is closest to
+    (the did-you-mean of its diagnostic), or left out where that field is set too, and the renamed paths (meant ->
+    written); None when a stray key is close to no field, or the spec is still not valid. Checked that way, the other
+    problems are the ones the spec has once the typo is fixed: with the key left out instead, its field's default
+    would be judged (a typo of `rollout_engine` on a CPU spec was reported as vllm needing a GPU, with advice to
+    remove the task)."""
     data = copy.deepcopy(data)
+    renamed: dict[Path, Path] = {}
     for path in stray:
         mapping = data
         for part in path[:-1]:
             mapping = mapping.get(part) if isinstance(mapping, dict) else None
-        if not isinstance(mapping, dict) or path[-1] not in mapping:
+        meant = closest_field(path)
+        if not isinstance(mapping, dict) or path[-1] not in mapping or meant is None:
             return None
-        del mapping[path[-1]]
+        value = mapping.pop(path[-1])
+        if meant not in mapping:
+            mapping[meant] = value
+            renamed[(*path[:-1], meant)] = path
     try:
-        return Spec.model_validate(data)
+        return Spec.model_validate(data), renamed
     except ValidationError:
         return None
 
 
 def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
+    renamed: dict[Path, Path] = {}  # a field read from a misspelt key (meant -> written): its line is the key's
+
+    def line_of(path: Path) -> int | None:
+        for meant, written in renamed.items():
+            if path[:len(meant)] == meant:
+                return doc.line_of((*written, *path[len(meant):]))
+        return doc.line_of(path)
+
     def located(diags: list[Diagnostic]) -> list[Diagnostic]:
         return [Diagnostic(path=d.path, message=d.message, hint=d.hint, file=d.file or file,
-                           line=d.line if d.line is not None else doc.line_of(d.path)) for d in diags]
+                           line=d.line if d.line is not None else line_of(d.path)) for d in diags]
 
     data = doc.data
     if isinstance(data, dict) and "format_version" in data and "spec_hash" in data:  # `dora plan --out`'s plan.json
@@ -344,17 +361,16 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
         spec = Spec.model_validate(doc.data)
     except ValidationError as exc:
         diags += diagnostics_from_validation(exc, doc, file, [d.path for d in diags])
-        # when keys that name no field are all that validation refused, the spec without them is checked too, so that
-        # a typo does not hide every other problem until it is fixed
+        # when misspelt keys are all that validation refused, the spec with each read as the field it is closest to
+        # is checked too, so that a typo does not hide every other problem until it is fixed
         stray = stray_keys(exc) or []
-        without = _without_stray_keys(doc.data, stray) if stray else None
-        if without is None:
+        meant = _with_keys_meant(doc.data, stray) if stray else None
+        if meant is None:
             raise SpecError(file, diags + located(_section_checks(doc.data, {d.path for d in diags}))) from None
-        spec = without
-    validated = len(diags)
+        spec, renamed = meant
     diags += check_spec(spec)
-    arch, hf, arch_diags = (None, None, []) if any(d.path[:1] == ("model",) for d in diags) else \
-        _resolve_arch(spec, base_dir)
+    arch, hf, arch_diags = (None, None, []) if any(d.path[:1] == ("model",) and d.path not in stray for d in diags) \
+        else _resolve_arch(spec, base_dir)
     diags += arch_diags
     length_diags = [d for d in diags if d.path[:2] in (("workload", "prompt_length"), ("workload", "response_length"))]
     prompt = response = None
@@ -367,9 +383,6 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
         diags += d1 + d2
     if arch is not None:
         diags += check_context(spec, arch) + check_placement(spec, arch)
-    # a check of the mapping that holds a stray key may be about that very key (`model: {presett: x}`: no model given)
-    diags[validated:] = [d for d in diags[validated:]
-                         if not any(len(d.path) < len(s) and s[:len(d.path)] == d.path for s in stray)]
     if diags:
         raise SpecError(file, located(diags))
     assert arch is not None and prompt is not None and response is not None

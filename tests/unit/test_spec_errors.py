@@ -299,6 +299,33 @@ def test_an_unknown_key_does_not_hide_the_cross_field_problems() -> None:
     assert text.splitlines()[got["runtime.sed"].line - 1] == "  sed: 1"
 
 
+def test_a_misspelt_key_is_checked_as_the_field_it_is_closest_to() -> None:
+    """With the misspelt key left out, its field's default was judged: `rollout_engin: torch` on the CPU spec was
+    reported as vllm needing a GPU, with advice to remove the task. Read as `rollout_engine`, the spec has no other
+    problem; a misspelt key under `model` no longer hides the checks that need the architecture, and the problems
+    of the field it meant are reported at the misspelt key's line."""
+    from dora.spec.loader import load_spec_text
+
+    text = _tiny_with("  rollout_engine: torch", "  rollout_engin: torch")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    assert [format_path(d.path) for d in info.value.diagnostics] == ["runtime.rollout_engin"]
+
+    text = _tiny_with("  dtype: fp32", "  dtype: fp32\n  chekpoint: foo").replace("max_version_lag: 3 ",
+                                                                                    "max_version_lag: 1 ")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    assert {format_path(d.path) for d in info.value.diagnostics} == {"model.chekpoint",
+                                                                     "placement.rollout.versions_per_engine"}
+
+    text = _tiny_with("  dtype: fp32", "  dtyp: bf16")
+    with pytest.raises(SpecError) as info:
+        load_spec_text(text, "x.yaml", TINY.parent)
+    got = {format_path(d.path): d for d in info.value.diagnostics}
+    assert set(got) == {"model.dtyp", "model.dtype"} and "model.dtype is bf16:" in got["model.dtype"].message
+    assert text.splitlines()[got["model.dtype"].line - 1].startswith("  dtyp: bf16")
+
+
 def test_an_unknown_key_with_a_tag_dora_cannot_read_is_reported_as_both() -> None:
     from dora.spec.loader import load_spec_text
 
