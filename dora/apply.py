@@ -223,7 +223,8 @@ def _saved_plan_spec(plan_file: Path, plan: Any) -> tuple[Any, Path]:
     name = Path(plan.spec_file)
     seen: set[Path] = set()
     found: list[tuple[Any, Path]] = []  # (the resolved spec or its SpecError, the directory it was found from)
-    for base in [*plan_file.resolve().parents, Path.cwd()]:
+    # the parents of the path as given first: a symlinked plans/ directory's target has other parents
+    for base in [*Path(os.path.abspath(plan_file)).parents, *plan_file.resolve().parents, Path.cwd()]:
         candidate = base / name
         if not _names_something(candidate, Path.is_file) or candidate.resolve() in seen:
             continue
@@ -239,7 +240,7 @@ def _saved_plan_spec(plan_file: Path, plan: Any) -> tuple[Any, Path]:
     if not found:
         raise ApplyInputError(
             f"{plan_file} was planned from the spec {plan.spec_file} (its spec_file, relative to the directory "
-            f"`dora plan` ran in), which is neither relative to {plan_file.parent.resolve()} or a parent of it nor in "
+            f"`dora plan` ran in), which is neither relative to {os.path.abspath(plan_file.parent)} or a parent of it nor in "
             "this directory; run `dora apply` from the directory it was planned in, or plan the spec again with "
             "`dora plan SPEC --out DIR`")
     nearest, base = found[0]

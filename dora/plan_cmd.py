@@ -116,6 +116,10 @@ def saved_plan(plan: Plan) -> Plan:
     return Plan.from_dict(plan.to_dict())
 
 
+PLAN_DIR_ENTRIES = ("plan.json", "report.txt", "timeline.html", "schedule.json", "schedule.dot", "launch")
+"""What `dora plan --out` writes at the top of its directory (``write_plan_dir``)."""
+
+
 def _check_plan_dir(out: Path, names: list[str]) -> None:
     """Refuse (``FileExistsError``) an existing ``out`` that holds some of dora's ``names`` but no plan.json dora
     wrote: a report.txt or launch/ of the user's is not dora's to replace. A new or empty directory, one holding none
@@ -184,6 +188,13 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
     except (CalibrationFileError, PlanFileError) as exc:
         error(err_console, str(exc))
         return error_code
+    if args.out:  # a directory that is not dora's to write is refused before planning, not after the report
+        try:
+            _check_plan_dir(Path(args.out), list(PLAN_DIR_ENTRIES))
+        except OSError as exc:
+            error(err_console, f"cannot write the plan to {args.out}/: {exc.strerror or exc}\n"
+                               f"  to fix: {_write_fix(exc)}")
+            return error_code
     try:
         planned = make_plan(resolved, calibration, workers=available_cpus())
     except InfeasibleError as exc:

@@ -767,8 +767,10 @@ def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: 
     kw["max_context_tokens"] = _context_limit(config)
     _refuse_sliding_window(config, model_type, kw["max_context_tokens"])
     scaling = _rope_scaling(config)
-    theta = next((v for v in (config.get("rope_theta"), (scaling or {}).get("rope_theta")) if v is not None),
-                 default_theta)
+    parameters = config.get("rope_parameters")  # transformers 5 keeps the base there, beside a rope_scaling or not
+    theta = next((v for v in (config.get("rope_theta"), (scaling or {}).get("rope_theta"),
+                              parameters.get("rope_theta") if isinstance(parameters, Mapping) else None)
+                  if v is not None), default_theta)
     kw["rope_theta"] = _positive_number("rope_theta", theta, MAX_ROPE_THETA)
     kw["norm_eps"] = _positive_number("rms_norm_eps", config.get("rms_norm_eps"), MAX_NORM_EPS)
     kw["rope_scaling"] = rope_scaling_items(scaling) if scaling is not None else ()

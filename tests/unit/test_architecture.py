@@ -156,6 +156,10 @@ def test_hf_config_rope_and_norm_fields():
     arch = arch_from_hf_config(mixtral | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, name="m")
     assert (arch.rope_theta, arch.norm_eps) == (5e5, 1e-5)  # rope_parameters' theta, MixtralConfig's epsilon
     assert arch_from_hf_config(mixtral, name="m").rope_theta == 1e6  # MixtralConfig's default_theta
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    both = mixtral | {"rope_scaling": llama3, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+    assert arch_from_hf_config(both, name="m").rope_theta == 5e5  # a rope_scaling beside it hid rope_parameters'
     for key, bad in (("rope_theta", "1e6"), ("rope_theta", 0), ("rms_norm_eps", True)):
         with pytest.raises(HFConfigError, match=key):
             arch_from_hf_config({**_config("qwen3-8b"), key: bad}, name="q")

@@ -323,6 +323,22 @@ def test_a_saved_plan_applied_from_another_project_checks_its_own_spec(tmp_path:
     assert " specs/local-tiny.yaml" not in message
 
 
+def test_a_saved_plan_in_a_symlinked_directory_checks_its_own_spec(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """projA/plans is a symlink to a store elsewhere: the parents of the resolved plan were searched, never
+    projA's, so projB's same-named spec was read instead."""
+    import shutil
+
+    from dora.apply import plan_for_apply
+
+    a, b = _project(tmp_path, "projA"), _project(tmp_path, "projB", seed=1)
+    shutil.move(a / "plans", tmp_path / "store")
+    (a / "plans").symlink_to(tmp_path / "store")
+    monkeypatch.chdir(b)
+    resolved, plan = plan_for_apply("../projA/plans/x", None, None)
+    assert resolved.file == "../projA/specs/local-tiny.yaml" and resolved.spec_hash == plan.spec_hash
+
+
 def test_stale_plan_advice_keeps_the_plans_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A plan made with --calibration FILE: the refusal's `dora plan`, `dora apply` and `dora diff` commands carry

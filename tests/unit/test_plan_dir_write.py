@@ -16,7 +16,7 @@ from conftest import REPO
 from dora.cli import main
 from dora.lower import render as render_module
 from dora.lower import write_launch_artifacts
-from dora.plan_cmd import write_plan_dir
+from dora.plan_cmd import PLAN_DIR_ENTRIES, write_plan_dir
 from dora.planning import Planned, make_plan
 from dora.spec import ResolvedSpec, load_spec
 from planner.calibration import DEFAULT_CALIBRATION
@@ -210,8 +210,10 @@ def test_a_directory_that_holds_no_plan_is_not_taken_over(tiny, tmp_path: Path, 
     before = snapshot(tmp_path)
     with pytest.raises(FileExistsError, match="it holds launch/, report.txt but no plan `dora plan` wrote"):
         write_plan_dir(*tiny, out)
-    assert main(["plan", str(TINY), "--out", str(out)]) == 2
-    err = capsys.readouterr().err
+    assert main(["plan", str(TINY), "--json", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before planning: no report or plan JSON printed for a plan not written
+    err = captured.err
     assert f"cannot write the plan to {out}/: it holds launch/, report.txt but no plan `dora plan` wrote" in err
     assert "to fix: move that out of the way, or choose another directory for --out" in err
     assert snapshot(tmp_path) == before
@@ -225,6 +227,7 @@ def test_a_directory_of_other_files_or_an_empty_one_is_written(tiny, tmp_path: P
     empty.mkdir()
     write_plan_dir(*tiny, empty)
     assert sorted(p.name for p in empty.iterdir()) == TOP
+    assert set(TOP) == set(PLAN_DIR_ENTRIES)
     others = tmp_path / "others"  # nothing of the user's in the way of dora's entries
     others.mkdir()
     (others / "notes.md").write_text("the user's own file")
