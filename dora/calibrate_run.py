@@ -93,9 +93,9 @@ MIN_CELL_STEPS = 5
 """Engine steps a (batch, context) cell needs to become a decode point (the mean of its steps' durations is the
 point, their min and max its spread)."""
 MIN_POINTS = 3
+"""Fewest points (cells, training steps) a fit accepts."""
 WARMUP_TRAIN_STEPS = 2
 """Training steps at the start of each attempt left out of the training fits (warm-up; see the module docstring)."""
-"""Fewest points (cells, training steps) a fit accepts."""
 CONTEXT_BUCKET = 8
 """Mean context per row is rounded to this many tokens to form cells."""
 STEP_COLUMNS = ["worker", "start_s", "duration_s", "kind", "decode_rows", "context_tokens", "versions",
@@ -406,8 +406,12 @@ def _last_attempt(run_dir: Path, train: list[_TrainStep], events: list[_Event], 
         events = [e for e in events if e.lineno > seam.lineno]
         offset = seam.t
         at = " and ".join(str(e.ints["step"]) for e in seams)
-        notes.append(f"run {run_dir} was resumed at step{'s' if len(seams) > 1 else ''} {at}; only steps "
-                     f"{n + 1}..{train[-1].step} (its last attempt) are used: each attempt restarts the clock of "
+        fitted = (f"its training steps from {train[WARMUP_TRAIN_STEPS].step} on (the first {WARMUP_TRAIN_STEPS} are "
+                  "the trainer's warm-up)" if len(train) > WARMUP_TRAIN_STEPS else
+                  f"none of its {len(train)} training step(s) in the training fit (the first {WARMUP_TRAIN_STEPS} of "
+                  "an attempt are the trainer's warm-up), only its engine steps")
+        notes.append(f"run {run_dir} was resumed at step{'s' if len(seams) > 1 else ''} {at}; only its last attempt "
+                     f"(steps {n + 1}..{train[-1].step}) is used, {fitted}: each attempt restarts the clock of "
                      f"metrics.jsonl, and engine_steps.jsonl holds the last attempt's engine steps only "
                      f"({earlier} earlier training step(s) left out)")
         resumed.append(f"{run_dir.name}: steps {n + 1}..{train[-1].step} after the resume at step {n}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,12 +54,30 @@ def run_dir_lock(output_dir: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+BRIEF_HOLD_S = 0.1
+"""How long a run waits for a lock held only for a moment (another process testing it) before calling it busy."""
+
+
+def _exclusive(fd: int) -> None:
+    """Lock ``fd`` exclusively, retrying for ``BRIEF_HOLD_S``; ``BlockingIOError`` when another process holds it."""
+    deadline = time.monotonic() + BRIEF_HOLD_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 def _lock(path: Path, output_dir: Path) -> int:
-    """An open descriptor of ``path``, exclusively locked, ``path`` still naming it."""
+    """An open descriptor of ``path``, exclusively locked, ``path`` still naming it. A lock held for less than
+    ``BRIEF_HOLD_S`` is waited for: `dora apply --address` tests the lock with a shared one it drops at once."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _exclusive(fd)
         except BlockingIOError:
             holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "a process"
             os.close(fd)

@@ -179,7 +179,8 @@ def test_a_resumed_run_is_read_as_its_last_attempt(ctx: ModelContext, tmp_path: 
     assert resumed.loads == pytest.approx(whole.loads) and len(whole.loads) == 12
     assert [p.seconds for p in resumed.publish] == pytest.approx([p.seconds for p in whole.publish])
     assert [p.x["version"] for p in resumed.publish] == [p.x["version"] + 5 for p in whole.publish]
-    assert any("was resumed at step 5; only steps 6..17" in n for n in resumed.notes)
+    assert any("was resumed at step 5; only its last attempt (steps 6..17) is used, its training steps from 8 on "
+               "(the first 2 are the trainer's warm-up)" in n for n in resumed.notes)
     assert resumed.resumed == ["resumed: steps 6..17 after the resume at step 5"]
 
 

@@ -62,3 +62,22 @@ def test_apply_into_a_directory_another_run_holds_stops_before_writing(tmp_path:
         proc.wait()
     assert "is in use by another dora run" in " ".join(capsys.readouterr().err.split())  # the console wraps it
     assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # the holder's; no runtime.json, no trace
+
+
+def test_a_lock_held_for_a_moment_is_waited_for(tmp_path: Path) -> None:
+    """`dora apply --address` tests a directory's lock with a shared one it drops at once: a run starting in that
+    moment was refused as if another run held the directory (109 of 3,000 starts beside a checking loop)."""
+    import fcntl
+    import threading
+
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    release = threading.Timer(0.03, lambda: os.close(fd))
+    release.start()
+    try:
+        with run_dir_lock(out):
+            assert (out / LOCK_FILE).read_text().startswith(f"pid {os.getpid()} ")
+    finally:
+        release.join()

@@ -219,9 +219,11 @@ def grpo_step(
     each taking per minibatch the token losses of each microbatch and one optimiser step.
     ``logprobs(rows)`` gives the trained tokens' log-probs in ``rows.target_ids`` order, ``reference(rows)`` the
     reference policy's (needed when ``kl_coef`` > 0). The loss is the token mean over the whole batch (of each
-    pass; the reported loss is the passes' mean) plus ``kl_coef`` times the token mean of the KL estimate
-    ``exp(ref - logp) - (ref - logp) - 1`` (the non-negative, unbiased "k3" estimator of KL(pi || ref) used by
-    GRPO). Reports the metrics of producing ``version + 1``.
+    pass; the reported loss is the passes' mean) plus ``kl_coef`` times the token mean of
+    ``exp(ref - logp) - (ref - logp) - 1``, GRPO's "k3" estimate of KL(pi || ref): non-negative, and unbiased for
+    tokens sampled from pi (here they come from the behaviour policy, which staleness moves away from pi; the term
+    has no importance weight, as in GRPO and verl); as a loss its expected gradient is that of KL(ref || pi).
+    Reports the metrics of producing ``version + 1``.
     """
     if not batch:
         raise ValueError("train_step needs a non-empty batch")
