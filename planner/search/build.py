@@ -24,6 +24,7 @@ from planner.search.core import (
     Simulated,
     consolidation_batch,
     forced_wait,
+    objective_rate,
     one_more_version_of,
     tail_stall,
     trainer_wait,
@@ -55,8 +56,13 @@ def _rollout_share(outcome: SearchOutcome) -> float:
 
 def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candidate, ...]:
     chosen = outcome.chosen
-    best = chosen.trained_tokens_per_s
-    top = max(s.trained_tokens_per_s for s in outcome.finalists)  # ties are judged against it, as in _rank_key
+
+    def rate(s: Simulated) -> float:  # what the search ranked by: the objective's rate (``objective_rate``)
+        return objective_rate(s, inputs)
+
+    best = rate(chosen)
+    top = max(rate(s) for s in outcome.finalists)  # ties are judged against it, as in _rank_key
+    measure = "" if inputs.objective == "throughput" else ", samples/s over the whole run"
     rows: list[Candidate] = []
     sim_labels = {s.screened.label for s in outcome.finalists}
 
@@ -68,18 +74,19 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
 
     for s in outcome.finalists:
         if s is chosen:
-            why = (f"highest simulated trained tokens/s ({s.sim_steps} steps)" if s.trained_tokens_per_s >= top else
+            why = (f"highest simulated {'trained tokens/s' if not measure else 'samples/s over the whole run'} "
+                   f"({s.sim_steps} steps)" if rate(s) >= top else
                    f"ties the fastest within 1% at the lowest staleness, in the preferred mode ({s.sim_steps} steps)")
             rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="chosen", reason=why))
             continue
-        slower = 1 - s.trained_tokens_per_s / best if best else 0.0
-        if s.trained_tokens_per_s >= top * (1 - TIE_FRACTION) and s.screened.k > chosen.screened.k:
+        slower = 1 - rate(s) / best if best else 0.0
+        if rate(s) >= top * (1 - TIE_FRACTION) and s.screened.k > chosen.screened.k:
             reason = f"ties within 1% but needs staleness k={s.screened.k} > {chosen.screened.k}"
-        elif s.trained_tokens_per_s >= top * (1 - TIE_FRACTION) and s.screened.mode != chosen.screened.mode:
+        elif rate(s) >= top * (1 - TIE_FRACTION) and s.screened.mode != chosen.screened.mode:
             reason = (f"ties within 1% ({100 * -slower:+.1f}%) at the same staleness; {chosen.screened.mode} is "
                       f"preferred (order: {', '.join(MODE_PREFERENCE)})")
         else:
-            reason = f"slower by {100 * slower:.1f}% (simulated, {s.sim_steps} steps)"
+            reason = f"slower by {100 * slower:.1f}% (simulated, {s.sim_steps} steps{measure})"
         rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))
     base = outcome.best_sync
     if base is not None and base.screened.label not in sim_labels:

@@ -333,8 +333,11 @@ def _pick_finalists(screened: list[Screened], limit: int, per_mode: bool) -> lis
     for c in screened[:limit]:
         add(c)
     if per_mode:
-        for mode in sorted({c.mode for c in screened}):
-            add(next((c for c in screened if c.mode == mode), None))
+        # the best of each mode on each kind of placement: colocated streaming's screen estimate sat above every
+        # disaggregated one on local-tiny and dense-8b at k=4, so no disaggregated streaming plan was simulated, and
+        # one simulated 3.3-6.9% faster than the plan chosen
+        for mode, colocated in sorted({(c.mode, c.placement.colocated) for c in screened}):
+            add(next((c for c in screened if c.mode == mode and c.placement.colocated == colocated), None))
         # colocated streaming's rollout turns run below full occupancy by an amount the screen does not see, and it
         # differs between engine layouts (235B: the screen puts tp8x64 6% above tp16x32, which simulates 7% faster):
         # the best of each layout is a finalist (a colocated placement per layout: a handful)
@@ -400,9 +403,11 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     space = Space(inputs)
     screen = Screen(space)
     placements = _placements(space, screen)
+    # an exact tie of screen estimates is a k the screen cannot see (its tail term does not bind): the larger k, whose
+    # pipeline has more slack, goes first (a tie in simulation still goes to the lower k, see _rank_key)
     screened = sorted((screen.evaluate(p, mode, k) for p in placements for mode, k in mode_ks(inputs, p.colocated)
                        if _hosts(p, mode, k)),
-                      key=lambda c: (-c.trained_tokens_per_s, c.label))
+                      key=lambda c: (-c.trained_tokens_per_s, -c.k, c.label))
     rejections = tuple(sorted(space.rejections, key=lambda r: (r.need_over_have, r.what)))
     if not screened:
         closest = rejections[0] if rejections else None
@@ -441,21 +446,17 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     sims = first[:len(picked)]
     what_if = {s.screened.label: s for s in first[len(picked):] if s.screened.k > inputs.max_version_lag}
     baseline = [s for s in first[len(picked):] if s.screened.k <= inputs.max_version_lag]
-    # A tie goes to the lowest k, then the preferred mode. On the placements that tie for the lead, simulate each
-    # (mode, k) that would win such a tie but that the screen ranked too low to be a finalist, if it could tie: its
-    # screen estimate times the most optimistic simulation/screen ratio of the finalists (plus a margin) reaches the
-    # band.
-    best = max(s.trained_tokens_per_s for s in sims)
-    leader = min(sims, key=lambda s: _rank_key(s, best)).screened
-    leading = {s.screened.placement for s in sims if s.trained_tokens_per_s >= best * (1 - TIE_FRACTION)}
-    optimism = max(s.trained_tokens_per_s / s.screened.trained_tokens_per_s for s in sims) * (1 + TIE_SCREEN_MARGIN)
-    done = {s.screened.label for s in sims + baseline}
-    sims += map_fn(simulated, [c for c in screened if c.placement in leading and c.label not in done
-                               and _tie_key(c) < _tie_key(leader)
-                               and c.trained_tokens_per_s * optimism >= best * (1 - TIE_FRACTION)])
     if sync_allowed:
         sims += baseline
         baseline = []
+    # The screen ranks the (mode, k) of one placement less well than it ranks placements. On the placements that
+    # lead (within a tie of the best), simulate each (mode, k) the screen ranked too low to be a finalist but which
+    # could reach the band: its screen estimate times the most optimistic simulation/screen ratio of the first
+    # finalists (plus a margin). Again for the placements that lead after the longer runs below: a short-run leader
+    # is not always the long-run one (small-gpu: the first check ran on a colocated placement, the long runs crowned a
+    # disaggregated one whose streaming k=2, never simulated, was 2.7% faster).
+    optimism = max(s.trained_tokens_per_s / s.screened.trained_tokens_per_s for s in sims) * (1 + TIE_SCREEN_MARGIN)
+    checked: set[Placement] = set()
     # Second look: the leaders again over more steps, until the best REFINE_TOP all ran the long simulation; and the
     # sync baseline too, so that the speedup compares runs of the same length.
     long = refine_steps_for(inputs, steps)
@@ -466,26 +467,37 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     short: dict[str, float] = {}  # label -> trained tokens/s of its short run, for the refined ones
     while True:
         best = max(s.trained_tokens_per_s for s in sims)
-        best_rate = max(objective_rate(s, inputs) for s in sims)
-        sims.sort(key=lambda s: _rank_key(s, best_rate, inputs))
-        syncs = sorted((s for s in sims + baseline if s.screened.mode == "sync"),
-                       key=lambda s: (-s.trained_tokens_per_s, s.screened.label))
-        todo = [s for s in sims[:REFINE_TOP] + syncs[:1] if s.sim_steps < long]
-        if short:
-            # A short run is not comparable with a long one (the pipeline still fills): one within REFINE_MARGIN of
-            # the best, or that the largest gain a refined run showed would lift within a tie of it, is refined too
-            # rather than ranked out on its short figure.
-            gain = max(1 + REFINE_MARGIN, *(s.trained_tokens_per_s / short[s.screened.label]
-                                            for s in sims if s.screened.label in short))
-            todo += [s for s in sims[REFINE_TOP:] if s.sim_steps < long
-                     and s.trained_tokens_per_s * gain >= best * (1 - TIE_FRACTION)]
-        if not todo:
+        leading = {s.screened.placement for s in sims if s.trained_tokens_per_s >= best * (1 - TIE_FRACTION)} - checked
+        if not leading and short:
             break
-        short.update((s.screened.label, s.trained_tokens_per_s) for s in todo)
-        again = {s.screened.label: s for s in map_fn(refined, list({s.screened.label: s.screened for s in todo}
-                                                                   .values()))}
-        sims = [again.get(s.screened.label, s) for s in sims]
-        baseline = [again.get(s.screened.label, s) for s in baseline]
+        checked |= leading
+        done = {s.screened.label for s in sims + baseline}
+        sims += map_fn(simulated, [c for c in screened if c.placement in leading and c.label not in done
+                                   and c.trained_tokens_per_s * optimism >= best * (1 - TIE_FRACTION)])
+        while True:
+            best = max(s.trained_tokens_per_s for s in sims)
+            best_rate = max(objective_rate(s, inputs) for s in sims)
+            sims.sort(key=lambda s: _rank_key(s, best_rate, inputs))
+            syncs = sorted((s for s in sims + baseline if s.screened.mode == "sync"),
+                           key=lambda s: (-s.trained_tokens_per_s, s.screened.label))
+            todo = [s for s in sims[:REFINE_TOP] + syncs[:1] if s.sim_steps < long]
+            if short:
+                # A short run is not comparable with a long one (the pipeline still fills): one within REFINE_MARGIN
+                # of the best, or that the largest gain a refined run showed would lift within a tie of it, is
+                # refined too rather than ranked out on its short figure.
+                gain = max(1 + REFINE_MARGIN, *(s.trained_tokens_per_s / short[s.screened.label]
+                                                for s in sims if s.screened.label in short))
+                todo += [s for s in sims[REFINE_TOP:] if s.sim_steps < long
+                         and s.trained_tokens_per_s * gain >= best * (1 - TIE_FRACTION)]
+            if not todo:
+                break
+            short.update((s.screened.label, s.trained_tokens_per_s) for s in todo)
+            again = {s.screened.label: s for s in map_fn(refined, list({s.screened.label: s.screened for s in todo}
+                                                                       .values()))}
+            sims = [again.get(s.screened.label, s) for s in sims]
+            baseline = [again.get(s.screened.label, s) for s in baseline]
+        if not short:  # nothing to refine (a short spec): one look at the leading placements is all
+            break
     excluded = []
     if "partial-rollout" not in inputs.modes and not inputs.allow_version_mixing:
         excluded.append(("partial-rollout", "violates consistency: resumes trajectories on new weights; the spec "

@@ -40,15 +40,35 @@ def _tiny_auto(**replace: str):
     return _resolved((SPECS / "local-tiny.yaml").read_text(), **{"  mode: streaming\n": "  mode: auto\n", **replace})
 
 
-@pytest.mark.parametrize("case", ["local-tiny", "small-gpu"])
-def test_chosen_within_3_percent_of_exhaustive_best(case: str) -> None:
-    resolved = load_spec(str(SPECS / "local-tiny.yaml")) if case == "local-tiny" else _resolved(SMALL_GPU)
+@pytest.mark.parametrize("case, k", [("local-tiny", 3), ("local-tiny auto", 2), ("local-tiny auto", 3),
+                                      ("small-gpu", 1), ("small-gpu", 2), ("small-gpu", 3), ("small-gpu", 4)])
+def test_chosen_within_a_tie_of_exhaustive_best(case: str, k: int) -> None:
+    """Within the tie margin, where 3% was allowed: small-gpu chose a plan 2.7% slower (its placement led only after
+    the longer runs, so its other modes were never simulated), and local-tiny's disaggregated streaming was never a
+    finalist (colocated streaming took the mode's one place)."""
+    from planner.search.core import TIE_FRACTION
+
+    budget = {"max_version_lag: 3 ": f"max_version_lag: {k} "}
+    resolved = (load_spec(str(SPECS / "local-tiny.yaml")) if case == "local-tiny" else _tiny_auto(**budget)
+                if case == "local-tiny auto" else _resolved(SMALL_GPU, **{"{max_version_lag: 2}":
+                                                                            f"{{max_version_lag: {k}}}"}))
     inputs = search_inputs(resolved)
     chosen = search(inputs).chosen
     exhaustive = search(inputs, exhaustive=True)
     best = max(s.trained_tokens_per_s for s in exhaustive.finalists)
     assert len(exhaustive.finalists) == len(exhaustive.screened) > 4
-    assert chosen.trained_tokens_per_s >= 0.97 * best, (chosen.screened.label, exhaustive.chosen.screened.label)
+    assert chosen.trained_tokens_per_s >= (1 - TIE_FRACTION) * best, (chosen.screened.label,
+                                                                       exhaustive.chosen.screened.label)
+
+
+def test_under_objective_time_the_considered_table_reasons_by_the_time_it_ranks_by() -> None:
+    """The search ranks by samples/s over the whole run, but the reasons compared trained tokens/s: a plan chosen
+    for its time read as a tie, and a rejected one as 'slower by -0.3%'."""
+    plan = make_plan(_resolved(SMALL_GPU + "objective: time\n")).plan
+    chosen = next(c for c in plan.considered if c.status == "chosen")
+    assert chosen.reason.startswith("highest simulated samples/s over the whole run")
+    assert not any("slower by -" in c.reason for c in plan.considered)
+    assert any(c.reason.endswith("samples/s over the whole run)") for c in plan.considered if "slower by" in c.reason)
 
 
 def test_plan_is_deterministic() -> None:
