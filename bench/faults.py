@@ -1,13 +1,16 @@
-"""Inject faults into a real local-tiny run and print, per fault, the recovery time and trajectories lost.
+"""Inject faults into a real local-tiny run and print, per fault, the time to recover and trajectories lost.
 
     python bench/faults.py [--kills 5] [--steps 10] [--seed 7]
 
 Two experiments on the shortened local-tiny spec (streaming, 2 rollout workers x 16 slots):
 1. rollout worker kills: one in-process run; a worker process is killed (``ray.kill`` with restart,
-   or ``SIGKILL`` of its PID) at random points; recovery = failure noticed -> worker serving again.
+   or ``SIGKILL`` of its PID) at random points. Two intervals, one after the other: restart_s = kill -> Ray has
+   restarted the process (the killer blocks the controller meanwhile, so the controller sees each death once:
+   ``dora.runtime.faults.WorkerKiller``); recovery_s = the controller noticed the death -> the worker serves again
+   (weights reloaded, its requests regenerated). total_s, their sum, is what a kill costs.
 2. kill -9 of the whole run: ``python -m dora.runtime.driver`` (what ``dora apply`` and the Ray job run,
    with its own local Ray each attempt) is SIGKILLed with its process group at random points and re-run;
-   recovery = re-run -> first step trained after the checkpoint (includes Ray start and actor start).
+   recovery_s = total_s = re-run -> first step trained after the checkpoint (includes Ray start and actor start).
 Lost and duplicated trajectories are counted from the combined trace (``dora.runtime.faults.ledger``);
 both must be 0, and the planner's checker must pass.
 """
@@ -66,7 +69,8 @@ def main() -> int:
     counts = ledger(trace)
     ok = check_trace(read_jsonl(trace), k=rc.max_version_lag, allow_version_mixing=False).ok
     for kill, seconds in zip(killer.kills, stats.recovery_s, strict=False):
-        rows.append((f"worker {kill['worker']} {kill['method']}", f"{kill['in_flight']} held at kill", seconds))
+        rows.append((f"worker {kill['worker']} {kill['method']}", f"{kill['in_flight']} held at kill",
+                     kill["restart_s"], seconds))
     made = "" if len(killer.kills) == args.kills else f" of {args.kills} asked (the run ended first)"
     print(f"rollout worker kills: {len(killer.kills)}{made}, audit {'ok' if ok else 'FAILED'}, lost {counts['lost']}, "
           f"duplicated {counts['duplicated']}, regenerated {counts['regenerated']} (a request the worker finished "
@@ -82,15 +86,21 @@ def main() -> int:
     counts2 = ledger(trace2)
     ok2 = code == 0 and check_trace(read_jsonl(trace2), k=rc.max_version_lag, allow_version_mixing=False).ok
     for f in faults:
-        rows.append((f"kill -9 run (after step {f['last_step']})", f"{f['after_events']} finishes in", f["recovery_s"]))
-    print(f"kill -9 of the run: {len(faults)}, final exit {code}, audit {'ok' if ok2 else 'FAILED'}, "
+        rows.append((f"kill -9 run (after step {f['last_step']})", f"{f['after_events']} finishes in", None,
+                     f["recovery_s"]))
+    made = "" if len(faults) == args.kills else f" of {args.kills} asked (the run ended first)"
+    print(f"kill -9 of the run: {len(faults)}{made}, final exit {code}, audit {'ok' if ok2 else 'FAILED'}, "
           f"lost {counts2['lost']}, duplicated {counts2['duplicated']}, regenerated {counts2['regenerated']}")
-    print(f"\n{'fault':<34} {'when':<18} {'recovery_s':>10}  lost")
-    for name, when, seconds in rows:
+    print(f"\n{'fault':<34} {'when':<18} {'restart_s':>9} {'recovery_s':>10} {'total_s':>8}  lost")
+    for name, when, restart, recovery in rows:
         lost = counts["lost"] if name.startswith("worker") else counts2["lost"]
-        print(f"{name:<34} {when:<18} {seconds if seconds is not None else '-':>10}  {lost}")
-    if any(seconds is None for _, _, seconds in rows):
-        print("(-: the next kill came before the re-run trained a step, so no recovery time was measured)")
+        total = None if recovery is None else round((restart or 0.0) + recovery, 3)
+        print(f"{name:<34} {when:<18} {_seconds(restart):>9} {_seconds(recovery):>10} {_seconds(total):>8}  {lost}")
+    if any(recovery is None for *_, recovery in rows):
+        print("(- in recovery_s: the next kill came before the re-run trained a step, so none was measured; "
+              "- in restart_s: a whole run has no restart apart from its re-run)")
+    else:
+        print("(- in restart_s: a whole run has no restart apart from its re-run)")
     print(json.dumps({"worker": counts, "process": counts2}, sort_keys=True))
     if code != 0:
         print(err[-2000:], file=sys.stderr)
@@ -100,6 +110,10 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok and ok2 and counts["lost"] == counts2["lost"] == 0 and not counts["duplicated"] \
         and not counts2["duplicated"] else 1
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
 
 
 if __name__ == "__main__":

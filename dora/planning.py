@@ -65,7 +65,18 @@ CALIBRATION_FILE_KEYS = frozenset({"calibration", "format", "spec", "machine", "
 def load_calibration(path: str | None) -> Calibration:
     if path is None:
         return DEFAULT_CALIBRATION
+    from dora.calibrate import FORMAT
+
     data = read_json_object(path, "calibration file", CalibrationFileError)
+    if "format" in data and data["format"] != FORMAT:
+        raise CalibrationFileError(f"calibration file '{path}' has format {json.dumps(data['format'])[:60]}, and this "
+                                   f"dora reads \"{FORMAT}\": write it again with this dora's `dora calibrate`")
+    beside = sorted(set(data) & (CALIBRATION_FILE_KEYS - {"calibration"}))
+    if "calibration" not in data and beside:  # read as a bare constants object, it said "unknown key 'fits'"
+        raise CalibrationFileError(f"calibration file '{path}' has no \"calibration\" object: its top-level keys "
+                                   f"({', '.join(beside)}) are those of a file `dora calibrate` writes, whose constants "
+                                   "are under \"calibration\"; write it again with `dora calibrate`, or put the "
+                                   "constants back under \"calibration\"")
     values = data.get("calibration", data)
     if "calibration" in data and (unknown := sorted(set(data) - CALIBRATION_FILE_KEYS)):
         known = ", ".join(sorted(CALIBRATION_FILE_KEYS - {"calibration"}))

@@ -394,17 +394,19 @@ class TrainerActor:
             self._megatron = MegatronTrainer(cfg, initial_weights=start)
         return self._megatron
 
-    def warm_up(self, cache_dir: str | None) -> tuple[int, float]:
-        """Supervised warm-up (cached by content hash in ``cache_dir``); returns ``(steps run, seconds)``."""
+    def warm_up(self, cache_dir: str | None) -> tuple[int, float, list[str]]:
+        """Supervised warm-up (cached by content hash in ``cache_dir``); returns ``(steps run, seconds, notes)``, the
+        notes for the user (an unreadable cache file, warmed up again)."""
         from pathlib import Path
 
         start = time.perf_counter()
+        notes: list[str] = []
         losses = warm_up(
             self._trainer, self._task, self._lengths, seed=self._seed, learning_rate=self._warmup_lr,
-            cache_dir=None if cache_dir is None else Path(cache_dir),
+            cache_dir=None if cache_dir is None else Path(cache_dir), notes=notes,
         )
         self._megatron = None  # a Megatron trainer starts from the warmed weights
-        return len(losses), time.perf_counter() - start
+        return len(losses), time.perf_counter() - start, notes
 
     def train_step(self, batch: list[ScoredTrajectory], save_to: str | None = None) -> TrainMetrics:
         """One GRPO step; with ``save_to``, then ``save_state(save_to)`` in the same call (a checkpointed step

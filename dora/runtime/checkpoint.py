@@ -37,11 +37,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dora.runtime.trace import read_jsonl, write_json_atomic
+from dora.runtime.trace import JsonlError, read_jsonl, write_json_atomic
 from dora.spec.files import loads_json
 
 CHECKPOINT_DIR = "checkpoint"
@@ -148,14 +149,71 @@ def repair_jsonl_tail(path: Path) -> None:
 def check_resumable(output_dir: Path, runtime_json: dict[str, Any]) -> Checkpoint | None:
     """The checkpoint in ``output_dir`` (``None`` if there is none) if this job may resume it; reads only.
 
-    Raises ``CheckpointError`` when it is another job configuration's checkpoint."""
+    Raises ``CheckpointError`` when it is another job configuration's checkpoint, or when the files a resume reads are
+    damaged (``_check_run_files``): refused here, before anything is written, the run's files stay as they were."""
     ckpt = read_checkpoint(output_dir)
     if ckpt is not None and ckpt.config_key != config_key(runtime_json):
         raise CheckpointError(
             f"{checkpoint_dir(output_dir)} holds a checkpoint of a different job configuration"
             f"{_changed_settings(Path(output_dir) / 'runtime.json', ckpt.config_key, runtime_json)}; resume it with "
             "the spec and overrides it ran with (add --steps N for another step count), or use another --output-dir")
+    if ckpt is not None:
+        _check_run_files(Path(output_dir), ckpt)
     return ckpt
+
+
+def _check_run_files(output_dir: Path, ckpt: Checkpoint) -> None:
+    """Refuse (``CheckpointError``) to resume from files that would make a wrong run: a trainer file that is not a
+    whole ``torch.save`` archive (a zip: its directory is at the end, so a cut file fails here, cheaply, where the
+    trainer's load would fail only after the trace was written to); a line of the trace or the metrics that is not
+    JSON (the resume rewrites the metrics from what it reads); a trace without the steps the checkpoint holds (the
+    groups admitted before the crash, which the resume regenerates, are read from it)."""
+    directory = checkpoint_dir(output_dir)
+    trainer = directory / ckpt.trainer_state
+    try:
+        with zipfile.ZipFile(trainer):
+            pass
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{trainer}: unreadable trainer state ({exc}); delete {directory} to start over") \
+            from None
+    trace = output_dir / "trace.jsonl"
+    events = _read_run_file(trace, directory) if trace.exists() else []
+    if (output_dir / "metrics.jsonl").exists():
+        _read_run_file(output_dir / "metrics.jsonl", directory)
+    traced = {e.get("step") for e in events if e.get("type") == "train_step"}
+    if ckpt.step_event is not None:
+        traced.add(ckpt.step)  # a kill after the commit may have lost it: the resume writes it from the checkpoint
+    lacking = [s for s in range(1, ckpt.step + 1) if s not in traced]
+    if lacking:
+        what = (f"does not hold this checkpoint's steps: no train_step event for step{'s' if len(lacking) > 1 else ''} "
+                f"{_ranges(lacking)} of the {ckpt.step} it holds" if trace.exists()
+                else f"is missing, and the checkpoint holds {ckpt.step} step{'s' if ckpt.step > 1 else ''}")
+        raise CheckpointError(f"{trace} {what}: the data groups admitted before the stop, which the trace names, "
+                              f"cannot be regenerated; {_fix(trace, directory)}")
+
+
+def _read_run_file(path: Path, directory: Path) -> list[dict[str, Any]]:
+    try:
+        return read_jsonl(path)
+    except JsonlError as exc:
+        raise CheckpointError(f"{exc}: the run cannot be resumed from it; {_fix(path, directory)}") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc}); {_fix(path, directory)}") from None
+
+
+def _fix(path: Path, directory: Path) -> str:
+    return f"restore {path.name} as the run wrote it, or delete {directory} to start over"
+
+
+def _ranges(steps: list[int]) -> str:
+    """'1-3, 7' for [1, 2, 3, 7]."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
 
 
 def resume_hint(output_dir: Path) -> str:
@@ -228,7 +286,7 @@ def prepare_resume(output_dir: Path, runtime_json: dict[str, Any]) -> ResumePoin
     Repairs the trace tail and writes the checkpointed step's event if the crash lost it, then the
     ``unfinished_at_end`` events the stopped attempt did not write (``unaccounted``: a kill before its end); keeps only
     the metrics rows of checkpointed steps, and writes the checkpointed step's row if the crash lost it. Raises
-    ``CheckpointError`` for another job's checkpoint.
+    ``CheckpointError`` for another job's checkpoint, and for damaged files (``check_resumable``).
     """
     ckpt = check_resumable(output_dir, runtime_json)
     if ckpt is None:

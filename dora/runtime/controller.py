@@ -43,7 +43,7 @@ from dora.runtime.actors import (
     WorkerMessage,
     WorkerRestarted,
 )
-from dora.runtime.checkpoint import Checkpoint, ResumePoint, checkpoint_dir, write_checkpoint
+from dora.runtime.checkpoint import Checkpoint, CheckpointError, ResumePoint, checkpoint_dir, write_checkpoint
 from dora.runtime.engines.base import (
     FinishedTrajectory,
     GenerationRequest,
@@ -100,6 +100,13 @@ def _trainer_argument_lost(exc: BaseException) -> bool:
     ``RayActorError``, and the error is an instance of both classes: caught as the worker's own death, it made the
     controller restart a live worker, whose reload of the same weights failed again."""
     return isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, ray.exceptions.RayActorError)
+
+
+def _cause(exc: ray.exceptions.RayTaskError) -> str:
+    """'RuntimeError: <its first sentence>': what failed in the actor, without Ray's wrapping, the remote traceback and
+    the advice torch adds to a failed load."""
+    first = str(exc.cause).strip().split("\n")[0].split(". ")[0]
+    return f"{type(exc.cause).__name__}: {first or 'no detail'}"
 
 
 def _trainer_lost(exc: BaseException, when: str) -> TrainerLost:
@@ -309,8 +316,10 @@ class Controller:
             self._phase(f"starting the trainer and {self._workers_text()}; warm-up: "
                         f"{cfg.task.warmup_steps} supervised steps on the task's answers"
                         + (f", unless {cache}/ holds their result" if cache else ""))
-            steps, seconds = self._get_trainer(self._trainer.warm_up.remote(cache), "during the warm-up")
+            steps, seconds, notes = self._get_trainer(self._trainer.warm_up.remote(cache), "during the warm-up")
             self.stats.warmup_steps, self.stats.warmup_s = steps, seconds
+            for note in notes:
+                self._phase(note)
             self._phase(f"warm-up: {steps} steps in {seconds:.1f} s" if steps else
                         f"warm-up: weights loaded from {cache} in {seconds:.1f} s")
             trainer_file = self._trainer_file(0)
@@ -320,8 +329,12 @@ class Controller:
         else:
             self._phase(f"starting the trainer and {self._workers_text()}; restoring the trainer "
                         f"from {cfg.resume.trainer_state}")
-            held = self._get_trainer(self._trainer.load_state.remote(str(cfg.resume.trainer_state)),
-                                     f"while restoring {cfg.resume.trainer_state}")
+            try:
+                held = self._get_trainer(self._trainer.load_state.remote(str(cfg.resume.trainer_state)),
+                                         f"while restoring {cfg.resume.trainer_state}")
+            except ray.exceptions.RayTaskError as exc:  # the file is damaged where `check_resumable` does not look
+                raise CheckpointError(f"{cfg.resume.trainer_state}: unreadable trainer state ({_cause(exc)}); delete "
+                                      f"{cfg.resume.trainer_state.parent} to start over") from None
             if held != self.base:
                 raise RuntimeError(f"checkpoint {cfg.resume.trainer_state} holds v{held}, expected v{self.base}")
         self._phase(f"loading v{self.base} on {self._workers_text()}")

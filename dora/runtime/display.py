@@ -168,7 +168,7 @@ def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
                       + f", {summary.get('worker_restarts', 0)} worker restart(s), "
                         f"{summary.get('regenerated_trajectories', 0)} trajectories regenerated (every attempt)")
     elif summary.get("resumed_from_step") is not None or summary.get("worker_restarts"):
-        recovery = summary.get("recovery_s") or []
+        recovery = summary.get("recovery_s") or summary.get("attempt_recovery_s") or []
         t.add_row("recovery", (f"resumed after step {resumed}, " if resumed is not None else "")
                               + f"{summary.get('worker_restarts', 0)} worker restart(s)"
                               + (f" (max {max(recovery):.1f}s)" if recovery else "")

@@ -244,6 +244,8 @@ def _run_job(rc: RuntimeConfig, *, console: Any, live: bool, base_dir: Path, war
             except (PipelineStalled, TrainerLost, WorkerLost) as exc:
                 raise JobStopped(f"{exc}\n  trace and last checkpoint in {out}/; re-run the same command to "
                                  "resume from the checkpoint") from None
+            except CheckpointError as exc:  # a checkpoint whose file reads as a zip but not as the trainer's state
+                raise JobStopped(str(exc)) from None
     finally:
         if started:
             ray.shutdown()
@@ -376,13 +378,17 @@ def _quiet_token_auth_notice() -> None:
         lambda record: not record.getMessage().startswith(notice))
 
 
-def _whole_run_counts(events: list[dict[str, Any]], report: Any) -> dict[str, int]:
-    """Weight loads, migrated, version-mixed and unfinished trajectories over every attempt of a resumed run: from its
-    trace and the checker's report of it (a trajectory regenerated after a resume counts once, as it last finished;
-    the leftovers of a killed attempt, which the resume recorded, count as unfinished unless regenerated)."""
+def _whole_run_counts(events: list[dict[str, Any]], report: Any) -> dict[str, Any]:
+    """Weight loads, migrated, version-mixed, unfinished and regenerated trajectories, worker restarts and the steps
+    resumed at, over every attempt of a resumed run: from its trace and the checker's report of it (a trajectory
+    regenerated after a resume counts once, as it last finished; the leftovers of a killed attempt, which the resume
+    recorded, count as unfinished unless regenerated)."""
     return {"weight_loads": sum(e.get("type") == "weights_loaded" for e in events),
             "migrated_trajectories": sum(len(e.get("trajs", ())) for e in events if e.get("type") == "migrated"),
-            "mixed_trajectories": len(report.mixed), "unfinished_at_end": len(report.unfinished_at_end)}
+            "mixed_trajectories": len(report.mixed), "unfinished_at_end": len(report.unfinished_at_end),
+            "regenerated_trajectories": sum(e.get("type") == "regenerated" for e in events),
+            "worker_restarts": sum(e.get("type") == "worker_restarted" for e in events),
+            "resumed_at_steps": [e.get("step") for e in events if e.get("type") == "resumed"]}
 
 
 def _previous_summary(out: Path) -> dict[str, Any]:
@@ -418,13 +424,6 @@ def _audited_again_summary(out: Path, rc: RuntimeConfig, steps: int) -> dict[str
     with contextlib.suppress(OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
         rows = [r for r in read_jsonl(out / "metrics.jsonl") if isinstance(r, dict) and r.get("step", 0) <= steps]
         summary.update(training_figures(rows) if rows else {})
-    try:
-        events = [e for e in read_jsonl(out / "trace.jsonl") if isinstance(e, dict)]
-    except OSError:
-        events = []
-    summary.update({"resumed_at_steps": [e.get("step") for e in events if e.get("type") == "resumed"],
-                    "worker_restarts": sum(e.get("type") == "worker_restarted" for e in events),
-                    "regenerated_trajectories": sum(e.get("type") == "regenerated" for e in events)})
     return summary
 
 
@@ -447,6 +446,8 @@ def finish_job(output_dir: Path, summary: dict[str, Any], *, k: int, allow_versi
         report = check_trace(events, k=k, allow_version_mixing=allow_version_mixing)
         if whole_run or summary.get("resumed_from_step") is not None:  # the trace holds every attempt
             summary = {**summary, **_whole_run_counts(events, report)}
+            if "recovery_s" in summary:  # the restart times are in no trace: this attempt's only, and named so
+                summary["attempt_recovery_s"] = summary.pop("recovery_s")
         audit = {
             "ok": report.ok, "num_trajectories": report.num_trajectories, "num_consumed": report.num_consumed,
             "mixed": len(report.mixed), "unfinished_at_end": len(report.unfinished_at_end),

@@ -73,18 +73,33 @@ class TraceWriter(JsonlWriter):
         self.write({"t": round(self.offset_s + t_s, 6), "type": kind, **fields})
 
 
+class JsonlError(ValueError):
+    """A line of a JSON-lines file that is not JSON, and not the unterminated last line a killed writer leaves."""
+
+    def __init__(self, path: Path, lineno: int, reason: str) -> None:
+        super().__init__(f"{path}, line {lineno}: not a JSON record ({reason})")
+        self.path, self.lineno = path, lineno
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every record of a JSON-lines file (a truncated last line, from a killed writer, is skipped)."""
+    """Every record of a JSON-lines file. An unterminated last line that is not JSON (a writer killed mid-write) is
+    skipped; any other line that is not JSON raises ``JsonlError``: skipping it, or stopping there, would lose records
+    that callers (a resume rewrites ``metrics.jsonl`` from what it read) take for the whole file."""
     out = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
                 continue
             try:
                 out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                if not line.endswith(b"\n"):
+                    break  # the cut last line (only the last line can lack its newline)
+                if isinstance(exc, json.JSONDecodeError):  # its messages end in " at" or want it: "Extra data"
+                    reason = f"{exc.msg}{'' if exc.msg.endswith(' at') else ' at'} column {exc.colno}"
+                else:
+                    reason = f"not UTF-8: {exc.reason}"
+                raise JsonlError(path, lineno, reason) from None
     return out
 
 
@@ -283,7 +298,9 @@ class RunStats:
     def summary(self) -> dict[str, Any]:
         """Run-level figures. Speed figures cover this attempt's steady state, from the end of its first step to the end
         of its last (``steady_*``); with one step there is none, and they cover that step from the attempt's start,
-        pipeline fill included (``first_step_*``, ``SPEED_PREFIXES``)."""
+        pipeline fill included (``first_step_*``, ``SPEED_PREFIXES``). The counts are this attempt's, which for a
+        fresh run are the run's; a resumed run's summary takes them from the trace of every attempt instead
+        (``dora.runtime.driver.finish_job``)."""
         s = self.steps
         out: dict[str, Any] = {
             "mode": self.mode, "steps": s[-1].step if s else (self.resumed_from_step or 0),
@@ -295,6 +312,7 @@ class RunStats:
             "rollout_workers": self.num_workers, "slots_per_worker": self.slots_per_worker,
             "resumed_from_step": self.resumed_from_step, "regenerated_trajectories": self.regenerated,
             "worker_restarts": self.worker_restarts, "recovery_s": list(self.recovery_s),
+            "resumed_at_steps": [] if self.resumed_from_step is None else [self.resumed_from_step],
         }
         if not s:
             return out

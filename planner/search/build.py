@@ -126,10 +126,18 @@ def catalog_defaults_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -
     On the `cpu` accelerator the `cpu_*` fields stand in for the GPU ones (`Calibration.resolved_for`).
     """
     cal = inputs.calibration
+    if inputs.accelerator.name == "cpu" and cal.source.startswith("measured"):
+        return ()  # written by `dora calibrate`, which fits every field that matters (a fit may land on a default)
+    default = DEFAULT_CALIBRATION.to_dict()
+    current = cal.to_dict()
+    return tuple(f for f in _fields_that_matter(outcome, inputs) if f not in current or current[f] == default.get(f))
+
+
+def _fields_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -> list[str]:
+    """The calibration fields the chosen plan's predicted times depend on (``catalog_defaults_that_matter``)."""
+    cal = inputs.calibration
     p = outcome.chosen.screened.placement
     if inputs.accelerator.name == "cpu":
-        if cal.source.startswith("measured"):
-            return ()  # written by `dora calibrate`, which fits every field below (a fit may land on a default)
         fields = ["cpu_memory_efficiency", "cpu_compute_efficiency", "cpu_step_overhead_s",
                   "cpu_train_step_overhead_s", "weight_reload_fixed_s" if cal.cpu_weight_reload_fixed_s is None
                   else "cpu_weight_reload_fixed_s"]
@@ -150,9 +158,7 @@ def catalog_defaults_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -
             fields.append("moe_imbalance_factor")
             if tr.ep > 1:
                 fields.append("ep_comm_overlap_fraction")
-    default = DEFAULT_CALIBRATION.to_dict()
-    current = cal.to_dict()
-    return tuple(f for f in fields if f not in current or current[f] == default.get(f))
+    return fields
 
 
 def _secs(x: float) -> str:
@@ -185,6 +191,10 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
         out.append(f"uncalibrated: the constants this plan depends on are catalog defaults ({', '.join(defaults)}); "
                    "published planners see 10-25% error before calibration; run `dora calibrate` on the target "
                    "machines")
+    elif defaults and len(defaults) == len(_fields_that_matter(outcome, inputs)):
+        out.append(f"calibrated, but not for this plan: the file ({inputs.calibration.source}) sets none of the "
+                   f"constants it depends on ({', '.join(defaults)}), which stay catalog defaults; run `dora "
+                   f"calibrate` on the target machines ({inputs.accelerator.name})")
     elif defaults:
         out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
     stall, step = tail_stall(c)

@@ -288,6 +288,11 @@ def test_an_empty_output_dir_and_a_hand_written_calibration_say_what_they_are(tm
     out = capsys.readouterr().out
     assert f"calibration: file {calibration}" in out and "catalog defaults (" not in out  # it sets one of them
     assert "partly calibrated" in out
+    # the same CPU file for a GPU spec sets none of what that plan uses: it said "partly calibrated" all the same
+    assert main(["plan", str(REPO / "specs" / "dense-8b-h800x64.yaml"), "--calibration", str(calibration)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "calibrated, but not for this plan" in out and "partly calibrated" not in out
+    assert "run `dora calibrate` on the target machines (h800)" in out
 
 
 @pytest.mark.parametrize("address, problem", [
@@ -832,3 +837,21 @@ def test_what_is_not_the_cluster_s_fault_is_not_reported_as_lost_contact(tmp_pat
     assert "http://head:8265 has no job raysubmit_fake any more (RuntimeError: Request failed with status code 404: " \
            "Job raysubmit_fake does not exist.): it was deleted, or the cluster restarted" in err
     assert "lost contact" not in err
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    ('{"format": "dora-calibration/1", "fits": [], "spec": {"name": "x"}, "cpu_compute_efficiency": 0.5}',
+     'has no "calibration" object: its top-level keys (fits, format, spec) are those of a file `dora calibrate` '
+     'writes, whose constants are under "calibration"'),
+    ('{"format": "dora-calibration/9", "calibration": {"cpu_compute_efficiency": 0.5}}',
+     'has format "dora-calibration/9", and this dora reads "dora-calibration/1": write it again with this dora\'s '
+     "`dora calibrate`"),
+], ids=["no-calibration-object", "unknown-format"])
+def test_a_calibration_file_without_its_constants_object_or_of_another_format_says_so(tmp_path: Path, capsys, document,
+                                                                                      message) -> None:
+    """A file missing its "calibration" object was read as a bare constants object ("unknown calibration key
+    'fits'"); an unknown format was accepted silently."""
+    (tmp_path / "cal.json").write_text(document)
+    assert main(["plan", str(TINY), "--calibration", str(tmp_path / "cal.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err and "unknown calibration key" not in err

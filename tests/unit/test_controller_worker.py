@@ -422,7 +422,9 @@ def test_a_resumed_runs_counts_come_from_every_attempts_trace():
     ]
     report = check_trace(events, k=1, allow_version_mixing=True)
     assert _whole_run_counts(events, report) == {"weight_loads": 3, "migrated_trajectories": 3,
-                                                 "mixed_trajectories": 1, "unfinished_at_end": 1}
+                                                 "mixed_trajectories": 1, "unfinished_at_end": 1,
+                                                 "regenerated_trajectories": 1, "worker_restarts": 0,
+                                                 "resumed_at_steps": [1]}
 
 
 def test_a_publish_that_raises_stops_the_run_before_the_trace_says_the_version_was_published(monkeypatch):

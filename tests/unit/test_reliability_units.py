@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,12 @@ def _line(e: dict) -> str:
     return json.dumps(e) + "\n"
 
 
+def _trainer_state(path: Path) -> None:
+    """A stand-in trainer file: a zip archive, as ``torch.save`` writes (the resume checks it is a whole one)."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("state/data.pkl", b"state")
+
+
 def _attempt_one(out: Path) -> None:
     """A run killed during step 2: step 1 (groups 0, 2) checkpointed; groups 1, 3 admitted; step 2's event lost."""
     adm = [{"t": 0.1 * i, "type": "admitted", "traj": f"g{g}/{s}", "version": 0, "rollout_group": 0}
@@ -137,7 +144,7 @@ def _attempt_one(out: Path) -> None:
     out.mkdir(parents=True)
     (out / "trace.jsonl").write_text("".join(_line(e) for e in adm + fin) + '{"t": 2.6, "type": "fini')
     (out / "checkpoint").mkdir()
-    (out / "checkpoint" / "trainer-000001.pt").write_bytes(b"state")
+    _trainer_state(out / "checkpoint" / "trainer-000001.pt")
     write_checkpoint(out, Checkpoint(step=1, consumed_groups=(0, 2), trainer_state="trainer-000001.pt",
                                      step_event=step1, config_key=config_key({"mode": "sync"})))
     (out / "metrics.jsonl").write_text(_line({"step": 1}) + _line({"step": 2}))
@@ -194,6 +201,78 @@ def test_resume_restores_the_metrics_row_a_kill_after_the_commit_lost(tmp_path):
     assert read_jsonl(out / "metrics.jsonl") == [row]
 
 
+def test_read_jsonl_skips_only_a_cut_last_line_and_names_any_other_line_that_is_not_json(tmp_path):
+    """It stopped at the first bad line: a resume then rewrote metrics.jsonl without every later row."""
+    from dora.runtime.trace import JsonlError
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(_line({"step": 1}) + _line({"step": 2}) + '{"step": 3, "rew')  # a writer killed mid-write
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    path.write_text(_line({"step": 1}) + '{"step": 2, "rew\n' + _line({"step": 3}))
+    with pytest.raises(JsonlError, match=r"metrics.jsonl, line 2: not a JSON record"):
+        read_jsonl(path)
+    path.write_bytes(b'{"step": 1}\n{"step": \xff}\n')
+    with pytest.raises(JsonlError, match=r"line 2: not a JSON record \(not UTF-8"):
+        read_jsonl(path)
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_refuses_a_metrics_file_with_a_bad_line_and_rewrites_nothing(tmp_path):
+    """One cut line in the middle of metrics.jsonl: the resume kept the rows before it and deleted every later one."""
+    out = tmp_path / "run"
+    _attempt_one(out)
+    (out / "metrics.jsonl").write_text(_line({"step": 1})[:5] + "\n" + _line({"step": 2}))
+    before = _files(out)
+    with pytest.raises(CheckpointError, match=r"metrics.jsonl, line 1: not a JSON record \(.*\): the run cannot be "
+                                              r"resumed from it; restore metrics.jsonl as the run wrote it, or delete "
+                                              r".*checkpoint to start over"):
+        prepare_resume(out, {"mode": "sync", "steps": 9})
+    assert _files(out) == before
+
+
+@pytest.mark.parametrize(("damage", "match"), [
+    ("cut-line", r"trace.jsonl, line 3: not a JSON record .*: the run cannot be resumed from it; restore trace.jsonl "
+                 r"as the run wrote it, or delete .*checkpoint to start over"),
+    ("no-step-1", r"trace.jsonl does not hold this checkpoint's steps: no train_step event for step 1 of the 2 it "
+                  r"holds: .*; restore trace.jsonl as the run wrote it, or delete .*checkpoint to start over"),
+    ("deleted", r"trace.jsonl is missing, and the checkpoint holds 2 steps: the data groups admitted before the stop"),
+])
+def test_a_resume_refuses_a_trace_that_lacks_the_checkpoints_steps(tmp_path, damage, match):
+    """A damaged or deleted trace was resumed anyway: the groups admitted before the kill, which the trace names, were
+    not regenerated, and the run failed its audit with hundreds of violations."""
+    out = tmp_path / "run"
+    _finished_run_killed_before_its_end(out, {"mode": "sync"})
+    trace = out / "trace.jsonl"
+    lines = trace.read_text().splitlines(keepends=True)
+    if damage == "cut-line":
+        lines[2] = lines[2][:20] + "\n"
+    elif damage == "no-step-1":
+        lines = [line for line in lines if '"step": 1,' not in line]
+    trace.write_text("".join(lines))
+    if damage == "deleted":
+        trace.unlink()
+    before = _files(out)
+    with pytest.raises(CheckpointError, match=match):
+        prepare_resume(out, {"mode": "sync", "steps": 4})
+    assert _files(out) == before
+
+
+def test_a_resume_refuses_a_cut_trainer_file_before_writing_anything(tmp_path):
+    """A cut trainer-<s>.pt failed in the trainer's torch.load, after the trace was written to, as an internal error."""
+    out = tmp_path / "run"
+    _finished_run_killed_before_its_end(out, {"mode": "sync"})
+    trainer = out / "checkpoint" / "trainer-000002.pt"
+    trainer.write_bytes(trainer.read_bytes()[:40])
+    before = _files(out)
+    with pytest.raises(CheckpointError, match=r"trainer-000002.pt: unreadable trainer state \(File is not a zip "
+                                              r"file\); delete .*checkpoint to start over"):
+        prepare_resume(out, {"mode": "sync", "steps": 4})
+    assert _files(out) == before
+
+
 def _finished_run_killed_before_its_end(out: Path, config: dict, *, closed: int = 0) -> None:
     """Two steps trained and committed (groups 0-3), then SIGKILL before ``Controller._close``: groups 4 (finished)
     and 5 (one sample finished) admitted, never trained, and only the first ``closed`` of their
@@ -216,7 +295,7 @@ def _finished_run_killed_before_its_end(out: Path, config: dict, *, closed: int 
     out.mkdir(parents=True)
     (out / "trace.jsonl").write_text("".join(_line(e) for e in events))
     (out / "checkpoint").mkdir()
-    (out / "checkpoint" / "trainer-000002.pt").write_bytes(b"state")
+    _trainer_state(out / "checkpoint" / "trainer-000002.pt")
     write_checkpoint(out, Checkpoint(step=2, consumed_groups=(0, 1, 2, 3), trainer_state="trainer-000002.pt",
                                      step_event=events[-1 - closed], config_key=config_key(config)))
 
@@ -280,9 +359,10 @@ def test_a_resume_may_change_the_step_count_and_the_spec_hash_and_a_refusal_name
            "model": {"hidden_size": 64, "rope_theta": 10000.0}, "seed": 0}
     out = tmp_path / "run"
     (out / "checkpoint").mkdir(parents=True)
-    (out / "checkpoint" / "trainer-000001.pt").write_bytes(b"state")
+    _trainer_state(out / "checkpoint" / "trainer-000001.pt")
+    step1 = {"t": 1.0, "type": "train_step", "step": 1, "start_t": 0.5, "produced_version": 1, "consumed": []}
     write_checkpoint(out, Checkpoint(step=1, consumed_groups=(0,), trainer_state="trainer-000001.pt",
-                                     step_event=None, config_key=config_key(ran)))
+                                     step_event=step1, config_key=config_key(ran)))
     (out / "runtime.json").write_text(json.dumps(ran))
     # more steps, edited in the spec (so its hash changes too) or passed as --steps: the same job
     assert check_resumable(out, {**ran, "steps": 9, "spec_hash": "b" * 64}).step == 1
@@ -634,3 +714,59 @@ def test_one_step_off_does_not_raise_a_staleness_budget_of_zero(tmp_path):
     assert "needs a staleness budget k >= 1, got k = 0 (staleness.max_version_lag)" in messages["one-step-off"]
     _, plan = plan_for_apply(str(REPO / "specs" / "local-tiny.yaml"), "one-step-off", None)
     assert plan.mode == "one-step-off" and plan.max_version_lag == 1
+
+
+def test_a_damaged_warm_up_cache_file_is_a_miss_warmed_up_again_and_overwritten(tmp_path):
+    """A cut cache file stopped the run in the trainer's torch.load ("internal error ... a bug in dora")."""
+    import torch
+
+    from dora.runtime.engines.tiny_model import TinyModelConfig
+    from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig, warm_up
+    from dora.runtime.tasks import TaskConfig
+    from planner.workload import LengthDistribution
+
+    model = TinyModelConfig(vocab_size=20, num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=2, head_dim=16,
+                            ffn_size=64)
+    task = TaskConfig(number_tokens=17, warmup_steps=2, warmup_batch_size=4)
+    lengths = LengthDistribution.lognormal(median=4, p99=12, max_tokens=16)
+    first = TorchTrainer(TrainerConfig(model=model, seed=0))
+    assert len(warm_up(first, task, lengths, seed=1, cache_dir=tmp_path)) == 2
+    (cached,) = tmp_path.iterdir()
+    whole = cached.read_bytes()
+    cached.write_bytes(whole[:100])
+    notes: list[str] = []
+    again = TorchTrainer(TrainerConfig(model=model, seed=0))
+    assert len(warm_up(again, task, lengths, seed=1, cache_dir=tmp_path, notes=notes)) == 2
+    assert len(notes) == 1 and notes[0].startswith(f"the warm-up cache {cached} is unreadable (")
+    assert notes[0].endswith("): warming up again, and overwriting it")
+    assert len(cached.read_bytes()) == len(whole)  # whole again: the next run loads it
+    loaded = TorchTrainer(TrainerConfig(model=model, seed=0))
+    assert warm_up(loaded, task, lengths, seed=1, cache_dir=tmp_path, notes=notes) == [] and len(notes) == 1
+    for key, value in first.export_weights()[1].items():
+        assert torch.equal(value, loaded.export_weights()[1][key])
+
+
+def test_a_resumed_runs_summary_counts_regenerations_restarts_and_resumes_of_every_attempt(tmp_path):
+    """A resumed attempt's summary gave its own regenerated and restart counts, and an audit-only re-run the whole
+    trace's: the same key meant two things. Both now give the whole run's; the restart times, which no trace holds,
+    are the attempt's and named so."""
+    from dora.runtime.driver import finish_job
+
+    out = tmp_path / "run"
+    _finished_run_killed_before_its_end(out, {"mode": "sync"})
+    with (out / "trace.jsonl").open("a") as f:  # what two earlier attempts and this one wrote, in short
+        f.write("".join(_line(e) for e in [
+            {"t": 5.0, "type": "resumed", "step": 1}, {"t": 5.0, "type": "regenerated", "traj": "g9/0", "version": 1},
+            {"t": 6.0, "type": "worker_restarted", "rollout_group": 0, "version": 1},
+            {"t": 7.0, "type": "resumed", "step": 2}, {"t": 7.0, "type": "regenerated", "traj": "g9/1", "version": 2},
+            {"t": 7.0, "type": "regenerated", "traj": "g8/1", "version": 2}]))
+    attempt = {"mode": "sync", "steps": 2, "total_steps": 2, "resumed_from_step": 2, "regenerated_trajectories": 2,
+               "worker_restarts": 0, "recovery_s": [], "resumed_at_steps": [2]}
+    result = finish_job(out, attempt, k=1, allow_version_mixing=False, title="t")
+    s = result.summary
+    assert (s["regenerated_trajectories"], s["worker_restarts"], s["resumed_at_steps"]) == (3, 1, [1, 2])
+    assert s["attempt_recovery_s"] == [] and "recovery_s" not in s
+    again = finish_job(out, {"mode": "sync", "steps": 2, "audited_again": True}, k=1, allow_version_mixing=False,
+                       title="t", whole_run=True).summary
+    assert {k: again[k] for k in ("regenerated_trajectories", "worker_restarts", "resumed_at_steps")} == \
+        {k: s[k] for k in ("regenerated_trajectories", "worker_restarts", "resumed_at_steps")}

@@ -399,20 +399,31 @@ def warm_up(
     seed: int,
     learning_rate: float = 3e-3,
     cache_dir: Path | None = None,
+    notes: list[str] | None = None,
 ) -> list[float]:
     """Supervised warm-up of ``trainer.model`` on the task's correct answers (version stays 0).
 
     Returns the per-step losses (empty when the weights came from the cache).
     The cache file name is a hash of everything that determines the result, so a
     changed model, task, length distribution, seed or rate never reuses stale weights.
+    A cache file that cannot be loaded (cut, damaged) is a miss: the warm-up runs and writes it again, and a line
+    saying so is appended to ``notes``.
     """
     key = repr((trainer.config.model, task, lengths, seed, learning_rate, trainer.config.pack_len))
     path = None
     if cache_dir is not None:
         path = Path(cache_dir) / f"warmup-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
         if path.exists():
-            trainer.model.load_state_dict(torch.load(path, weights_only=True))
-            return []
+            try:  # only the read: a file that loads but does not fit the model is a bug, not damage
+                cached = torch.load(path, weights_only=True)
+            except Exception as exc:  # whatever broke the file, warming up again recomputes exactly its weights
+                detail = str(exc).split("\n")[0].split(". ")[0] or "no detail"  # torch's advice follows
+                if notes is not None:
+                    notes.append(f"the warm-up cache {path} is unreadable ({type(exc).__name__}: {detail}): warming "
+                                 "up again, and overwriting it")
+            else:
+                trainer.model.load_state_dict(cached)
+                return []
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=learning_rate, betas=(0.9, 0.99))
     losses = [
