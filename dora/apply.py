@@ -24,7 +24,7 @@ from dora.runtime.checkpoint import CheckpointError, check_resumable, resume_hin
 from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
 from dora.spec.checks import path_problem
 from dora.spec.models import MAX_STEPS
-from dora.terminal import error, say
+from dora.terminal import error, interrupted_exit_code, say
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -433,10 +433,10 @@ def _run_here(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, overr
     except JobStopped as exc:
         error(console, str(exc))
         return EXIT_FAILED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         say(console, f"interrupted: actors stopped, Ray shut down, trace flushed to {rc.output_dir}/trace.jsonl"
                      f"{resume_hint(Path(rc.output_dir))}")
-        return EXIT_INTERRUPTED
+        return interrupted_exit_code(exc)
     return report(result, console)
 
 

@@ -316,9 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = func(args)
         sys.stdout.flush()  # output that fit in the buffer is written here: a full disk fails here, not at exit
         return status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from dora.terminal import interrupted_exit_code
+
         _err_console().print("interrupted")
-        return 130
+        return interrupted_exit_code(exc)
     except BrokenPipeError:
         _drop_stdout(stdout)
         return EXIT_ERROR

@@ -20,3 +20,13 @@ def error(console: Any, message: str, *, label: str = "error") -> None:
 def say(console: Any, message: str, *, style: str | None = None) -> None:
     """One message exactly as written (optionally in one style)."""
     console.print(Text(message, style=style or ""))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `kill`, a container stopping): a run stops as on Ctrl-C, between two of its events, with
+    the resume hint (``dora.runtime.controller``); the exit code is 143, as a shell reports a process SIGTERM ended."""
+
+
+def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
+    """130 after Ctrl-C (128 + SIGINT), 143 after SIGTERM (128 + SIGTERM)."""
+    return 143 if isinstance(exc, Terminated) else 130

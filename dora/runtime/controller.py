@@ -55,6 +55,7 @@ from dora.runtime.engines.torch_rollout import RolloutConfig
 from dora.runtime.engines.torch_trainer import TrainerConfig
 from dora.runtime.tasks import Prompt, TaskConfig, make_prompt, score
 from dora.runtime.trace import JsonlWriter, RunStats, TraceWriter, write_text_atomic
+from dora.terminal import Terminated
 from planner.policies import (
     Admit,
     DropVersion,
@@ -857,7 +858,7 @@ class Controller:
 
 
 class _CtrlC:
-    """Ctrl-C (SIGINT) takes effect between the controller's events, never halfway through handling one.
+    """Ctrl-C (SIGINT), and SIGTERM, take effect between the controller's events, never halfway through handling one.
 
     The controller handles each event whole: a KeyboardInterrupt raised halfway through one would leave the trace
     and ``_close``'s accounting disagreeing, e.g. a step's groups marked trained before its ``train_step`` event is
@@ -870,32 +871,40 @@ class _CtrlC:
 
     def __init__(self) -> None:
         self.holding = False
-        self.pending = False
-        self.installed = False
+        self.pending: int | None = None  # the signal noted while holding
+        self.installed: dict[int, Any] = {}  # signal -> the handler to put back
 
     def install(self) -> None:
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            signal.signal(signal.SIGINT, self._on_sigint)
-            self.installed = True
+        """SIGINT over Python's default handler; SIGTERM (as a ``Terminated``) over whatever handles it, put back
+        after: ``ray.init`` makes it ``sys.exit``, which ended the run at once, the trace unflushed and no resume
+        hint given, with Ray's crash dump and exit code 15."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.installed[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+        self.installed[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
 
     def restore(self) -> None:
-        if self.installed:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            self.installed = False
+        for signum, previous in self.installed.items():
+            signal.signal(signum, previous)
+        self.installed = {}
 
     def release(self) -> None:
         self.holding = False
-        if self.pending:
-            self.pending = False
-            raise KeyboardInterrupt
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise _interrupt(signum)
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.holding and not self.pending:
-            self.pending = True
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.holding and self.pending is None:
+            self.pending = signum
             return
-        self.pending = False
-        raise KeyboardInterrupt
+        self.pending = None
+        raise _interrupt(signum)
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _plus(a: WorkerCounters | None, b: WorkerCounters | None) -> WorkerCounters | None:

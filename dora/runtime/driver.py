@@ -37,7 +37,7 @@ from typing import Any
 from rich.text import Text
 
 from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
-from dora.terminal import error, say
+from dora.terminal import error, interrupted_exit_code, say
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -515,12 +515,12 @@ def main(argv: list[str] | None = None) -> int:
     except JobStopped as exc:
         error(console, str(exc))
         return EXIT_FAILED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         from dora.runtime.checkpoint import resume_hint
 
         say(console, f"interrupted: actors stopped, trace flushed to {rc.output_dir}/trace.jsonl"
                      f"{resume_hint(Path(rc.output_dir))}")
-        return EXIT_INTERRUPTED
+        return interrupted_exit_code(exc)
     code = report(result, console)
     # One machine-readable line on stdout: `dora apply --address` reads the audit back from the job's logs.
     print(AUDIT_PREFIX + json.dumps({"ok": result.ok, "audit": result.audit, "output_dir": str(result.output_dir)},

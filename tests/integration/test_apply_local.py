@@ -144,7 +144,8 @@ def test_audit_fails_loudly_on_planted_violations(tmp_path):
     assert "audit failed" in console.export_text()
 
 
-def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_cleanly_with_exit_130_or_143(tmp_path, how):
     out = tmp_path / "first"
     code, text = _apply(_short_spec(tmp_path), "streaming", out, steps=1)
     assert code == 0, text
@@ -167,9 +168,12 @@ def test_ctrl_c_stops_cleanly_with_exit_130(tmp_path):
     while not (metrics.exists() and len(read_jsonl(metrics)) >= 2):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    else:
+        os.kill(proc.pid, signal.SIGTERM)  # what `kill PID` or a scheduler does to the job's process
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == (130 if how == "ctrl-c" else 143), stderr
     assert "Traceback" not in stderr and "Traceback" not in stdout
     assert "interrupted" in stderr and ("run the same command again to resume" in stderr
                                         or "no step was committed yet" in stderr)

@@ -370,6 +370,33 @@ def test_ctrl_c_is_held_while_an_event_is_handled_and_a_second_one_goes_through(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_sigterm_stops_the_run_between_events_as_ctrl_c_does():
+    """SIGTERM (a scheduler stopping the job) killed the run at once: no flushed trace, no resume hint, only Ray's
+    crash dump. It is held like Ctrl-C, raised as ``Terminated`` (exit code 143), and the default put back after."""
+    import os
+    import signal
+
+    from dora.runtime.controller import _CtrlC
+    from dora.terminal import Terminated, interrupted_exit_code
+
+    previous = signal.getsignal(signal.SIGTERM)  # ray.init's, once a test here started Ray
+    ctrl_c = _CtrlC()
+    ctrl_c.install()
+    try:
+        ctrl_c.holding = True
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(500):
+            if ctrl_c.pending:
+                break
+            time.sleep(0.01)
+        with pytest.raises(Terminated) as stopped:
+            ctrl_c.release()
+        assert interrupted_exit_code(stopped.value) == 143 and interrupted_exit_code(KeyboardInterrupt()) == 130
+    finally:
+        ctrl_c.restore()
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
 def test_a_resumed_runs_training_figures_cover_every_step_not_just_the_last_attempt():
     """The summary's staleness, reward and importance-weight figures come from metrics rows; after a resume the
     driver passes every step's row (the checkpointed ones and this attempt's), so they describe the whole run."""
