@@ -171,8 +171,7 @@ def _check_run_files(output_dir: Path, ckpt: Checkpoint) -> None:
     directory = checkpoint_dir(output_dir)
     trainer = directory / ckpt.trainer_state
     try:
-        with zipfile.ZipFile(trainer):
-            pass
+        zipfile.ZipFile(trainer).close()  # opening reads the archive's directory, at its end
     except (OSError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"{trainer}: unreadable trainer state ({exc}); delete {directory} to start over") \
             from None
