@@ -7,6 +7,7 @@ other string with markup off.
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from rich.text import Text
@@ -27,6 +28,21 @@ class Terminated(KeyboardInterrupt):
     the resume hint (``dora.runtime.controller``); the exit code is 143, as a shell reports a process SIGTERM ended."""
 
 
+_signals: list[int] = []
+"""The stop signals a run's handler received, the last one last (``note_signal``)."""
+
+
+def note_signal(signum: int | None) -> None:
+    """Record a stop signal (None: a run starts, forget the earlier ones). Ray re-raises a signal that comes while
+    the main thread waits in ``ray.get`` as a plain ``KeyboardInterrupt``, so the exception's type alone would call
+    a SIGTERM during the warm-up a Ctrl-C."""
+    if signum is None:
+        _signals.clear()
+    else:
+        _signals.append(signum)
+
+
 def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
     """130 after Ctrl-C (128 + SIGINT), 143 after SIGTERM (128 + SIGTERM)."""
-    return 143 if isinstance(exc, Terminated) else 130
+    terminated = isinstance(exc, Terminated) or (bool(_signals) and _signals[-1] == signal.SIGTERM)
+    return 128 + (signal.SIGTERM if terminated else signal.SIGINT)

@@ -55,7 +55,7 @@ from dora.runtime.engines.torch_rollout import RolloutConfig
 from dora.runtime.engines.torch_trainer import TrainerConfig
 from dora.runtime.tasks import Prompt, TaskConfig, make_prompt, score
 from dora.runtime.trace import JsonlWriter, RunStats, TraceWriter, write_text_atomic
-from dora.terminal import Terminated
+from dora.terminal import Terminated, note_signal
 from planner.policies import (
     Admit,
     DropVersion,
@@ -880,6 +880,7 @@ class _CtrlC:
         hint given, with Ray's crash dump and exit code 15."""
         if threading.current_thread() is not threading.main_thread():
             return
+        note_signal(None)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self.installed[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
         self.installed[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
@@ -896,6 +897,7 @@ class _CtrlC:
             raise _interrupt(signum)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        note_signal(signum)
         if self.holding and self.pending is None:
             self.pending = signum
             return
