@@ -14,7 +14,7 @@ command again). A relative one is refused: the job runs in a working directory o
 temporary one Ray removes. The directory is checked before the cluster is contacted and created before the job is
 submitted. A directory another run writes is refused: one whose run lock a run holds, one that holds a local run, and
 one whose ``job.json`` names a job the cluster says is not over (or that cannot be asked): a second job would write the
-same trace and checkpoints. A job that stays PENDING (waiting for resources) is said to, with Ray's message; losing the
+same trace and checkpoints. A head whose job agent has not registered yet (one started moments ago) is tried again for up to a minute. A job that stays PENDING (waiting for resources) is said to, with Ray's message; losing the
 cluster while following a job ends the command with exit 1 (the job may still run: `dora status`), and so does a job
 the cluster no longer knows; a closed standard output stops the following, not the job. The job's working directory,
 made here, is removed once the submission is over, whatever its outcome.
@@ -170,11 +170,7 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
             return EXIT_INVALID
         directory, body = job_directory(resolved, plan, rc, watchdog_s)
         try:
-            submission_id = client.submit_job(
-                entrypoint=body["entrypoint"], runtime_env=body["runtime_env"], metadata=body.get("metadata"),
-                entrypoint_num_cpus=body.get("entrypoint_num_cpus"),
-                entrypoint_num_gpus=body.get("entrypoint_num_gpus"),
-            )
+            submission_id = _submit(client, body, console)
         except Exception as exc:  # the Jobs API answers errors as RuntimeError with the server's text
             error(console, f"job submission to {address} failed: {exc}")
             return EXIT_FAILED
@@ -222,6 +218,34 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
         error(console, f"its logs ended, but the job is still {status} after {TERMINAL_WAIT_S:g} s: dora stopped "
                        f"waiting; `dora status {out}` follows it")
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
+
+
+NO_AGENT = "No available agent to submit job"
+"""The start of what Ray's Jobs API answers (HTTP 500) when its head node's job agent has not registered: it waited
+10 s for one and asks to be tried again later. A head started moments ago says this until its agent is up."""
+AGENT_WAIT_S = 60.0
+"""How long a submission refused for want of a job agent is tried again (each try waits up to 10 s on the head)."""
+
+
+def _submit(client: Any, body: dict, console: Any) -> str:
+    """Submit ``body``; the submission id. A refusal for want of a job agent (``NO_AGENT``) is said once and tried
+    again for up to ``AGENT_WAIT_S``; any other refusal, or that one past the wait, is raised as Ray raised it."""
+    started, said = time.monotonic(), False
+    while True:
+        try:
+            return str(client.submit_job(
+                entrypoint=body["entrypoint"], runtime_env=body["runtime_env"], metadata=body.get("metadata"),
+                entrypoint_num_cpus=body.get("entrypoint_num_cpus"),
+                entrypoint_num_gpus=body.get("entrypoint_num_gpus"),
+            ))
+        except RuntimeError as exc:
+            if NO_AGENT not in str(exc) or time.monotonic() - started >= AGENT_WAIT_S:
+                raise
+            if not said:
+                console.print(f"the cluster's head has no job agent yet (it may have just started): trying again for "
+                              f"up to {AGENT_WAIT_S:g} s", markup=False, highlight=False)
+                said = True
+            time.sleep(1.0)
 
 
 def _taken(out: Path, rc: RuntimeConfig) -> tuple[str, int] | None:

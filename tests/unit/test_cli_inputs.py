@@ -555,14 +555,22 @@ class _FakeJobs:
                            "resources) to become available.",
                 "RUNNING": "Job is currently running.", "SUCCEEDED": "Job finished successfully."}
 
-    def __init__(self, *, infos=("RUNNING", "SUCCEEDED"), logs=(), refuse=False, lose_contact=False) -> None:
+    NO_AGENT = ("Request failed with status code 500: No available agent to submit job, please try again "
+                "later.")  # Ray 2.60's answer while the head's job agent has not registered
+
+    def __init__(self, *, infos=("RUNNING", "SUCCEEDED"), logs=(), refuse=False, lose_contact=False,
+                 no_agent=0) -> None:
         self.infos, self.logs, self.refuse, self.lose_contact = list(infos), list(logs), refuse, lose_contact
+        self.no_agent = no_agent  # how many submissions are refused for want of a job agent first
         self.submitted: list[dict] = []
         self.uploaded: list[list[str]] = []
 
     def submit_job(self, **body):
         working_dir = Path(body["runtime_env"]["working_dir"])
         self.uploaded.append(sorted(p.name for p in working_dir.iterdir()))  # Ray packs and uploads it here
+        if self.no_agent:
+            self.no_agent -= 1
+            raise RuntimeError(self.NO_AGENT)
         if self.refuse:
             raise RuntimeError("Request failed with status code 500: the cluster said no")
         self.submitted.append(body)
@@ -630,6 +638,29 @@ def test_a_submission_leaves_no_job_directory_behind_whatever_its_outcome(tmp_pa
     interrupted = Interrupted()
     assert _submit(tmp_path, monkeypatch, interrupted, "--output-dir", str(tmp_path / "interrupted")) == 130
     assert interrupted.uploaded and list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_head_whose_job_agent_is_not_up_yet_is_tried_again(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A head started moments ago answers "No available agent to submit job, please try again later" until its
+    job agent registers (CI met it); dora gave up at once. Other refusals are still not tried again."""
+    from dora import cluster
+
+    jobs = _FakeJobs(no_agent=3, logs=["step 1/2\n"])
+    assert _submit(tmp_path, monkeypatch, jobs, "--output-dir", str(tmp_path / "out")) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert len(jobs.uploaded) == 4 and len(jobs.submitted) == 1
+    assert err.count("the cluster's head has no job agent yet (it may have just started): trying again for up to "
+                     "60 s") == 1
+    assert json.loads((tmp_path / "out" / "job.json").read_text())["submission_id"] == "raysubmit_fake"
+    monkeypatch.setattr(cluster, "AGENT_WAIT_S", 0.0)  # past the wait: Ray's answer, as it was
+    late = _FakeJobs(no_agent=1)
+    assert _submit(tmp_path, monkeypatch, late, "--output-dir", str(tmp_path / "late")) == 1
+    err = capsys.readouterr().err
+    assert f"job submission to http://head:8265 failed: {_FakeJobs.NO_AGENT}" in " ".join(err.split())
+    assert len(late.uploaded) == 1 and not (tmp_path / "late" / "job.json").exists()
+    refused = _FakeJobs(refuse=True)
+    assert _submit(tmp_path, monkeypatch, refused, "--output-dir", str(tmp_path / "refused")) == 1
+    assert len(refused.uploaded) == 1  # any other refusal is not tried again
 
 
 def test_the_driver_s_audit_line_is_read_when_the_logs_split_it(tmp_path: Path, capsys, monkeypatch) -> None:
