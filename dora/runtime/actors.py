@@ -49,6 +49,7 @@ from dora.runtime.engines.base import (
 )
 from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
 from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig, warm_up
+from dora.runtime.heap import settle_heap
 from dora.runtime.tasks import LengthSampler, TaskConfig
 
 STEP_LOG_COLUMNS = ("start_s", "duration_s", "kind", "decode_rows", "context_tokens", "versions", "prefill_tokens")
@@ -242,6 +243,7 @@ class RolloutWorker:
                 self._generated_base = self._engine.stats().generated_tokens
 
         self._call(reset, incarnation)
+        settle_heap()  # start-up is over: later collections walk only what the run allocates (dora.runtime.heap)
 
     def load_weights(
         self, version: int, weights: dict[str, torch.Tensor], resume_in_flight: bool = False, keep_loaded: bool = False,
@@ -432,6 +434,10 @@ class TrainerActor:
         trainer = self._policy(from_warm_up=False)
         trainer.load_state_dict(torch.load(path, weights_only=True))
         return int(trainer.version)
+
+    def settle_heap(self) -> int:
+        """Start-up is over (warm-up or restore, the first publish): see ``dora.runtime.heap``."""
+        return settle_heap()
 
     def publish(self, version: int) -> tuple[int, dict[str, torch.Tensor]]:
         """``(version, its weights)``: the controller calls it with ``num_returns=2`` and fetches only the version;

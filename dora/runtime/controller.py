@@ -53,6 +53,7 @@ from dora.runtime.engines.base import (
 )
 from dora.runtime.engines.torch_rollout import RolloutConfig
 from dora.runtime.engines.torch_trainer import TrainerConfig
+from dora.runtime.heap import settle_heap
 from dora.runtime.tasks import Prompt, TaskConfig, make_prompt, score
 from dora.runtime.trace import JsonlWriter, RunStats, TraceWriter, write_text_atomic
 from dora.terminal import Terminated, note_signal
@@ -345,7 +346,10 @@ class Controller:
             w.incarnation = token
         self._get_loads([w.actor.load_weights.remote(self.base, self._weights[self.base], incarnation=w.incarnation)
                          for w in self._workers], f"before it published v{self.base}")
-        ray.get([w.actor.start_clock.remote(incarnation=w.incarnation) for w in self._workers])
+        settled = self._trainer.settle_heap.remote()
+        ray.get([w.actor.start_clock.remote(incarnation=w.incarnation) for w in self._workers])  # settles theirs
+        settle_heap()
+        self._get_trainer(settled, "after the start-up")
         now = time.perf_counter()
         for w in self._workers:
             w.last_heard = now
