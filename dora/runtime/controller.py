@@ -234,6 +234,8 @@ class Controller:
         self._trainer: Any = None
         self._weights: dict[int, Any] = {}
         """global version -> ObjectRef of its published weights (kept while an engine may load it)."""
+        self._asked_publish: tuple[int, Any, Any] | None = None
+        """``(version, held ref, weights ref)``: the publish asked for with the training step that makes the version."""
         self._prompts: dict[int, Prompt] = {}
         self._group_version: dict[int, int] = {}
         self._scored: dict[int, list[ScoredTrajectory]] = {}
@@ -759,13 +761,22 @@ class Controller:
             self._execute(self.policy.handle(TrainStepFinished(step=act.step)))
 
         self._submit(self._trainer.train_step.remote(batch, self._trainer_file(step)), trained)
+        # Every policy publishes a step's weights as soon as the step ends (PolicyBase.on_train_step_finished). Asked
+        # now, behind the step in the trainer's queue, the trainer exports them the moment it has trained and saved,
+        # not a round trip and the controller's bookkeeping of the step (checkpoint commit, trace, display) later.
+        # Nothing sees them before the policy's PublishWeights: `_publish` takes these refs then.
+        self._asked_publish = (step, *self._trainer.publish.options(num_returns=2).remote(step))
 
     def _publish(self, act: PublishWeights) -> None:
         v = act.version + self.base
         # Two results: the version held (fetched here, a few bytes) and the weights (left in the object store for the
         # workers; the controller never fetches them). If publish raised, both hold its error and the fetch raises it
         # before the trace says v was published.
-        held, self._weights[v] = self._trainer.publish.options(num_returns=2).remote(v)
+        asked, self._asked_publish = self._asked_publish, None
+        if asked is not None and asked[0] == v:
+            _, held, self._weights[v] = asked
+        else:
+            held, self._weights[v] = self._trainer.publish.options(num_returns=2).remote(v)
 
         def published(ref: Any) -> None:
             self._get_trainer(ref, f"while publishing v{v}")

@@ -479,7 +479,7 @@ def test_a_publish_that_raises_stops_the_run_before_the_trace_says_the_version_w
     results = {2: (2, "weights of v2"), 3: (failed, failed)}
     options = SimpleNamespace(remote=lambda v: results[v])
     controller = object.__new__(ctl.Controller)
-    controller._pending, controller._weights, controller.base = {}, {}, 0
+    controller._pending, controller._weights, controller.base, controller._asked_publish = {}, {}, 0, None
     controller._trainer = SimpleNamespace(publish=SimpleNamespace(options=lambda num_returns: options))
     events: list[tuple[str, dict]] = []
     controller.trace = SimpleNamespace(event=lambda t, kind, **fields: events.append((kind, fields)))
@@ -497,6 +497,38 @@ def test_a_publish_that_raises_stops_the_run_before_the_trace_says_the_version_w
         fails(ref3)
     assert str(raised.value.cause) == "publish v3 but the trainer holds v2"
     assert events == [("weights_published", {"version": 2})] and len(handled) == 1
+
+
+def test_a_step_s_publish_is_asked_for_with_the_step_and_taken_when_the_policy_publishes():
+    """The trainer exported a step's weights only once the controller had handled the step's end (checkpoint commit,
+    trace, display) and asked: a round trip plus that bookkeeping with the trainer idle, every step. The publish is
+    now queued behind the step; the policy's PublishWeights takes it, and asks again only for another version."""
+    import dora.runtime.controller as ctl
+    from planner.policies.vocabulary import PublishWeights, StartTrainStep
+
+    asked: list[tuple[str, int]] = []
+
+    def call(kind):
+        def remote(*args):
+            asked.append((kind, args[-1] if kind == "publish" else len(args[0])))
+            return (f"held {args[-1]}", f"weights {args[-1]}") if kind == "publish" else "metrics"
+        return SimpleNamespace(remote=remote)
+
+    controller = object.__new__(ctl.Controller)
+    controller._pending, controller._weights, controller.base, controller._asked_publish = {}, {}, 10, None
+    controller._trainer = SimpleNamespace(train_step=call("train"),
+                                          publish=SimpleNamespace(options=lambda num_returns: call("publish")))
+    controller.spp, controller._scored, controller._group_version = 2, {0: ["a", "b"]}, {0: 11}
+    controller._data_group = lambda j: j
+    controller._trainer_file = lambda step: None
+    controller.now = lambda: 0.0
+    controller._train(StartTrainStep(step=2, group_ids=(0,)))
+    assert asked == [("train", 2), ("publish", 12)]  # queued behind step 12 on the trainer, at once
+    controller._publish(PublishWeights(version=2))
+    assert asked == [("train", 2), ("publish", 12)] and controller._weights[12] == "weights 12"
+    assert list(controller._pending) == ["metrics", "held 12"]
+    controller._publish(PublishWeights(version=3))  # not the step's version (no step asked it): asked now
+    assert asked[-1] == ("publish", 13) and controller._asked_publish is None
 
 
 def test_an_attempt_of_one_step_labels_its_speed_as_that_step_not_as_steady():
