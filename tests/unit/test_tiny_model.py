@@ -12,6 +12,7 @@ from dora.runtime.engines.tiny_model import (
     decode_versions,
     export_weights,
     model_from_weights,
+    sequence_layout,
     stack_versions,
 )
 
@@ -132,6 +133,53 @@ def test_packed_rows_match_separate_forwards() -> None:
             torch.testing.assert_close(packed[offset : offset + len(seq)], _full_logits(model, seq), atol=1e-5, rtol=0)
             offset += len(seq)
     assert torch.isfinite(packed).all()
+
+
+def test_sequence_layout_buckets_by_power_of_two_and_scatters_every_token_back() -> None:
+    lengths = [1, 3, 4, 5, 9, 2, 16, 17]
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    layout = sequence_layout(positions)
+    # classes (2^(c-1), 2^c]: {1}, {2}, {3, 4}, {5}, {9, 16}, {17}; each padded to its longest member
+    assert [(len(g) // w, w) for g, w in layout.buckets] == [(1, 1), (1, 2), (2, 4), (1, 5), (2, 16), (1, 17)]
+    gathered = torch.cat([g for g, _ in layout.buckets])
+    assert torch.equal(gathered[layout.scatter], torch.arange(len(positions)))  # each token comes back to itself
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_forward_sequences_equals_packed_rows_in_values_and_gradients(name: str) -> None:
+    """The training forward (flat sequences, attention per sequence batched by length, logits only where asked)
+    against ``forward_rows`` on the same sequences packed into rows with a block-diagonal mask."""
+    config = CONFIGS[name]
+    gen = torch.Generator().manual_seed(7)
+    lengths = [1, 2, 3, 5, 8, 8, 13, 21, 4, 30]
+    rows = [[0, 3, 5, 8], [1, 2, 4, 6, 7], [9]]  # sequence indices per row; the rows' tails are padding
+    width = max(sum(lengths[i] for i in row) for row in rows) + 2
+    seqs = [torch.randint(0, config.vocab_size, (n,), generator=gen) for n in lengths]
+    tokens = torch.zeros(len(rows), width, dtype=torch.int64)
+    positions = torch.zeros_like(tokens)
+    segments = torch.full_like(tokens, -1)
+    flat_at, row_at = [], []  # per sequence: where its tokens sit in the flat order and in the rows
+    flat = 0
+    for r, row in enumerate(rows):
+        offset = 0
+        for seg, i in enumerate(row):
+            n = lengths[i]
+            tokens[r, offset : offset + n], positions[r, offset : offset + n] = seqs[i], torch.arange(n)
+            segments[r, offset : offset + n] = seg
+            flat_at.append(torch.arange(flat, flat + n))
+            row_at.append(torch.arange(r * width + offset, r * width + offset + n))
+            offset, flat = offset + n, flat + n
+    pick = torch.randperm(flat, generator=gen)[: flat // 2]  # logits at some positions, in any order
+    real = segments.reshape(-1) >= 0
+    model = TinyTransformer(config, seed=4)
+    new = model.forward_sequences(tokens.reshape(-1)[real], positions.reshape(-1)[real], torch.cat(flat_at)[pick])
+    old = model.forward_rows(tokens, positions, segments).reshape(-1, config.vocab_size)[torch.cat(row_at)[pick]]
+    torch.testing.assert_close(new, old, atol=1e-5, rtol=0)
+    weights = torch.randn(old.shape, generator=gen)
+    grads_new = torch.autograd.grad((new * weights).sum(), list(model.parameters()))
+    grads_old = torch.autograd.grad((old * weights).sum(), list(model.parameters()))
+    for (param, _), a, b in zip(model.named_parameters(), grads_new, grads_old, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=lambda m, param=param: f"{param}: {m}")
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -1,6 +1,7 @@
 """Trainer and GRPO maths: packing, advantages, off-policy losses by hand, versions and checkpoints."""
 
 import math
+import random
 
 import pytest
 import torch
@@ -8,7 +9,14 @@ import torch
 from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, ScoredTrajectory, Trainer
 from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer
 from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
-from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig, pack, token_logprobs, warm_up
+from dora.runtime.engines.torch_trainer import (
+    TorchTrainer,
+    TrainerConfig,
+    pack,
+    target_logprobs,
+    token_logprobs,
+    warm_up,
+)
 from dora.runtime.grpo import group_advantages, policy_loss
 from dora.runtime.tasks import TaskConfig
 from planner.workload import LengthDistribution
@@ -32,6 +40,43 @@ def test_pack_wastes_no_tokens_and_matches_per_sequence_logprobs() -> None:
         one_by_one = torch.cat([token_logprobs(model, pack([s], 12), temperature=0.8) for s in SEQS])
     torch.testing.assert_close(together, one_by_one, atol=1e-5, rtol=0)
     assert packed.target_ids.tolist() == [t for _, r in SEQS for t in r]
+
+
+def _random_sequences(rng: random.Random, n: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    return [(tuple(rng.randrange(20) for _ in range(rng.randint(1, 4))),
+             tuple(rng.randrange(20) for _ in range(rng.choice([0, 1, 2, 5, 9, 20])))) for _ in range(n)]
+
+
+def test_pack_puts_each_sequence_whole_where_its_indices_say() -> None:
+    rng = random.Random(0)
+    for pack_len in (4, 12, 40):
+        seqs = _random_sequences(rng, 30)
+        packed = pack(seqs, pack_len)
+        tokens, positions = packed.token_ids.reshape(-1), packed.position_ids.reshape(-1)
+        assert int((packed.segment_ids >= 0).sum()) == sum(len(p) + len(r) for p, r in seqs)
+        # the logit at index i predicts the token after it: the trained token, at its position in its sequence
+        assert torch.equal(tokens[packed.logit_index + 1], packed.target_ids)
+        assert positions[packed.logit_index + 1].tolist() == [len(p) + j for p, r in seqs for j in range(len(r))]
+        assert packed.target_ids.tolist() == [t for _, r in seqs for t in r]
+        pad = packed.segment_ids < 0
+        assert not bool(tokens[pad.reshape(-1)].any()) and not bool(positions[pad.reshape(-1)].any())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_token_logprobs_equal_the_packed_rows_forward_in_values_and_gradients(temperature: float) -> None:
+    """``token_logprobs`` runs the sequences flat, attended one by one; the rows forward (block-diagonal mask over
+    the packed rows, padding included) computes the same log-probs and gradients, up to float rounding."""
+    model = TinyTransformer(MODEL, seed=2)
+    packed = pack(_random_sequences(random.Random(1), 25), 24)
+    new = token_logprobs(model, packed, temperature)
+    old = target_logprobs(model.forward_rows(packed.token_ids, packed.position_ids, packed.segment_ids), packed,
+                          temperature)
+    torch.testing.assert_close(new, old, atol=1e-5, rtol=0)
+    weights = torch.linspace(-1.0, 1.0, len(old))
+    grads_new = torch.autograd.grad((new * weights).sum(), list(model.parameters()))
+    grads_old = torch.autograd.grad((old * weights).sum(), list(model.parameters()))
+    for a, b in zip(grads_new, grads_old, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_packed_loss_equals_token_weighted_per_sequence_loss() -> None:

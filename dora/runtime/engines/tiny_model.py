@@ -11,11 +11,15 @@ fully described by the catalog fields (layers, hidden, heads, kv heads, head
 dim, ffn, vocab, tie_embeddings) and positions are per sequence, which is what
 lets one row hold several packed sequences.
 
-Three forwards share the same weights and maths:
+Four forwards share the same weights and maths:
 
 - ``forward_rows``: rows of tokens with a per-token segment id and position id
   (block-diagonal causal attention). Training packs many sequences into a row;
   prefill puts one request per row and writes its keys/values into the cache.
+- ``forward_sequences``: the training forward. The same tokens as ``forward_rows``' packed rows, flat and
+  without the rows' padding; attention runs one sequence at a time (sequences batched by length,
+  ``SequenceLayout``) with a plain causal mask, and logits only where asked. At a few dozen tokens per sequence
+  a row of 256 spends nearly all of its masked attention on pairs of tokens that may not attend to each other.
 - ``decode``: one new token for each of ``B`` cache slots, attending to that
   slot's cached prefix of length ``positions[b]`` (per-slot lengths by masking).
 - ``decode_versions``: the same decode for a batch whose rows belong to several
@@ -184,6 +188,16 @@ class _Block(nn.Module):
         x = x + self.o(out.transpose(1, 2).reshape(r, n, c.num_heads * c.head_dim))
         return self._mlp(x), k, v
 
+    def forward_sequences(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], layout: SequenceLayout
+    ) -> torch.Tensor:
+        """``x [T, hidden]``: the flat tokens of whole sequences (see ``TinyTransformer.forward_sequences``)."""
+        c = self.c
+        qkv = self.qkv(self.attn_norm(x)).view(x.shape[0], c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        qk = _rotate(qkv[:, : c.num_heads + c.num_kv_heads], *rope)
+        out = layout.attend(qk[:, : c.num_heads], qk[:, c.num_heads :], qkv[:, c.num_heads + c.num_kv_heads :])
+        return self._mlp(x + self.o(out))
+
     def decode(self, x: torch.Tensor, cache: KVCache, layer: int, ctx: _DecodeContext) -> torch.Tensor:
         """``x [B, hidden]``: write this token's k/v at ``positions`` and attend to ``0..positions[b]``."""
         c = self.c
@@ -288,6 +302,59 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
 
 
+@dataclass(frozen=True, kw_only=True)
+class SequenceLayout:
+    """How ``T`` flat tokens of whole sequences (each contiguous, its positions ``0..n-1``) are attended: sequences
+    of similar length (the same power of two rounding up) are padded to the longest of them and attended together,
+    causally, in one ``[S, heads, width, head_dim]`` batch (fewer batches would pad more, more would cost a call
+    each). Build with ``sequence_layout``.
+
+    A padding slot repeats its sequence's last token. Causal attention never lets a real token see a later slot,
+    so those copies get zero attention weight and zero gradient, and their own outputs are dropped."""
+
+    buckets: tuple[tuple[torch.Tensor, int], ...]
+    """``(gather, width)`` per width: ``gather [S * width]`` indexes the flat tokens, sequence by sequence."""
+    scatter: torch.Tensor
+    """``[T]``: where each token's output sits in the buckets' outputs, concatenated."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``q [T, heads, d]``, ``k, v [T, kv_heads, d]`` -> ``[T, heads * d]``: each token attends to its own
+        sequence's tokens up to itself."""
+        heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
+        group = heads // kv_heads
+        outs = []
+        for gather, width in self.buckets:
+            def batched(x: torch.Tensor, gather: torch.Tensor = gather, width: int = width) -> torch.Tensor:
+                return x.index_select(0, gather).view(-1, width, x.shape[1], d).transpose(1, 2)
+
+            kb, vb = batched(k), batched(v)
+            if group > 1:
+                kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
+            out = F.scaled_dot_product_attention(batched(q), kb, vb, is_causal=True)
+            outs.append(out.transpose(1, 2).reshape(-1, heads * d))
+        return (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, self.scatter)
+
+
+def sequence_layout(position_ids: torch.Tensor) -> SequenceLayout:
+    """The ``SequenceLayout`` of flat tokens whose ``position_ids [T]`` restart at 0 at each sequence's first."""
+    t = position_ids.shape[0]
+    starts = (position_ids == 0).nonzero().squeeze(1)
+    lengths = torch.diff(starts, append=torch.tensor([t]))
+    classes = torch.ceil(torch.log2(lengths.double())).long()  # lengths in (2^(c-1), 2^c] share a bucket
+    scatter = torch.empty(t, dtype=torch.int64)
+    buckets, base = [], 0
+    for c in sorted(set(classes.tolist())):
+        members = (classes == c).nonzero().squeeze(1)
+        width = int(lengths[members].max())
+        offsets = torch.arange(width)
+        within = offsets[None, :] < lengths[members, None]  # [S, width]: real slots
+        gather = starts[members, None] + torch.minimum(offsets[None, :], lengths[members, None] - 1)
+        scatter[gather[within]] = base + within.reshape(-1).nonzero().squeeze(1)
+        buckets.append((gather.reshape(-1), width))
+        base += gather.numel()
+    return SequenceLayout(buckets=tuple(buckets), scatter=scatter)
+
+
 def packed_attention_mask(position_ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
     """``[R, 1, L, L]`` bool, True where token ``i`` may attend to token ``j``: same segment and
     ``position_ids[j] <= position_ids[i]``; segment ``-1`` (row padding) attends only to itself, so no softmax
@@ -355,6 +422,20 @@ class TinyTransformer(nn.Module):
                 cache.k[i, idx, :, :n] = k
                 cache.v[i, idx, :, :n] = v
         return self._logits(x)
+
+    def forward_sequences(
+        self, token_ids: torch.Tensor, position_ids: torch.Tensor, logit_index: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits ``[N, vocab]`` at flat positions ``logit_index [N]`` of ``token_ids [T]``: whole sequences laid
+        end to end, ``position_ids [T]`` restarting at 0 at each. The same logits as ``forward_rows`` on the same
+        sequences packed in rows (up to float rounding), without computing the rows' padding, the attention
+        between tokens of different sequences, or logits nobody reads."""
+        x = self.embed(token_ids)
+        rope = _rotary_tables(position_ids[:, None], self.config.head_dim, self.config.rope_theta)
+        layout = sequence_layout(position_ids)
+        for layer in self.layers:
+            x = layer.forward_sequences(x, rope, layout)  # type: ignore[operator]  # ModuleList item: a _Block
+        return self._logits(x.index_select(0, logit_index))  # the final norm is per token: select first
 
     def decode(
         self, token_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor

@@ -4,7 +4,10 @@ Packing: every training sequence (prompt + response) is placed whole into rows
 of ``pack_len`` tokens by first-fit-decreasing; tokens of different sequences in
 a row never attend to each other (block-diagonal causal mask, per-sequence
 position ids), so the only padding is the unfilled tail of each row and the
-cost of a step follows the tokens trained, not ``batch x longest``.
+cost of a step follows the tokens trained, not ``batch x longest``. The rows are
+the unit of work a trainer splits a batch by (microbatches); the tiny model's
+own forward (``token_logprobs``) then drops the rows' tails and attends within
+each sequence only (``TinyTransformer.forward_sequences``).
 
 One ``train_step``: advantages per GRPO group -> (if ``num_minibatches > 1``) a
 no-grad forward for the proximal log-probs -> for each minibatch: forward,
@@ -106,29 +109,39 @@ def pack(sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], pack_len: int
         rows = pack_rows([len(p) + len(r) for p, r in sequences], pack_len)
     fill = [sum(len(sequences[i][0]) + len(sequences[i][1]) for i in row) for row in rows]
     width = max(max(fill), 1) if fill else 1
-    tokens = torch.zeros(len(rows), width, dtype=torch.int64)
-    positions = torch.zeros(len(rows), width, dtype=torch.int64)
-    segments = torch.full((len(rows), width), -1, dtype=torch.int64)
-    where: dict[int, tuple[int, int]] = {}
+    # Built as Python lists and converted once: a tensor per sequence costs more than the tokens it holds.
+    tokens: list[list[int]] = []
+    positions: list[list[int]] = []
+    segments: list[list[int]] = []
+    start = [0] * len(sequences)  # flat index into [R * width] of each sequence's first token
     for r, members in enumerate(rows):
-        offset = 0
+        row_tokens: list[int] = []
+        row_positions: list[int] = []
+        row_segments: list[int] = []
         for seg, i in enumerate(members):
             prompt, response = sequences[i]
             n = len(prompt) + len(response)
-            tokens[r, offset : offset + n] = torch.tensor(prompt + response)
-            positions[r, offset : offset + n] = torch.arange(n)
-            segments[r, offset : offset + n] = seg
-            where[i] = (r, offset)
-            offset += n
+            start[i] = r * width + len(row_tokens)
+            row_tokens += prompt
+            row_tokens += response
+            row_positions += range(n)
+            row_segments += [seg] * n
+        pad = width - len(row_tokens)
+        tokens.append(row_tokens + [0] * pad)
+        positions.append(row_positions + [0] * pad)
+        segments.append(row_segments + [-1] * pad)
     index: list[int] = []
     targets: list[int] = []
     for i, (prompt, response) in enumerate(sequences):
-        r, offset = where[i]
-        first = r * width + offset + len(prompt) - 1
-        index.extend(range(first, first + len(response)))
-        targets.extend(response)
+        first = start[i] + len(prompt) - 1
+        index += range(first, first + len(response))
+        targets += response
+
+    def rows_tensor(values: list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).reshape(len(rows), width)
+
     return PackedRows(
-        token_ids=tokens, position_ids=positions, segment_ids=segments,
+        token_ids=rows_tensor(tokens), position_ids=rows_tensor(positions), segment_ids=rows_tensor(segments),
         logit_index=torch.tensor(index, dtype=torch.int64), target_ids=torch.tensor(targets, dtype=torch.int64),
     )
 
@@ -148,9 +161,18 @@ def target_logprobs(logits: torch.Tensor, packed: PackedRows, temperature: float
 
 
 def token_logprobs(model: TinyTransformer, packed: PackedRows, temperature: float = 1.0) -> torch.Tensor:
-    """``[N]`` log-probs (nats) of the trained tokens under ``softmax(logits / temperature)``."""
-    return target_logprobs(model.forward_rows(packed.token_ids, packed.position_ids, packed.segment_ids), packed,
-                           temperature)
+    """``[N]`` log-probs (nats) of the trained tokens under ``softmax(logits / temperature)``.
+
+    The rows' sequences go through ``TinyTransformer.forward_sequences``: the same logits as ``forward_rows`` on
+    the rows, with neither the rows' padding nor attention across sequences computed."""
+    real = packed.segment_ids.reshape(-1) >= 0
+    keep = real.nonzero().squeeze(1)
+    logits = model.forward_sequences(packed.token_ids.reshape(-1)[keep], packed.position_ids.reshape(-1)[keep],
+                                     (torch.cumsum(real, 0) - 1)[packed.logit_index])  # row offsets -> flat ones
+    scale = logit_scale(temperature)
+    logits = logits.float() if scale == 1.0 else logits.float() / scale  # dividing by 1 is exact: skip the pass
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(1, packed.target_ids[:, None]).squeeze(1)
 
 
 @dataclass(frozen=True, kw_only=True)
