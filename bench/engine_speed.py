@@ -12,18 +12,31 @@ linear over rows padded per version; rotary, cache and attention once).
 
 Table 3: trainer throughput (packed GRPO step, tokens per second).
 
+``--engine``: instead, ms per ``TorchRolloutEngine.step()`` as the job runs it -- ``B`` slots kept full from a
+stream of count-task requests (4-token prompts ingested through the decode batch, response lengths from the
+``local-tiny`` workload: median 8, p99 96, max 128, EOS masked until the last token), groups of 8 spread
+round-robin over ``V`` hosted versions; plus a digest of every finished trajectory (tokens and log-probs), so two
+checkouts can be compared for identical output. ``--profile`` adds torch.profiler's self-CPU table and
+cProfile's top functions for the first configuration.
+
     python bench/engine_speed.py --threads 1
+    python bench/engine_speed.py --engine --configs 64x1 64x3 16x1 [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import hashlib
+import pstats
+import random
 import statistics
+import struct
 import time
 
 import torch
 
-from dora.runtime.engines.base import FinishedTrajectory, ScoredTrajectory
+from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, ScoredTrajectory
 from dora.runtime.engines.tiny_model import (
     KVCache,
     TinyModelConfig,
@@ -32,8 +45,10 @@ from dora.runtime.engines.tiny_model import (
     export_weights,
     stack_versions,
 )
+from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
 from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig
-from dora.runtime.tasks import TaskConfig
+from dora.runtime.tasks import TaskConfig, make_prompt
+from planner.workload import LengthDistribution
 
 
 def _time_ms(fn, iters: int) -> float:
@@ -127,15 +142,90 @@ def train_table(config: TinyModelConfig, repeats: int) -> None:
               f"{tokens / statistics.median(times):8.0f} forward tokens/s")
 
 
+class _EngineRun:
+    """A ``TorchRolloutEngine`` kept at ``batch`` active sequences (plus one queued group) over ``versions``."""
+
+    def __init__(self, config: TinyModelConfig, batch: int, versions: int) -> None:
+        task = TaskConfig()
+        self.lengths = LengthDistribution.lognormal(median=8, p99=96, max_tokens=128)
+        self.engine = TorchRolloutEngine(RolloutConfig(
+            model=config, eos_token_id=task.eos_token_id, max_num_seqs=batch, max_model_len=4 + 128 + 1,
+            num_threads=torch.get_num_threads()))
+        for v in range(versions):
+            self.engine.load_weights(v, export_weights(TinyTransformer(config, seed=v)))
+        self.task, self.batch, self.versions = task, batch, versions
+        self.rng, self.groups = random.Random(0), 0
+        self.digest = hashlib.sha256()
+
+    def step(self) -> None:
+        while self.engine.num_active() + self.engine.num_waiting() < self.batch + 8:
+            g = self.groups
+            prompt = make_prompt(self.task, self.lengths, self.rng, f"g{g}")
+            for i in range(8):
+                self.engine.add_request(GenerationRequest(
+                    request_id=f"g{g}/{i}", prompt_ids=prompt.prompt_ids, version=g % self.versions,
+                    max_new_tokens=prompt.max_new_tokens, min_new_tokens=prompt.min_new_tokens, seed=g * 8 + i))
+            self.groups += 1
+        for t in self.engine.step():
+            self.digest.update(t.request_id.encode() + struct.pack(f"{len(t.response_ids)}q", *t.response_ids)
+                               + struct.pack(f"{len(t.behaviour_logprobs)}f", *t.behaviour_logprobs))
+
+
+def engine_table(config: TinyModelConfig, shapes: list[tuple[int, int]], steps: int, repeats: int,
+                 profile: bool) -> None:
+    print(f"engine ms/step (TorchRolloutEngine.step, {steps} steps after 300 warm-up), "
+          "median [min-max over repeats]; digest of the finished trajectories")
+    for batch, versions in shapes:
+        medians, digests = [], set()
+        for _ in range(repeats):
+            run = _EngineRun(config, batch, versions)
+            for _ in range(300):  # past the first admissions: a steady mix of ingesting and long-running rows
+                run.step()
+            samples = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                run.step()
+                samples.append((time.perf_counter() - start) * 1e3)
+            medians.append(statistics.median(samples))
+            digests.add(run.digest.hexdigest()[:16])
+        print(f"  B={batch:3d} V={versions}: {_cell(medians)} ms/step  digest {' '.join(sorted(digests))}",
+              flush=True)
+    if profile:
+        batch, versions = shapes[0]
+        run = _EngineRun(config, batch, versions)
+        for _ in range(300):
+            run.step()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                run.step()
+        print(f"\ntorch.profiler, B={batch} V={versions}, {steps} steps (self CPU):")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            run.step()
+        profiler.disable()
+        print(f"cProfile, B={batch} V={versions}, {steps} steps (by own time):")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a smaller grid")
+    ap.add_argument("--engine", action="store_true", help="time TorchRolloutEngine.step() instead (see the doc)")
+    ap.add_argument("--configs", nargs="+", default=["64x1", "64x3", "16x1"], help="--engine: BATCHxVERSIONS")
+    ap.add_argument("--steps", type=int, default=500, help="--engine: timed steps per repeat")
+    ap.add_argument("--profile", action="store_true", help="--engine: profile the first configuration")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     config = TinyModelConfig(vocab_size=TaskConfig().vocab_size)
+    if args.engine:
+        shapes = [(int(b), int(v)) for b, v in (c.split("x") for c in args.configs)]
+        engine_table(config, shapes, args.steps, args.repeats, args.profile)
+        return
     batches = [1, 8, 32, 64, 128] if not args.quick else [1, 32, 128]
     contexts = [16, 64, 128, 256] if not args.quick else [16, 128]
     print(f"threads {args.threads}")

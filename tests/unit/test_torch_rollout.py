@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, RolloutEngine
-from dora.runtime.engines.sampling import sample_tokens, uniform_noise
+from dora.runtime.engines.sampling import (
+    _MASK32,
+    _mix32,
+    noise_key,
+    sample_keyed,
+    sample_tokens,
+    uniform_noise,
+)
 from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer, export_weights
 from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
 
@@ -249,6 +256,39 @@ def test_sampling_follows_the_softmax() -> None:
     torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1))
     u = uniform_noise(torch.tensor([7]), torch.tensor([3]), 10_000)
     assert 0.0 < float(u.min()) and float(u.max()) < 1.0 and abs(float(u.mean()) - 0.5) < 0.01
+
+
+def _reference_sample(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor,
+                      positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampling as first written (out of place, seeds hashed at every call): the fast path must match it bit for bit."""
+    keys = _mix32(seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) ^ 0x5BD1E995)
+    per_position = _mix32((keys ^ (positions * 0x3C6EF372)) & _MASK32)
+    h = _mix32((per_position[:, None] ^ (torch.arange(logits.shape[-1]) * 0x1B873593)[None, :]) & _MASK32)
+    u = (h.to(torch.float64) + 0.5) / 2.0**32
+    greedy = temps <= 0
+    logp = torch.log_softmax(logits.float() / torch.where(greedy, torch.ones_like(temps), temps)[:, None], dim=-1)
+    gumbel = torch.where(greedy[:, None], torch.zeros_like(u), -torch.log(-torch.log(u)))
+    tokens = torch.argmax(logp.double() + gumbel, dim=-1)
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_keyed_sampling_is_bit_identical_to_hashing_the_seeds_each_step(trial: int) -> None:
+    gen = torch.Generator().manual_seed(trial)
+    n, vocab = 64, 192
+    seeds = [int(s) for s in torch.randint(-2**62, 2**62, (n,), generator=gen)] + [0, 2**63 - 1, -1, -2**63]
+    t = torch.tensor(seeds)
+    assert [noise_key(s) for s in seeds] == (_mix32(t & _MASK32) ^ _mix32(((t >> 32) & _MASK32) ^ 0x5BD1E995)).tolist()
+    b = len(seeds)
+    logits = torch.randn(b, vocab, generator=gen) * 3
+    positions = torch.randint(0, 130, (b,), generator=gen)
+    temps = torch.rand(b, generator=gen) * 2
+    keys = torch.tensor([noise_key(s) for s in seeds])
+    for temps_case, any_greedy in ((temps, False), (torch.where(temps < 0.5, 0.0, temps), True)):
+        expected = _reference_sample(logits, temps_case, t, positions)
+        for got in (sample_keyed(logits, temps_case, keys, positions, any_greedy=any_greedy),
+                    sample_tokens(logits, temps_case, t, positions)):
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 def test_min_new_tokens_masks_eos_and_records_the_masked_logprobs() -> None:

@@ -37,7 +37,7 @@ from dora.runtime.engines.base import (
     RolloutStats,
     StepShape,
 )
-from dora.runtime.engines.sampling import sample_tokens
+from dora.runtime.engines.sampling import noise_key, sample_keyed
 from dora.runtime.engines.tiny_model import (
     KVCache,
     StackedVersions,
@@ -84,6 +84,11 @@ class _Sequence:
     slot: int = -1
     kv: torch.Tensor | None = None
     """Cache carried by an imported request until it gets a slot."""
+    noise_key: int = field(init=False)
+    """``noise_key(request.seed)``, hashed once here rather than once per sampled token."""
+
+    def __post_init__(self) -> None:
+        self.noise_key = noise_key(self.request.seed)
 
     def next_input(self) -> int:
         """The token fed at position ``cached_len``: a prompt/prefix token while ingesting, else the last sampled."""
@@ -337,7 +342,7 @@ class TorchRolloutEngine:
             s.cached_len = len(row)
         self._counters["prefill_tokens"] += sum(len(r) for r in rows)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # cheaper per op than no_grad (no view or version tracking); nothing here is kept
     def _decode(self, group: list[_Sequence]) -> list[_Sequence]:
         """One decode step for every resident sequence -- one batched pass however many versions they use.
 
@@ -374,10 +379,11 @@ class TorchRolloutEngine:
         too_early = [i for i, s in enumerate(group) if len(s.response) < s.request.min_new_tokens]
         if too_early:
             logits[torch.tensor(too_early), self.config.eos_token_id] = float("-inf")
-        temps = torch.tensor([s.request.temperature for s in group], dtype=torch.float32)
-        seeds = torch.tensor([s.request.seed for s in group], dtype=torch.int64)
+        temps = [s.request.temperature for s in group]
+        keys = torch.tensor([s.noise_key for s in group], dtype=torch.int64)
         positions = torch.tensor([len(s.response) for s in group])
-        tokens, logprobs = sample_tokens(logits, temps, seeds, positions)
+        tokens, logprobs = sample_keyed(logits, torch.tensor(temps, dtype=torch.float32), keys, positions,
+                                        any_greedy=any(t <= 0 for t in temps))
         for s, tok, lp in zip(group, tokens.tolist(), logprobs.tolist(), strict=True):
             s.record(tok, lp)
         self._counters["generated_tokens"] += len(group)
