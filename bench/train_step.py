@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import random
@@ -104,10 +105,14 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.3, help="std of log mu - log pi (nats)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of the trainer (default: the plan's; a colocated plan gives it every core)")
     args = ap.parse_args()
 
     cc = controller_config(runtime_config_for(load_spec(args.spec), ApplyOverrides()))
-    trainer = TorchTrainer(cc.trainer)  # sets torch's thread count to the plan's
+    if args.threads is not None:
+        cc = dataclasses.replace(cc, trainer=dataclasses.replace(cc.trainer, num_threads=args.threads))
+    trainer = TorchTrainer(cc.trainer)  # sets torch's thread count to the plan's (or --threads)
     rng = random.Random(args.seed)
     batches = [make_batch(trainer, cc, rng, error_rate=args.error_rate, version=5, noise=args.noise)
                for _ in range(args.batches)]

@@ -14,7 +14,8 @@ FLOPs (one step):
     hw     = model + fwd (full recompute) | + q*pairs (selective: core attention only)
 Time:
     compute = u * g * hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m/o)   (the pipeline flushes at
-              every optimizer step, so the bubble follows the m/o microbatches of one global batch)
+              every optimizer step, so the bubble follows the m/o microbatches of one global batch); on `cpu`
+              with n > 1, n threads of one process do the work of n * cpu_train_parallel_efficiency cores
     g       = pipeline stage imbalance p*ceil(L/p)/L: every stage runs at the pace of the busiest, which holds
               ceil(L/p) of the L layers (`pipeline_stage_layers`; 1 when p divides L)
     u       = DP load imbalance (`dp_imbalance`): each global batch splits into d equal sample counts s, so the rank
@@ -197,6 +198,9 @@ def train_step_time(
     _check(arch, tp, pp, dp, ep, cp)
     if num_microbatches < 1 or virtual_pipeline_stages < 1 or optimizer_steps < 1:
         raise ValueError("num_microbatches, virtual_pipeline_stages and optimizer_steps must be >= 1")
+    cores_worth = 1.0  # what the n devices' compute is worth beyond n: on `cpu`, n threads of one process
+    if acc.name == "cpu" and tp * pp * dp * cp > 1:
+        cores_worth = calib.cpu_train_parallel_efficiency or 1.0
     calib = calib.resolved_for(acc.name)
     per_node = accelerators_per_node or acc.default_accelerators_per_node
     n = tp * pp * dp * cp
@@ -206,7 +210,7 @@ def train_step_time(
     imbalance = dp_imbalance(tokens=tokens, num_seqs=num_seqs, dp=dp, optimizer_steps=optimizer_steps,
                              longest_seq_tokens=longest_seq_tokens)
     stages = pipeline_stage_imbalance(arch.num_layers, pp)
-    compute_s = imbalance * stages * hw_flops / (n * acc.bf16_flops * eta)
+    compute_s = imbalance * stages * hw_flops / (n * cores_worth * acc.bf16_flops * eta)
     bubble_s = compute_s * (pp - 1) * optimizer_steps / (virtual_pipeline_stages * max(num_microbatches, optimizer_steps))
 
     def link(group: int, inner: int) -> tuple[float, float]:

@@ -143,6 +143,8 @@ def _fields_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -> list[st
                   else "cpu_weight_reload_fixed_s"]
         if cal.cpu_train_compute_efficiency is None:
             fields.append("cpu_train_compute_efficiency")
+        if p.train.tp * p.train.pp * p.train.dp * p.train.cp > 1:
+            fields.append("cpu_train_parallel_efficiency")
     else:
         fields = ["hbm_bandwidth_efficiency", "decode_compute_efficiency", "prefill_compute_efficiency",
                   "train_mfu_moe" if inputs.arch.is_moe else "train_mfu_dense", "decode_step_overhead_s",

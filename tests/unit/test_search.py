@@ -35,9 +35,14 @@ def _resolved(text: str, **replace: str):
     return load_spec_text(text, "test.yaml", SPECS)
 
 
+def _tiny_placed_by_planner(**replace: str):
+    """specs/local-tiny.yaml with its pinned placement (``colocated: false``) left to the planner."""
+    return _resolved((SPECS / "local-tiny.yaml").read_text(), **{"  colocated: false\n": "", **replace})
+
+
 def _tiny_auto(**replace: str):
-    """specs/local-tiny.yaml with its pinned mode left to the planner (``mode: auto``)."""
-    return _resolved((SPECS / "local-tiny.yaml").read_text(), **{"  mode: streaming\n": "  mode: auto\n", **replace})
+    """specs/local-tiny.yaml with its pinned mode and placement left to the planner (``mode: auto``)."""
+    return _tiny_placed_by_planner(**{"  mode: streaming\n": "  mode: auto\n", **replace})
 
 
 @pytest.mark.parametrize("case, k", [("local-tiny", 3), ("local-tiny auto", 2), ("local-tiny auto", 3),
@@ -49,7 +54,7 @@ def test_chosen_within_a_tie_of_exhaustive_best(case: str, k: int) -> None:
     from planner.search.core import TIE_FRACTION
 
     budget = {"max_version_lag: 3 ": f"max_version_lag: {k} "}
-    resolved = (load_spec(str(SPECS / "local-tiny.yaml")) if case == "local-tiny" else _tiny_auto(**budget)
+    resolved = (_tiny_placed_by_planner() if case == "local-tiny" else _tiny_auto(**budget)
                 if case == "local-tiny auto" else _resolved(SMALL_GPU, **{"{max_version_lag: 2}":
                                                                             f"{{max_version_lag: {k}}}"}))
     inputs = search_inputs(resolved)
