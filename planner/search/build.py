@@ -90,9 +90,11 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
         rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))
     base = outcome.best_sync
     if base is not None and base.screened.label not in sim_labels:
+        # a pinned placement holds the baseline too: say so, the speedup is not over every sync plan then
+        placed = {True: " and a colocated placement", False: " and a disaggregated placement", None: ""}
         rows.append(row(base.screened, stage="simulated", tps=base.trained_tokens_per_s, status="rejected",
-                        reason=f"the sync baseline of the speedup figure (the spec pins {chosen.screened.mode}; "
-                               f"{base.sim_steps} steps)"))
+                        reason=f"the sync baseline of the speedup figure (the spec pins {chosen.screened.mode}"
+                               f"{placed[inputs.pins.colocated]}; {base.sim_steps} steps)"))
         sim_labels.add(base.screened.label)
     screen_best = outcome.screened[0].trained_tokens_per_s
     for c in outcome.screened:

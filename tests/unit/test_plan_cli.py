@@ -198,6 +198,19 @@ def test_report_holds_a_colocated_plan_to_the_same_ceiling() -> None:
     assert 0 < p.trained_tokens_per_s <= p.overlap_ceiling_tokens_per_s
 
 
+def test_the_sync_baseline_row_says_when_a_pinned_placement_holds_it_too() -> None:
+    """local-tiny pins the disaggregated placement, which holds the speedup's sync baseline to disaggregated sync
+    (one training core): the row read as if it were the best sync plan of the whole cluster."""
+    from dora.planning import make_plan
+    from dora.spec import load_spec
+
+    plan = make_plan(load_spec(str(REPO / "specs" / "local-tiny.yaml"))).plan
+    base = [c for c in plan.considered if c.reason.startswith("the sync baseline of the speedup figure")]
+    assert len(base) == 1 and not base[0].colocated
+    assert base[0].reason.startswith("the sync baseline of the speedup figure (the spec pins streaming and a "
+                                     "disaggregated placement;")
+
+
 def test_plan_out_names_a_directory_it_cannot_write(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
