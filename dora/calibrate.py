@@ -603,6 +603,9 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
     if not any(f.kind == "engines" for f in fits):
         say(console, "  engines  not refitted: no run had two engines decoding at once "
                      f"(kept cpu_engine_contention={calib.cpu_engine_contention})")
+    say(console, "  threads  not refitted: a training step on n threads does the work of n x "
+                 f"cpu_train_parallel_efficiency={calib.cpu_train_parallel_efficiency} cores (the catalog's, measured "
+                 "with `python bench/train_step.py --threads`; the runs do not separate it from the train efficiency)")
     if not data.publish:
         say(console, "  weights  not refitted: the runs' traces hold no train-step end followed by its weights' "
                      f"publication (kept cpu_weight_publish_fixed_s={calib.cpu_weight_publish_fixed_s})")

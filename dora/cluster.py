@@ -229,7 +229,8 @@ AGENT_WAIT_S = 60.0
 
 def _submit(client: Any, body: dict, console: Any) -> str:
     """Submit ``body``; the submission id. A refusal for want of a job agent (``NO_AGENT``) is said once and tried
-    again for up to ``AGENT_WAIT_S``; any other refusal, or that one past the wait, is raised as Ray raised it."""
+    again until ``AGENT_WAIT_S`` has passed (each try may wait 10 s on the head, so a little longer); any other
+    refusal is raised as Ray raised it, and that one past the wait with how long it lasted."""
     started, said = time.monotonic(), False
     while True:
         try:
@@ -239,11 +240,16 @@ def _submit(client: Any, body: dict, console: Any) -> str:
                 entrypoint_num_gpus=body.get("entrypoint_num_gpus"),
             ))
         except RuntimeError as exc:
-            if NO_AGENT not in str(exc) or time.monotonic() - started >= AGENT_WAIT_S:
+            if NO_AGENT not in str(exc):
+                raise
+            waited = time.monotonic() - started
+            if waited >= AGENT_WAIT_S:
+                if said:  # Ray's answer says to try later: say dora did, and for how long
+                    raise RuntimeError(f"{exc} (refused so for {waited:.0f} s)") from None
                 raise
             if not said:
                 console.print(f"the cluster's head has no job agent yet (it may have just started): trying again for "
-                              f"up to {AGENT_WAIT_S:g} s", markup=False, highlight=False)
+                              f"about {AGENT_WAIT_S:g} s", markup=False, highlight=False)
                 said = True
             time.sleep(1.0)
 

@@ -189,7 +189,8 @@ class Calibration:
     every core), as a fraction of one core: the step's compute is charged over ``n * this`` cores, not n (None: 1,
     ideal data parallelism). Measured, not fitted: `python bench/train_step.py --threads 1` against `--threads 2`,
     two alternating rounds on 2026-11-24: 47.3 / 49.7 ms against 33.2 / 31.1 ms, 1.42x and 1.60x, so 2 threads do
-    about 1.5 cores' work (0.75 each). `dora calibrate --from-run` does not refit it."""
+    about 1.5 cores' work (0.75 each). `dora calibrate --from-run` does not refit it. A calibration file that gives
+    `cpu_train_compute_efficiency` without this key loads it as None (see `from_dict`)."""
 
     cpu_extra_version_step_s: float | None = 0.0003004
     """On `cpu`: what each extra policy version with running requests adds to one decode step of a multi-version
@@ -264,11 +265,16 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
-        """Inverse of `to_dict`.  Missing keys take defaults; an unknown key raises ValueError naming it."""
+        """Inverse of `to_dict`.  Missing keys take defaults, but one: a train efficiency given without
+        `cpu_train_parallel_efficiency` keeps ideal thread scaling (None), the model it was fitted under by every
+        `dora calibrate` before that key existed (its fingerprint and predictions stay what they were).  An unknown
+        key raises ValueError naming it."""
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:
                 raise ValueError(f"unknown calibration key {key!r}; valid keys: {', '.join(sorted(known))}")
+        if "cpu_train_compute_efficiency" in data and "cpu_train_parallel_efficiency" not in data:
+            data = {**data, "cpu_train_parallel_efficiency": None}
         return cls(**data)
 
     def with_overrides(self, **overrides: Any) -> Calibration:

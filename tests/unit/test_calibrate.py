@@ -230,3 +230,28 @@ def test_the_file_is_written_through_a_short_temporary_name(tmp_path, capsys) ->
     assert _write(console, LOCAL, str(blocked), "{}\n", DEFAULT_CALIBRATION, []) == 1
     assert "cannot write" in capsys.readouterr().err
     assert [p.name for p in blocked.parent.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+def test_a_calibration_file_from_before_the_thread_efficiency_keeps_ideal_thread_scaling(tmp_path) -> None:
+    """Files fitted before `cpu_train_parallel_efficiency` existed hold a train efficiency fitted under ideal thread
+    scaling; loaded with the new 0.75 default, a colocated CPU plan charged their training twice for the second
+    thread (18.72K instead of 20.61K trained tokens/s for one such file), under a new fingerprint."""
+    old = {k: v for k, v in DEFAULT_CALIBRATION.to_dict().items() if k != "cpu_train_parallel_efficiency"}
+    loaded = Calibration.from_dict(old)
+    assert loaded.cpu_train_parallel_efficiency is None
+    assert "cpu_train_parallel_efficiency" not in loaded.to_dict()  # the fingerprint the file always had
+    assert loaded == Calibration.from_dict({**old, "cpu_train_parallel_efficiency": None})
+    # a file that does not give the train efficiency takes the catalog's constants, this one included
+    assert Calibration.from_dict({"cpu_compute_efficiency": 0.3}).cpu_train_parallel_efficiency == 0.75
+    assert Calibration.from_dict(DEFAULT_CALIBRATION.to_dict()) == DEFAULT_CALIBRATION
+    from dora.planning import search_inputs
+    from planner.train_cost import train_step_time
+
+    inputs = search_inputs(load_spec("specs/local-tiny.yaml"))
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"calibration": old}))
+    for calibration, scaling in ((load_calibration(str(path)), 1.0), (DEFAULT_CALIBRATION, 0.75)):
+        one, two = (train_step_time(inputs.arch, inputs.accelerator, tp=1, pp=1, dp=n, tokens=8192.0,
+                                    seq_len_sum_sq=8192.0 * 18, num_microbatches=1, calib=calibration).compute_s
+                    for n in (1, 2))
+        assert one / two == pytest.approx(2 * scaling)

@@ -643,20 +643,30 @@ def test_a_submission_leaves_no_job_directory_behind_whatever_its_outcome(tmp_pa
 def test_a_head_whose_job_agent_is_not_up_yet_is_tried_again(tmp_path: Path, capsys, monkeypatch) -> None:
     """A head started moments ago answers "No available agent to submit job, please try again later" until its
     job agent registers (CI met it); dora gave up at once. Other refusals are still not tried again."""
+    from types import SimpleNamespace
+
     from dora import cluster
 
     jobs = _FakeJobs(no_agent=3, logs=["step 1/2\n"])
     assert _submit(tmp_path, monkeypatch, jobs, "--output-dir", str(tmp_path / "out")) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
     assert len(jobs.uploaded) == 4 and len(jobs.submitted) == 1
-    assert err.count("the cluster's head has no job agent yet (it may have just started): trying again for up to "
+    assert err.count("the cluster's head has no job agent yet (it may have just started): trying again for about "
                      "60 s") == 1
     assert json.loads((tmp_path / "out" / "job.json").read_text())["submission_id"] == "raysubmit_fake"
-    monkeypatch.setattr(cluster, "AGENT_WAIT_S", 0.0)  # past the wait: Ray's answer, as it was
+    clock = iter(range(0, 10_000, 25))  # each reading 25 s later: Ray's head waits 10 s per try, dora 1 s between
+    monkeypatch.setattr(cluster, "time", SimpleNamespace(monotonic=lambda: float(next(clock)), sleep=lambda s: None))
+    never = _FakeJobs(no_agent=100)
+    assert _submit(tmp_path, monkeypatch, never, "--output-dir", str(tmp_path / "never")) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"job submission to http://head:8265 failed: {_FakeJobs.NO_AGENT} (refused so for 75 s)" in err
+    assert len(never.uploaded) == 3 and not (tmp_path / "never" / "job.json").exists()
+    monkeypatch.setattr(cluster, "AGENT_WAIT_S", 0.0)  # refused once, past the wait: Ray's answer, as it was
     late = _FakeJobs(no_agent=1)
     assert _submit(tmp_path, monkeypatch, late, "--output-dir", str(tmp_path / "late")) == 1
     err = capsys.readouterr().err
     assert f"job submission to http://head:8265 failed: {_FakeJobs.NO_AGENT}" in " ".join(err.split())
+    assert "refused so for" not in err
     assert len(late.uploaded) == 1 and not (tmp_path / "late" / "job.json").exists()
     refused = _FakeJobs(refuse=True)
     assert _submit(tmp_path, monkeypatch, refused, "--output-dir", str(tmp_path / "refused")) == 1
