@@ -15,6 +15,13 @@ sequence order, so it never sees a trajectory finish on an engine after that eng
 Run as Ray actors with ``max_concurrency=2``: one thread serves the poll, one the commands; the
 controller keeps at most one of each outstanding per worker.
 
+New requests may ride on a poll (``poll(requests=...)``) instead of costing a command round trip of their own:
+the controller re-arms a worker's poll after it has processed the poll's message, with the admissions that
+processing made. Such a poll runs its ``add_requests`` on the engine thread before it waits. The two threads
+can run a command and a carrying poll in either order, so each command names how many carrying polls the
+controller had sent before it (``after``), and the engine thread holds it until that many have been applied:
+the engine sees every operation in the order the controller issued it.
+
 Incarnations: Ray restarts a dead worker on its own and delivers later calls to the new process, which
 holds none of the old one's requests, versions or message sequence. Every process draws a fresh
 ``incarnation`` token; the controller sends the token it addresses with each poll and command, and a
@@ -106,7 +113,11 @@ class RolloutWorker:
         self._incarnation = uuid.uuid4().hex
         self.config = config
         self._engine = TorchRolloutEngine(config)
-        self._inbox: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Op] = queue.SimpleQueue()
+        self._carried = 0
+        """Polls whose requests the engine thread has added (see the module doc)."""
+        self._held: deque[_Op] = deque()
+        """Commands waiting for an earlier carrying poll's requests (``_Op.after > _carried``)."""
         self._cond = threading.Condition()
         self._outbox: list[FinishedTrajectory] = []
         self._seq = 0
@@ -149,32 +160,43 @@ class RolloutWorker:
 
     def _run_commands(self, *, block: bool) -> None:
         try:
-            item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            op = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
-            fn, future = item
+            if op.after > self._carried:
+                self._held.append(op)  # issued after a carrying poll that has not reached this thread yet
+            else:
+                self._run(op)
+                while self._held and self._held[0].after <= self._carried:
+                    self._run(self._held.popleft())
             try:
-                future.set_result(fn())
-            except BaseException as exc:  # the caller's thread re-raises it
-                future.set_exception(exc)
-            try:
-                item = self._inbox.get_nowait()
+                op = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _run(self, op: _Op) -> None:
+        try:
+            op.future.set_result(op.fn())
+        except BaseException as exc:  # the caller's thread re-raises it
+            op.future.set_exception(exc)
+        finally:
+            if op.carried:
+                self._carried += 1
 
     def _expect(self, incarnation: str | None) -> None:
         if incarnation is not None and incarnation != self._incarnation:
             raise WorkerRestarted(f"rollout worker {self.index}: a call for incarnation {incarnation[:8]} reached "
                                   f"incarnation {self._incarnation[:8]} (the process was restarted)")
 
-    def _call(self, fn: Callable[[], Any], incarnation: str | None) -> Any:
-        """Run ``fn`` on the engine thread between two steps and return its result."""
+    def _call(self, fn: Callable[[], Any], incarnation: str | None, after: int = 0, *, carried: bool = False) -> Any:
+        """Run ``fn`` on the engine thread between two steps, once ``after`` carrying polls' requests are in (see
+        the module doc), and return its result."""
         self._expect(incarnation)
         if self._stopping:
             raise RuntimeError(f"rollout worker {self.index} is stopped")
         future: Future[Any] = Future()
-        self._inbox.put((fn, future))
+        self._inbox.put(_Op(fn, future, after, carried))
         return future.result()
 
     def _message(self, exported: tuple[MigratingRequest, ...] = (), *, export: bool = False) -> WorkerMessage:
@@ -205,14 +227,18 @@ class RolloutWorker:
 
     def poll(
         self, timeout_s: float, linger_s: float = 0.0, min_batch: int = 1, *, incarnation: str | None = None,
+        requests: list[GenerationRequest] | None = None,
     ) -> WorkerMessage:
-        """Wait up to ``timeout_s`` for a finished trajectory, then up to ``linger_s`` more until
-        ``min_batch`` have finished; return them (possibly none) as the next message.
+        """Add ``requests`` (if any: a carrying poll, see the module doc); then wait up to ``timeout_s`` for a
+        finished trajectory, then up to ``linger_s`` more until ``min_batch`` have finished; return them (possibly
+        none) as the next message.
 
         Lingering trades a few milliseconds of refill latency for fewer, larger messages: each message
         costs the controller a Ray round trip, and on a small machine that CPU comes out of rollout.
         """
         self._expect(incarnation)
+        if requests is not None:
+            self._call(lambda: self._add(requests), incarnation, carried=True)
         with self._cond:
             self._cond.wait_for(lambda: bool(self._outbox) or self._stopping, timeout=timeout_s)
             if self._outbox and linger_s > 0:
@@ -247,7 +273,7 @@ class RolloutWorker:
 
     def load_weights(
         self, version: int, weights: dict[str, torch.Tensor], resume_in_flight: bool = False, keep_loaded: bool = False,
-        *, incarnation: str | None = None,
+        *, incarnation: str | None = None, after: int = 0,
     ) -> None:
         """Serve ``version``. Ray resolves ``weights`` from the object store (one copy per version).
 
@@ -292,9 +318,9 @@ class RolloutWorker:
                     temperature=request.temperature, seed=request.seed, prefix=partial,
                 ))
 
-        self._call(load, incarnation)
+        self._call(load, incarnation, after)
 
-    def set_suspended(self, suspended: bool, *, incarnation: str | None = None) -> None:
+    def set_suspended(self, suspended: bool, *, incarnation: str | None = None, after: int = 0) -> None:
         """Stop (or resume) taking engine steps, keeping every request with its KV cache and version: colocated
         streaming hands the cores to the trainer meanwhile. Runs between two steps: once it returns, the engine
         is stopped; its finishes until then are in the outbox, for the next poll. On ``cpu`` the requests stay where
@@ -303,20 +329,21 @@ class RolloutWorker:
         def set_flag() -> None:
             self._suspended = suspended
 
-        self._call(set_flag, incarnation)
+        self._call(set_flag, incarnation, after)
 
-    def drop_version(self, version: int, *, incarnation: str | None = None) -> None:
+    def drop_version(self, version: int, *, incarnation: str | None = None, after: int = 0) -> None:
         """Free ``version``'s weights (no request of it may remain; the engine checks)."""
-        self._call(lambda: self._engine.drop_version(version), incarnation)
+        self._call(lambda: self._engine.drop_version(version), incarnation, after)
 
-    def add_requests(self, requests: list[GenerationRequest], *, incarnation: str | None = None) -> None:
-        def add() -> None:
-            for r in requests:
-                self._engine.add_request(r)
+    def add_requests(self, requests: list[GenerationRequest], *, incarnation: str | None = None,
+                     after: int = 0) -> None:
+        self._call(lambda: self._add(requests), incarnation, after)
 
-        self._call(add, incarnation)
+    def _add(self, requests: list[GenerationRequest]) -> None:
+        for r in requests:
+            self._engine.add_request(r)
 
-    def export_requests(self, *, incarnation: str | None = None) -> WorkerMessage:
+    def export_requests(self, *, incarnation: str | None = None, after: int = 0) -> WorkerMessage:
         """Remove every in-flight request with its KV cache; the reply also carries unpolled finishes."""
 
         def export() -> WorkerMessage:
@@ -325,14 +352,15 @@ class RolloutWorker:
             with self._cond:
                 return self._message(exported=moved, export=True)
 
-        return self._call(export, incarnation)
+        return self._call(export, incarnation, after)
 
-    def import_requests(self, requests: list[MigratingRequest], *, incarnation: str | None = None) -> None:
+    def import_requests(self, requests: list[MigratingRequest], *, incarnation: str | None = None,
+                        after: int = 0) -> None:
         def imp() -> None:
             for m in requests:
                 self._engine.import_request(m)
 
-        self._call(imp, incarnation)
+        self._call(imp, incarnation, after)
 
     def pid(self) -> int:
         """The worker's process id (fault-injection tests and benchmarks kill it)."""
@@ -346,6 +374,17 @@ class RolloutWorker:
         with self._cond:
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    """An operation for the engine thread: ``fn``, its result's ``future``; run once ``after`` carrying polls'
+    requests are in; ``carried``: it adds a carrying poll's requests."""
+
+    fn: Callable[[], Any]
+    future: Future[Any]
+    after: int
+    carried: bool
 
 
 def _in_flight(engine: TorchRolloutEngine) -> list[GenerationRequest]:

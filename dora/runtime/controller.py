@@ -10,7 +10,9 @@ weight publications) sits in ``_pending``; ``ray.wait`` returns the first that c
 handler turns it into policy events. Per worker, commands run one at a time in the order the policy
 issued them, and finished trajectories are processed in the worker's message order (see
 ``dora.runtime.actors``), which is what makes "``RequestsMigrated`` before any later finish of a
-moved request" hold.
+moved request" hold. A worker's poll is re-armed once its message is processed, and carries the admissions
+that processing made to that worker when no command of its is queued or running (a Ray round trip each saved:
+most admissions follow a finish on the same worker); the worker keeps them in order with its commands.
 
 Data: prompt group ``g`` is a pure function of ``(seed, g)`` and the sampling seed of trajectory
 ``g{g}/{i}`` of ``(seed, g, i)``, so every mode sees the same prompts and the same sampling noise.
@@ -189,6 +191,12 @@ class _Worker:
     """Requests given to this worker (sent or queued), not yet finished or exported: what a restart regenerates."""
     queued_add: tuple[Command, list[GenerationRequest]] | None = None
     """The last add command and its request list, which grows while that command waits in ``commands``."""
+    polling: bool = False
+    """A poll of this incarnation is outstanding."""
+    carry: list[GenerationRequest] = field(default_factory=list)
+    """Requests for the next poll to carry (made while no poll was outstanding)."""
+    carried: int = 0
+    """Polls sent to this incarnation that carried requests: each command says how many came before it."""
     dead_counters: WorkerCounters | None = None
     """Counters of earlier incarnations (a restarted process counts from zero)."""
     last_heard: float = 0.0
@@ -426,21 +434,35 @@ class Controller:
         def done(ref: Any) -> None:
             if epoch != w.epoch:
                 return  # a reply of an incarnation that died: its work was regenerated
+            w.polling = False
             try:
                 msg: WorkerMessage = ray.get(ref)
             except (ray.exceptions.RayActorError, WorkerRestarted) as exc:
                 self._worker_failed(w, exc)
                 return
             w.last_heard = time.perf_counter()
+            self._deliver(w, msg)  # its admissions to w gather in w.carry, for the poll re-armed next
+            if w.polling or epoch != w.epoch:
+                return  # a restart while delivering re-armed it
             if not self.policy.done:
-                self._poll(w)  # re-arm first: the worker keeps reporting while we process
-            self._deliver(w, msg)
+                self._poll(w)
+            elif w.carry:
+                carry, w.carry = w.carry, []
+                self._queue_add(w, carry)
 
+        carry, w.carry = w.carry, []
+        if carry:
+            w.carried += 1
+        w.polling = True
         self._submit(w.actor.poll.remote(self.config.poll_timeout_s, self.config.poll_linger_s, self.spp,
-                                         incarnation=w.incarnation), done)
+                                         incarnation=w.incarnation, requests=carry or None), done)
 
     def _command(self, w: _Worker, kind: str, call: Callable[[], Any], on_done: Callable[[Any], None]) -> Command:
-        """Queue a command for ``w`` (sent at once when none is in flight); the queued tuple."""
+        """Queue a command for ``w`` (sent at once when none is in flight); the queued tuple. Admissions waiting for
+        ``w``'s next poll go first, as a command of their own: the engine sees everything in the policy's order."""
+        if w.carry:
+            carry, w.carry = w.carry, []
+            self._queue_add(w, carry)
         command = (kind, call, on_done)
         w.commands.append(command)
         if not w.busy:
@@ -479,12 +501,21 @@ class Controller:
         for r in requests:
             w.requests[r.request_id] = r
         self._count_open()
+        if not w.polling and not w.busy and not w.commands:
+            w.carry.extend(requests)  # the next poll carries them (see the module doc)
+            return
+        self._queue_add(w, requests)
+
+    def _queue_add(self, w: _Worker, requests: list[GenerationRequest]) -> None:
+        """Give ``requests`` to ``w`` by an add command (joining the one queued last, if not sent yet)."""
         if w.queued_add is not None and w.commands and w.commands[-1] is w.queued_add[0]:
             w.queued_add[1].extend(requests)
             return
         batch = list(requests)
-        command = self._command(w, "add", lambda: w.actor.add_requests.remote(batch, incarnation=w.incarnation),
-                                lambda _: None)
+        command = self._command(
+            w, "add", lambda: w.actor.add_requests.remote(batch, incarnation=w.incarnation, after=w.carried),
+            lambda _: None,
+        )
         w.queued_add = (command, batch)
 
     def _count_open(self) -> None:
@@ -536,6 +567,7 @@ class Controller:
         dropped = ([w.running] if w.running is not None else []) + list(w.commands)
         w.commands.clear()
         w.running, w.busy = None, False
+        w.polling, w.carry, w.carried = False, [], 0  # w.requests holds the carry: it is regenerated below
         w.held.clear()
         w.next_seq = 1
         if w.counters is not None:
@@ -642,7 +674,7 @@ class Controller:
         for w in self._workers:
             # the default binds this iteration's worker; its incarnation is read when the command is sent
             def send(w: _Worker = w) -> Any:
-                return w.actor.set_suspended.remote(stop, incarnation=w.incarnation)
+                return w.actor.set_suspended.remote(stop, incarnation=w.incarnation, after=w.carried)
 
             self._command(w, "suspend" if stop else "resume", send, acked)
 
@@ -683,21 +715,22 @@ class Controller:
             self._forget_old_weights()
 
         self._command(w, "load", lambda: w.actor.load_weights.remote(v, ref, act.resume_in_flight, act.keep_loaded,
-                                                               incarnation=w.incarnation),
+                                                               incarnation=w.incarnation, after=w.carried),
                       loaded)
 
     def _drop(self, act: DropVersion) -> None:
         r, v = act.rollout_group, act.version + self.base
         w = self._workers[r]
         self.trace.event(self.now(), "version_dropped", rollout_group=r, version=v)
-        self._command(w, "drop", lambda: w.actor.drop_version.remote(v, incarnation=w.incarnation), lambda _: None)
+        self._command(w, "drop", lambda: w.actor.drop_version.remote(v, incarnation=w.incarnation, after=w.carried),
+                      lambda _: None)
 
     def _migrate(self, act: MigrateRequests) -> None:
         w = self._workers[act.src]
         if w.migration is not None:
             raise RuntimeError(f"engine {act.src}: a migration is already in progress")
         w.migration = act
-        self._command(w, "export", lambda: w.actor.export_requests.remote(incarnation=w.incarnation),
+        self._command(w, "export", lambda: w.actor.export_requests.remote(incarnation=w.incarnation, after=w.carried),
                       lambda msg: self._deliver(w, msg))
 
     def _migrated(self, w: _Worker, msg: WorkerMessage) -> None:
@@ -719,7 +752,7 @@ class Controller:
 
                 # defaults bind this iteration's worker and batch; incarnation is read when the command is sent
                 def send(d: _Worker = d, batch: list[MigratingRequest] = batch) -> Any:
-                    return d.actor.import_requests.remote(batch, incarnation=d.incarnation)
+                    return d.actor.import_requests.remote(batch, incarnation=d.incarnation, after=d.carried)
 
                 self._command(d, "import", send, lambda _: None)
                 self.trace.event(t, "migrated", src=w.index, dst=dst, trajs=[m.request.request_id for m in batch])

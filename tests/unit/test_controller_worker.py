@@ -174,7 +174,7 @@ def test_admissions_queued_behind_an_add_in_flight_go_out_as_one_command(monkeyp
     controller = object.__new__(ctl.Controller)
     controller._pending, controller._t0 = {}, time.perf_counter()
     controller.stats = RunStats(num_workers=1, slots_per_worker=8, total_steps=1, mode="sync")
-    w = ctl._Worker(index=0, actor=actor)
+    w = ctl._Worker(index=0, actor=actor, polling=True)  # its poll is out: admissions cannot ride on it
     controller._workers = [w]
     r = _requests(5)
     controller._add(w, r[:1])  # nothing in flight: sent at once
@@ -190,6 +190,85 @@ def test_admissions_queued_behind_an_add_in_flight_go_out_as_one_command(monkeyp
     assert sent == [("add_requests", ["g0/0"]), ("add_requests", ["g0/1", "g0/2"]), ("load_weights", [1]),
                     ("add_requests", ["g0/3", "g0/4"])]
     assert list(w.requests) == [f"g0/{i}" for i in range(5)] and not w.busy
+
+
+def _fake_controller(monkeypatch, replies: dict[str, object] | None = None):
+    """A controller with one worker whose actor records every call (no Ray); ``replies``: what ``ray.get`` returns
+    for a call of that method."""
+    import ray
+
+    import dora.runtime.controller as ctl
+
+    sent: list[tuple[str, dict]] = []
+
+    def method(name: str) -> SimpleNamespace:
+        def remote(*args, **kwargs):
+            sent.append((name, kwargs))
+            return (name, len(sent))
+        return SimpleNamespace(remote=remote)
+
+    replies = replies or {}
+    fake_ray = SimpleNamespace(get=lambda ref, **_: replies.get(ref[0]), exceptions=ray.exceptions)
+    monkeypatch.setattr(ctl, "ray", fake_ray)
+    actor = SimpleNamespace(**{m: method(m) for m in ("add_requests", "load_weights", "drop_version", "poll")})
+    controller = object.__new__(ctl.Controller)
+    controller._pending, controller._t0 = {}, time.perf_counter()
+    controller.stats = RunStats(num_workers=1, slots_per_worker=8, total_steps=1, mode="streaming")
+    controller.policy = SimpleNamespace(done=False)
+    controller.config = SimpleNamespace(poll_timeout_s=0.25, poll_linger_s=0.01)
+    controller.spp = 1
+    w = ctl._Worker(index=0, actor=actor)
+    controller._workers = [w]
+    return controller, w, sent
+
+
+def test_admissions_made_while_a_poll_is_processed_ride_on_the_next_poll_in_policy_order(monkeypatch):
+    # Most admissions follow a finish on the same worker: they go out with the poll re-armed after its message is
+    # processed (one Ray round trip instead of two). A command issued meanwhile must not overtake them: the carry goes
+    # out first, as a command; every command names how many carrying polls came before it (``after``).
+    message = WorkerMessage(seq=1, finished=(), counters=None)
+    controller, w, sent = _fake_controller(monkeypatch, {"poll": message})
+    r = _requests(6)
+    controller._add(w, r[:2])  # no poll out yet, nothing in flight: held for the first poll
+    controller._poll(w)
+    assert [(n, [q.request_id for q in k["requests"]]) for n, k in sent] == [("poll", ["g0/0", "g0/1"])]
+    assert w.polling and w.carried == 1 and not w.carry
+
+    def deliver(_w, _msg) -> None:  # what the policy does with the message: admits twice, drops a version, admits
+        controller._add(w, r[2:3])
+        controller._add(w, r[3:4])
+        controller._command(w, "drop", lambda: w.actor.drop_version.remote(0, after=w.carried), lambda _: None)
+        controller._add(w, r[4:6])
+
+    controller._deliver = deliver
+    ref, done = controller._pending.popitem()
+    done(ref)
+    assert [n for n, _ in sent] == ["poll", "add_requests", "poll"]  # the carry went first, as a command
+    assert sent[1][1]["after"] == 1 and not sent[2][1]["requests"]  # g0/2-3 after the first poll's; nothing carried
+    while len(controller._pending) > 1:  # the add's reply sends the drop; the later admissions join no carry
+        ref = next(k for k in controller._pending if k[0] != "poll")
+        controller._pending.pop(ref)(ref)
+    assert [n for n, _ in sent] == ["poll", "add_requests", "poll", "drop_version", "add_requests"]
+    assert all(k["after"] == 1 for n, k in sent if n != "poll")
+    assert list(w.requests) == [f"g0/{i}" for i in range(6)] and not w.carry
+
+
+def test_a_command_sent_before_a_carrying_poll_arrives_waits_for_its_requests(workers):
+    # The worker's side: its two Ray threads may start a carrying poll and a later command in either order. An export
+    # that overtook the poll would miss its requests; it waits for them instead.
+    import threading
+
+    w = workers(0)
+    exported: list[WorkerMessage] = []
+    export = threading.Thread(target=lambda: exported.append(w.export_requests(after=1)))
+    export.start()
+    time.sleep(0.2)
+    assert export.is_alive() and not exported  # held: the first carrying poll has not come
+    w.poll(0.0, requests=_requests(3, max_new_tokens=60))
+    export.join(timeout=10)
+    assert [m.request.request_id for m in exported[0].exported] == ["g0/0", "g0/1", "g0/2"]
+    w.add_requests(_requests(1), after=1)  # already in: runs at once
+    assert w.counters().num_active == 1
 
 
 def test_a_dead_trainer_stops_the_run_and_is_never_taken_for_a_dead_rollout_worker(monkeypatch):
