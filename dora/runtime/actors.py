@@ -242,7 +242,9 @@ class RolloutWorker:
         with self._cond:
             self._cond.wait_for(lambda: bool(self._outbox) or self._stopping, timeout=timeout_s)
             if self._outbox and linger_s > 0:
-                self._cond.wait_for(lambda: len(self._outbox) >= min_batch or self._stopping, timeout=linger_s)
+                engine = self._engine  # lingering for a request that is not there would only delay this message
+                self._cond.wait_for(lambda: len(self._outbox) >= min_batch or self._stopping
+                                    or not (engine.num_active() or engine.num_waiting()), timeout=linger_s)
             return self._message()
 
     def counters(self) -> WorkerCounters:

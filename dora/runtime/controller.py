@@ -98,6 +98,18 @@ class TrainerLost(RuntimeError):
     last checkpoint is gone, so the run stops, and a re-run resumes from that checkpoint."""
 
 
+def poll_batching(policy: PolicyConfig, linger_s: float) -> tuple[float, int]:
+    """``(linger_s, min_batch)`` of a worker's polls: a poll waits for a group's worth of finishes, or, when the engine
+    holds ``q`` groups queued (``PolicyConfig.admission_queue``), for ``1 + q`` groups' worth, up to ``1 + q`` times
+    ``linger_s``. With requests queued a later refill idles no slot, and every message costs the driver a Ray round
+    trip, and the worker's engine thread the GIL for a while: on 2 cores, CPU that training lacks. Measured (local-tiny
+    streaming, 2 groups queued; bench/local_modes.py --seeds 0 1, two rounds, trained tok/s): 1 group and 10 ms
+    24.7K / 25.1K, 2 and 20 ms 26.0K / 25.8K, 3 and 30 ms 28.5K / 28.0K (slot occupancy 84% -> 72-76%: rollout has
+    slack, training is the bound), 4 and 50 ms 27.8K / 30.6K."""
+    ahead = 1 + policy.admission_queue // policy.samples_per_prompt  # the queue counts requests
+    return linger_s * ahead, policy.samples_per_prompt * ahead
+
+
 def _trainer_argument_lost(exc: BaseException) -> bool:
     """Whether a rollout worker's call failed because an argument from the trainer (published weights) could not be
     computed: the trainer died. Ray raises that as the call's ``RayTaskError`` whose cause is the trainer's
@@ -145,7 +157,9 @@ class ControllerConfig:
     poll_timeout_s: float = 0.25
     """Longest a worker's poll waits with nothing finished (bounds how stale its counters get)."""
     poll_linger_s: float = 0.01
-    """After a first finish, how long a poll waits for a group's worth (``samples_per_prompt``) more.
+    """After a first finish, how long a poll waits for a group's worth (``samples_per_prompt``) more; with an
+    admission queue of ``q`` groups, for ``1 + q`` groups' worth, up to ``1 + q`` times as long (``Controller.
+    _poll``). It stops waiting when the engine has no request left.
 
     Measured on 2 cores (streaming, 2x32 slots, 16x8 per step, 30 steps, 2 runs each): 0 ms -> controller
     CPU 27% of wall, 3.5k trained tok/s; 10 ms -> 19%, 3.8-4.3k tok/s (rollout gets the CPU back)."""
@@ -229,6 +243,7 @@ class Controller:
         self.on_progress = on_progress
         self._ctrl_c = _CtrlC()
         self.spp = p.samples_per_prompt
+        self._poll_args = (config.poll_timeout_s, *poll_batching(p, config.poll_linger_s))
         out = Path(config.output_dir)
         self.trace = TraceWriter(out / "trace.jsonl", append=resume is not None,
                                  offset_s=resume.clock_s if resume else 0.0)
@@ -454,8 +469,7 @@ class Controller:
         if carry:
             w.carried += 1
         w.polling = True
-        self._submit(w.actor.poll.remote(self.config.poll_timeout_s, self.config.poll_linger_s, self.spp,
-                                         incarnation=w.incarnation, requests=carry or None), done)
+        self._submit(w.actor.poll.remote(*self._poll_args, incarnation=w.incarnation, requests=carry or None), done)
 
     def _command(self, w: _Worker, kind: str, call: Callable[[], Any], on_done: Callable[[Any], None]) -> Command:
         """Queue a command for ``w`` (sent at once when none is in flight); the queued tuple. Admissions waiting for

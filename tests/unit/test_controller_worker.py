@@ -215,7 +215,7 @@ def _fake_controller(monkeypatch, replies: dict[str, object] | None = None):
     controller._pending, controller._t0 = {}, time.perf_counter()
     controller.stats = RunStats(num_workers=1, slots_per_worker=8, total_steps=1, mode="streaming")
     controller.policy = SimpleNamespace(done=False)
-    controller.config = SimpleNamespace(poll_timeout_s=0.25, poll_linger_s=0.01)
+    controller._poll_args = (0.25, 0.01, 1)
     controller.spp = 1
     w = ctl._Worker(index=0, actor=actor)
     controller._workers = [w]
@@ -251,6 +251,31 @@ def test_admissions_made_while_a_poll_is_processed_ride_on_the_next_poll_in_poli
     assert [n for n, _ in sent] == ["poll", "add_requests", "poll", "drop_version", "add_requests"]
     assert all(k["after"] == 1 for n, k in sent if n != "poll")
     assert list(w.requests) == [f"g0/{i}" for i in range(6)] and not w.carry
+
+
+def test_polls_wait_for_the_groups_an_engine_holds_queued_plus_one():
+    from dora.runtime.controller import poll_batching
+    from planner.policies import PolicyConfig
+    from planner.policies.config import admission_queue_for
+
+    def policy(mode: str, accelerator: str) -> PolicyConfig:
+        return PolicyConfig(mode=mode, max_version_lag=3, num_rollout_groups=1, slots_per_group=64, prompts_per_step=16,
+                            samples_per_prompt=8, total_steps=10,
+                            admission_queue=admission_queue_for(mode, accelerator, 8))
+
+    assert poll_batching(policy("streaming", "cpu"), 0.01) == pytest.approx((0.03, 24))  # 2 groups queued
+    assert poll_batching(policy("streaming", "h800"), 0.01) == pytest.approx((0.01, 8))
+    assert poll_batching(policy("sync", "cpu"), 0.01) == pytest.approx((0.01, 8))
+
+
+def test_a_poll_stops_lingering_once_the_engine_has_no_request_left(workers):
+    # Lingering waits for more finishes to batch; with nothing left in flight none can come (a sync step's last
+    # trajectory): the message goes at once instead of ``linger_s`` later.
+    w = workers(0)
+    w.add_requests([dataclasses.replace(r, max_new_tokens=n) for r, n in zip(_requests(2), (3, 20), strict=True)])
+    start = time.monotonic()
+    msg = w.poll(5.0, linger_s=5.0, min_batch=10)
+    assert sorted(t.request_id for t in msg.finished) == ["g0/0", "g0/1"] and time.monotonic() - start < 2.5
 
 
 def test_a_command_sent_before_a_carrying_poll_arrives_waits_for_its_requests(workers):
