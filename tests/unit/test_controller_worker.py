@@ -136,11 +136,15 @@ def test_migrated_requests_continue_with_identical_tokens(workers):
 
 
 def test_resume_in_flight_records_a_second_version_span(workers):
-    w = workers(0)
+    # The engine stops between two steps for the load: on a loaded machine the requests finished while the new
+    # weights were built (CI saw one version span).
+    w, weights = workers(0), _weights(1)
     w.add_requests(_requests(2, max_new_tokens=40))
     while w.counters().generated_tokens < 10:
-        time.sleep(0.005)
-    w.load_weights(1, _weights(1), resume_in_flight=True)
+        time.sleep(0.0005)
+    w.set_suspended(True)
+    w.load_weights(1, weights, resume_in_flight=True)
+    w.set_suspended(False)
     finished = _drain(w, 2, [])
     for t in finished.values():
         (v0, n0), (v1, n1) = t.version_spans
