@@ -100,13 +100,16 @@ class TrainerLost(RuntimeError):
 
 def poll_batching(policy: PolicyConfig, linger_s: float) -> tuple[float, int]:
     """``(linger_s, min_batch)`` of a worker's polls: a poll waits for a group's worth of finishes, or, when the engine
-    holds ``q`` groups queued (``PolicyConfig.admission_queue``), for ``1 + q`` groups' worth, up to ``1 + q`` times
-    ``linger_s``. With requests queued a later refill idles no slot, and every message costs the driver a Ray round
-    trip, and the worker's engine thread the GIL for a while: on 2 cores, CPU that training lacks. Measured (local-tiny
-    streaming, 2 groups queued; bench/local_modes.py --seeds 0 1, two rounds, trained tok/s): 1 group and 10 ms
-    24.7K / 25.1K, 2 and 20 ms 26.0K / 25.8K, 3 and 30 ms 28.5K / 28.0K (slot occupancy 84% -> 72-76%: rollout has
-    slack, training is the bound), 4 and 50 ms 27.8K / 30.6K."""
-    ahead = 1 + policy.admission_queue // policy.samples_per_prompt  # the queue counts requests
+    holds ``q >= 1`` groups queued (``PolicyConfig.admission_queue``), for ``q`` groups' worth, up to ``q`` times
+    ``linger_s``. Every message costs the driver a Ray round trip, and the worker's engine thread the GIL for a while:
+    on 2 cores, CPU that training lacks. But the queue refills only ``q`` groups' slots: the poll returns when it has
+    run dry, and the round trip to refill it overlaps the next finishes, where waiting for one more group idled that
+    group's slots for the whole round trip. Measured (local-tiny streaming, 2 groups queued, 40 slots;
+    bench/local_modes.py --seeds 0 1, two rounds): 3 groups and 30 ms 28.0K / 30.5K trained tok/s at 86% / 84% slot
+    occupancy, 2 groups and 20 ms 29.5K / 29.3K at 92% / 93% (engine slots idle while the controller counted them
+    taken: 12% -> 6%). At 64 slots, where training is the bound and slots idle anyway: 30.0K at 71% and 29.3K at
+    75%."""
+    ahead = max(1, policy.admission_queue // policy.samples_per_prompt)  # the queue counts requests
     return linger_s * ahead, policy.samples_per_prompt * ahead
 
 
@@ -158,7 +161,7 @@ class ControllerConfig:
     """Longest a worker's poll waits with nothing finished (bounds how stale its counters get)."""
     poll_linger_s: float = 0.01
     """After a first finish, how long a poll waits for a group's worth (``samples_per_prompt``) more; with an
-    admission queue of ``q`` groups, for ``1 + q`` groups' worth, up to ``1 + q`` times as long (``poll_batching``).
+    admission queue of ``q >= 1`` groups, for ``q`` groups' worth, up to ``q`` times as long (``poll_batching``).
     It stops waiting when the engine has no request left.
 
     Measured on 2 cores (streaming, 2x32 slots, 16x8 per step, 30 steps, 2 runs each): 0 ms -> controller
