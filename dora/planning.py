@@ -132,7 +132,7 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
         modes = tuple(m for m in ALL_MODES if m != "partial-rollout" or st.allow_version_mixing)
     else:
         modes = (st.mode,)
-    pins = Pins()
+    pins, pinned_seqs = Pins(), None
     if spec.placement != "auto" and not unpinned:
         p = spec.placement
         pins = Pins(colocated=p.colocated, rollout_accelerators=p.rollout.accelerators, rollout_tp=p.rollout.tp,
@@ -140,6 +140,7 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
                     consolidation_batch=p.rollout.consolidation_batch,
                     train_accelerators=p.train.accelerators, train_tp=p.train.tp, train_pp=p.train.pp,
                     train_ep=p.train.ep, train_dp=p.train.dp, train_cp=p.train.cp)
+        pinned_seqs = p.rollout.max_num_seqs  # the engines' slot cap: searched nowhere, so not a Pins field
     return SearchInputs(
         arch=resolved.arch, accelerator=acc, nodes=c.nodes, accelerators_per_node=c.accelerators_per_node,
         dtype_bytes=ACTIVATION_BYTES[spec.model.dtype], rollout_weight_bytes=DTYPE_BYTES[spec.model.dtype],
@@ -151,7 +152,7 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
         samples_per_minibatch=max(1, spec.workload.prompts_per_step * spec.workload.samples_per_prompt
                                   // spec.algorithm.minibatches_per_step),
         gpu_memory_utilization=spec.runtime.gpu_memory_utilization,
-        max_num_seqs_cap=CPU_MAX_NUM_SEQS if c.accelerator == "cpu" else VLLM_MAX_NUM_SEQS,
+        max_num_seqs_cap=pinned_seqs or (CPU_MAX_NUM_SEQS if c.accelerator == "cpu" else VLLM_MAX_NUM_SEQS),
         pins=pins, price_per_accelerator_hour_usd=c.price_per_accelerator_hour_usd, objective=spec.objective,
         seed=spec.runtime.seed, calibration=calibration,
         # the local `count` task's prompt fixes the answer's length: every sample of a group has the same one

@@ -162,7 +162,9 @@ def rollout_instance_memory(
                    f" + extra versions {extra / _GIB:.1f} + reserve {reserve / _GIB:.1f} + one "
                    f"{context_tokens}-token sequence), has {usable / _GIB:.1f} GiB "
                    f"({gpu_memory_utilization} x {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name}); "
-                   f"raise tp or gpu_memory_utilization, or lower the context")
+                   f"raise tp or gpu_memory_utilization, or lower the context"
+                   + (f" or max_num_seqs ({max_num_seqs}: the reserve holds a sampler pass over that many rows of "
+                      f"logits)" if reserve > usable / 2 else ""))
     return RolloutMemory(
         devices=tp, usable_bytes_per_device=usable, weights_bytes_per_device=weights,
         extra_version_bytes_per_device=extra, reserved_bytes_per_device=reserve, kv_bytes_per_device=kv_bytes,

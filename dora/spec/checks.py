@@ -428,6 +428,10 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
         out.append(_d((*R, "consolidation_batch"), "consolidation only happens in mode streaming, which needs a "
                       "staleness budget k >= 1, and staleness.max_version_lag is 0 (mode auto can only pick sync)",
                       "remove consolidation_batch, or raise staleness.max_version_lag to 1 or more"))
+    if r.max_num_seqs is not None and r.max_num_seqs < spec.workload.samples_per_prompt:
+        out.append(_d((*R, "max_num_seqs"), f"an engine runs a prompt group's {spec.workload.samples_per_prompt} "
+                      f"samples (workload.samples_per_prompt) side by side, and max_num_seqs is {r.max_num_seqs}",
+                      f"set max_num_seqs to {spec.workload.samples_per_prompt} or more, or remove it"))
     if spec.cluster.accelerator == "cpu" and r.tp is not None and r.tp > 1:
         out.append(_d((*R, "tp"), f"the CPU engine runs one thread per replica, so rollout tp must be 1, got {r.tp}",
                       "set tp: 1 (or remove it); more rollout replicas use more cores"))

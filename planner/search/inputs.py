@@ -70,7 +70,8 @@ class SearchInputs:
     global batch must be a multiple of dp."""
     gpu_memory_utilization: float
     max_num_seqs_cap: int
-    """Upper bound on continuous-batching slots per engine (vLLM's max_num_seqs default is 256)."""
+    """Upper bound on continuous-batching slots per engine: the spec's ``placement.rollout.max_num_seqs``, else
+    vLLM's default (256), or 64 for the CPU engine."""
     pins: Pins
     price_per_accelerator_hour_usd: float | None
     objective: Objective

@@ -201,7 +201,8 @@ class Space:
                             reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples "
                                     f"(workload.samples_per_prompt) needs {inp.samples_per_prompt} slots on one "
                                     f"engine, which holds {slots} (its KV cache at the mean context "
-                                    f"{self.ctx_avg:.0f} tokens, at most {inp.max_num_seqs_cap} sequences)")))
+                                    f"{self.ctx_avg:.0f} tokens, at most {inp.max_num_seqs_cap} sequences: "
+                                    f"placement.rollout.max_num_seqs or the engine's default)")))
                         continue
                     pack = pins.consolidation_batch
                     if pack is None:

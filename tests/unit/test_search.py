@@ -355,6 +355,27 @@ def test_consolidation_batch_is_the_batching_knee_unless_pinned() -> None:
     assert sync.rollout.consolidation_batch is None
 
 
+def test_a_max_num_seqs_pin_caps_every_engines_slots_and_the_kv_cache_still_bounds_them() -> None:
+    spec = SMALL_GPU + "placement:\n  rollout: {max_num_seqs: 24}\n"
+    plan = make_plan(_resolved(spec)).plan
+    assert plan.rollout.max_num_seqs == 24
+    assert search_inputs(_resolved(spec)).max_num_seqs_cap == 24
+    assert search_inputs(_resolved(spec), unpinned=True).max_num_seqs_cap == 256  # the pins' cost is measured without
+    # above what the KV cache holds at the mean context, the cache decides (vLLM would preempt the excess)
+    big = make_plan(_resolved(SMALL_GPU + "placement:\n  rollout: {max_num_seqs: 5000}\n")).plan
+    assert big.rollout.max_num_seqs < 5000
+    assert big.rollout.max_num_seqs == int(big.rollout.kv_capacity_tokens // _mean_context(_resolved(SMALL_GPU)))
+    # vLLM's profiling run samples over max_num_seqs rows of logits first: 100,000 leave no room on any layout
+    with pytest.raises(InfeasibleError, match=r"or max_num_seqs \(100000: the reserve holds a sampler pass"):
+        make_plan(_resolved(SMALL_GPU + "placement:\n  rollout: {max_num_seqs: 100000}\n"))
+
+
+def _mean_context(resolved) -> float:
+    from planner.search.core import Space
+
+    return Space(search_inputs(resolved)).ctx_avg
+
+
 def test_local_task_lengths_are_per_prompt_and_shorten_the_expected_tail() -> None:
     import dataclasses
 
