@@ -144,15 +144,17 @@ class Calibration:
     """Fixed cost per weight update on the rollout side (s): pausing the engine, resetting the prefix cache,
     resuming.  Prior."""
 
-    # The cpu_* defaults but cpu_prefill_compute_efficiency are fitted in situ, on 2026-11-24 (35th session, after
-    # the trainer's per-sequence attention and the engine's cheaper decode step), on the development machine class
+    # The cpu_* defaults but cpu_prefill_compute_efficiency are fitted in situ, on 2026-11-24 (37th session, after
+    # the controller's fewer Ray round trips: admissions carried on polls, polls batched), on the development machine class
     # (AMD EPYC VM, 2 cores; one torch thread per engine, one per trainer core) and the SwiGLU tiny-local model:
     # `python bench/predict_vs_measure.py --calib-steps 60` twice (each time two sync runs of 60 steps, with one
     # engine and with one engine per core, and a streaming run, all seed 1), then `dora calibrate
-    # specs/local-tiny.yaml --from-run` over the six runs (median residuals: decode 11%, train 8%, weights 23%, the
-    # contention and extra-version terms 27-42%), with cpu_train_parallel_efficiency (measured, below) in place. Rerun it on yours: this machine's speed has varied 2-4x between
-    # sessions (the fit of 2026-11-21, on a GELU model, had a 2.38 ms decode step overhead where this one has 0.41).
-    cpu_compute_efficiency: float = 0.2512
+    # specs/local-tiny.yaml --from-run` over the six runs (median residuals: decode 12%, train 6%, weights 17%, the
+    # contention and extra-version terms 24-34%), with cpu_train_parallel_efficiency (measured, below) in place. Rerun it on yours: this machine's speed has varied 2-4x between
+    # sessions (the fit of 2026-11-21, on a GELU model, had a 2.38 ms decode step overhead where this one has 0.39).
+    # The 35th session's fit, before the controller made fewer calls, had a 1.87x rollout contention (now 1.33x) and
+    # an 8.4 ms training-step overhead (now 0.03 ms: the fit puts the step's time in its compute term).
+    cpu_compute_efficiency: float = 0.2875
     """On the local `cpu` entry, replaces the decode compute efficiency: tiny PyTorch matmuls on one core reach only
     a small fraction of the FMA peak. Fitted in situ (above)."""
 
@@ -162,11 +164,11 @@ class Calibration:
     overhead, so read the three together. Fitted in situ (above), at its bound: the tiny model's decode steps move
     too few bytes to pin it, so the memory term is a small part of a step whatever it is."""
 
-    cpu_step_overhead_s: float = 0.000414
+    cpu_step_overhead_s: float = 0.000388
     """On `cpu`, replaces decode_step_overhead_s: Python and operator-dispatch cost of one engine step for the tiny
     model. Fitted in situ (above)."""
 
-    cpu_train_step_overhead_s: float = 0.008367
+    cpu_train_step_overhead_s: float = 0.0000277
     """On `cpu`, replaces train_step_overhead_s.  In a run it includes the Ray call and the batch's serialisation.
     Fitted in situ (above)."""
 
@@ -179,7 +181,7 @@ class Calibration:
     specs/local-tiny.yaml` on the development machine class (AMD EPYC VM, 2 cores, 1 torch thread per engine) on
     2026-11-21 (the local runs ingest prompts through the decode batch, so `--from-run` does not refit it)."""
 
-    cpu_train_compute_efficiency: float | None = 0.4805
+    cpu_train_compute_efficiency: float | None = 0.4936
     """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed GRPO
     step. A step on n torch threads (the colocated trainer has every core) is charged as data parallel over
     ``n * cpu_train_parallel_efficiency`` cores. Fitted in situ (above)."""
@@ -192,35 +194,35 @@ class Calibration:
     about 1.5 cores' work (0.75 each). `dora calibrate --from-run` does not refit it. A calibration file that gives
     `cpu_train_compute_efficiency` without this key loads it as None (see `from_dict`)."""
 
-    cpu_extra_version_step_s: float | None = 0.0003004
+    cpu_extra_version_step_s: float | None = 0.0002009
     """On `cpu`: what each extra policy version with running requests adds to one decode step of a multi-version
     engine (the torch engine stacks the versions' weights and runs one batched matmul per linear over rows padded
     per version, so a version costs a few pad/unpad ops, not a forward).  None: a full `decode_step_overhead_s` per
     extra version (a separate forward, as an engine without stacking would run).  (Engine alone, `python
     bench/engine_speed.py`: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms.) Fitted in situ (above)."""
 
-    cpu_weight_reload_fixed_s: float | None = 0.001652
+    cpu_weight_reload_fixed_s: float | None = 0.00114
     """On `cpu`, replaces weight_reload_fixed_s (None: keep it): from the start of a load to the engine serving the
     version, beyond the formula's per-tensor term (fetching the state dict from Ray's object store and building the
     engine's model; the engine pauses only to install it). The GPU prior (0.5 s engine pause/resume) is far too slow
     for the tiny CPU model. Fitted in situ (above)."""
 
-    cpu_weight_publish_fixed_s: float | None = 0.004107
+    cpu_weight_publish_fixed_s: float | None = 0.00347
     """On `cpu`: trainer-side time to publish a version beyond the formula's gather/convert terms (the local runtime
     checkpoints the step, exports the state dict and puts it in Ray's object store before the version is published;
     the trainer is busy, the engines keep decoding).  None: 0.  `dora calibrate --from-run` measures it as the mean
     train-step end -> weights-published interval. Fitted in situ (above)."""
 
-    cpu_rollout_contention: float | None = 1.869
+    cpu_rollout_contention: float | None = 1.333
     """On `cpu` with rollout and training on disjoint cores of one host: a decode step takes this many times longer
     while the trainer runs (they share the host's caches and memory bus, and with the controller, its cores).  None:
     1 (no contention).  `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the
     engine steps that overlap a training step. Fitted in situ (above)."""
 
-    cpu_train_contention: float | None = 1.221
+    cpu_train_contention: float | None = 1.253
     """The same for a training step that starts while rollout is under way (None: 1). Fitted in situ (above)."""
 
-    cpu_engine_contention: float | None = 1.370
+    cpu_engine_contention: float | None = 1.376
     """On `cpu`: a decode step takes this many times longer while another engine replica of the host decodes at the
     same time (the engines share the host's caches and memory bus, and with the controller, its cores).  None: 1.
     `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the engine steps of a run

@@ -257,10 +257,12 @@ def test_diff_of_two_specs_shows_the_inputs_that_changed_and_warnings_one_by_one
                                                                                  monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     bigger = tmp_path / "bigger.yaml"
-    bigger.write_text(TINY.read_text().replace("prompts_per_step: 16 ", "prompts_per_step: 32 "))
+    # 8 slots for twice the batch: rollout bounds the plan, and warnings say so
+    bigger.write_text(TINY.read_text().replace("prompts_per_step: 16 ", "prompts_per_step: 32 ")
+                      .replace("max_num_seqs: 40", "max_num_seqs: 8"))
     assert main(["diff", str(TINY), str(bigger)]) == 0
     out = capsys.readouterr().out
-    assert "Inputs (spec):\n  ~ workload.prompts_per_step: 16 -> 32" in out
+    assert "Inputs (spec):\n  ~ placement.rollout.max_num_seqs: 40 -> 8  (-80.0%)\n  ~ workload.prompts_per_step: 16 -> 32" in out
     assert "\nPlan:\n" in out and "~ predictions.step_time_s" in out
     assert not any(line.lstrip().startswith("~ warnings") for line in out.splitlines())
     assert "  + warning: " in out  # each warning on its own line
