@@ -130,6 +130,8 @@ class RolloutWorker:
         self._step_start: float | None = None
         """``perf_counter()`` at the start of the engine step under way, ``None`` between steps."""
         self._generated_base = 0
+        self._settled = False
+        """Whether ``settle_heap`` ran in this process (after its first weight load)."""
         self._step_log: deque[StepLogRow] = deque(maxlen=STEP_LOG_LIMIT)
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{index}", daemon=True)
         self._thread.start()
@@ -271,7 +273,6 @@ class RolloutWorker:
                 self._generated_base = self._engine.stats().generated_tokens
 
         self._call(reset, incarnation)
-        settle_heap()  # start-up is over: later collections walk only what the run allocates (dora.runtime.heap)
 
     def load_weights(
         self, version: int, weights: dict[str, torch.Tensor], resume_in_flight: bool = False, keep_loaded: bool = False,
@@ -321,6 +322,9 @@ class RolloutWorker:
                 ))
 
         self._call(load, incarnation, after)
+        if not self._settled:  # start-up is over, for this process: a restarted one too (dora.runtime.heap)
+            self._settled = True
+            settle_heap()
 
     def set_suspended(self, suspended: bool, *, incarnation: str | None = None, after: int = 0) -> None:
         """Stop (or resume) taking engine steps, keeping every request with its KV cache and version: colocated

@@ -375,7 +375,7 @@ class Controller:
         self._get_loads([w.actor.load_weights.remote(self.base, self._weights[self.base], incarnation=w.incarnation)
                          for w in self._workers], f"before it published v{self.base}")
         settled = self._trainer.settle_heap.remote()
-        ray.get([w.actor.start_clock.remote(incarnation=w.incarnation) for w in self._workers])  # settles theirs
+        ray.get([w.actor.start_clock.remote(incarnation=w.incarnation) for w in self._workers])  # theirs: first load
         settle_heap()
         self._get_trainer(settled, "after the start-up")
         now = time.perf_counter()

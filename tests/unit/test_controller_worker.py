@@ -96,6 +96,26 @@ def test_counter_snapshots_never_count_more_slot_seconds_than_the_time_they_cove
         assert b.busy_slot_s - a.busy_slot_s <= CONFIG.max_num_seqs * (b.wall_s - a.wall_s) + 1e-9
 
 
+def test_a_worker_settles_its_heap_once_after_its_first_load_a_restarted_one_too(monkeypatch):
+    """Start-up ends with the first weight load in every process of a worker, including one Ray restarted mid-run,
+    which gets no ``start_clock``: its heap is settled there (``dora.runtime.heap``), once."""
+    import dora.runtime.actors as actors
+
+    settled: list[int] = []
+    monkeypatch.setattr(actors, "settle_heap", lambda: settled.append(1) or 0)
+    for process in (1, 2):  # the first process, then its restart
+        w = RolloutWorker(CONFIG, index=0)
+        try:
+            assert len(settled) == process - 1
+            w.load_weights(0, _weights(0))
+            assert len(settled) == process
+            w.load_weights(1, _weights(1))
+            w.start_clock()
+            assert len(settled) == process
+        finally:
+            w.stop()
+
+
 def test_a_call_for_another_incarnation_is_refused_and_changes_nothing(workers):
     # What a restarted process sees: calls the controller addressed to the process that died.
     w, other = workers(0), workers(1)
