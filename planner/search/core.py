@@ -7,7 +7,10 @@ Stage 2 runs the discrete-event simulator (the same policy objects the runtime d
 screen's best few overall, the best of each mode, the best colocated and disaggregated sync plans and the screen's
 best few sync plans (the speedup baseline), then, on the placements that tie for the lead, every (mode, k) that would
 win the tie. The leaders and the best simulated sync plan are then simulated again over more steps
-(``REFINE_STEPS``), until the best few and the best sync plan all have the longer run. The chosen plan is the
+(``REFINE_STEPS``), until the best few and the best sync plan all have the longer run. From the plans within
+``SPLIT_MARGIN`` of the best and the best sync plan, a split search steps to the neighbouring disaggregated splits of
+the same engine layout (from a colocated plan, to that layout's best split by the screen) and simulates them, for up
+to ``SPLIT_STEPS`` rounds: the screen ranks one layout's splits less well than the layouts. The chosen plan is the
 finalist with the highest simulated trained tokens/s; ties (within 1%) go to lower staleness, then the preferred
 mode. A chosen streaming or bounded-async plan whose trainer stalls on the oldest version's tail (``tail_stall``) is
 simulated again at k + 1: within the budget as one more candidate (until the chosen one no longer stalls or already
@@ -169,6 +172,23 @@ def _placements(space: Space, screen: Screen) -> list[Placement]:
     return out
 
 
+def _at_steps(simulated: Callable[[Screened, int], Simulated], steps: int) -> Callable[[Screened], Simulated]:
+    def run(c: Screened) -> Simulated:
+        return simulated(c, steps)
+
+    return run
+
+
+def _neighbour_splits(placements: list[Placement], p: Placement) -> list[Placement]:
+    """The disaggregated placements of ``p``'s engine layout with the next smaller and the next larger training share."""
+    same = sorted((q for q in placements if not q.colocated and q.rollout == p.rollout),
+                  key=lambda q: q.train.accelerators)
+    i = next((j for j, q in enumerate(same) if q == p), None)
+    if i is None:
+        return []
+    return [same[j] for j in (i - 1, i + 1) if 0 <= j < len(same)]
+
+
 def _disaggregated(space: Space, ro, sizes: list[int]) -> list[Placement]:
     inp = space.inp
     out = []
@@ -229,6 +249,12 @@ REFINE_MARGIN = 0.12
 """A finalist whose short run is within this of the best long one gets the long run too. Between 6 and 24 steps the
 dense-8b finalists at k=3 moved by -21% to +14% (a streaming candidate 9.7% behind after 6 steps led by 2.8% after
 24), so a short-run gap this size decides nothing."""
+SPLIT_MARGIN = 0.06
+"""The split search steps from every simulated plan within this of the best (at most ``SPLIT_TOP`` of them), and
+from the best sync plan: the gains it finds are a few percent (dense-8b at k=4: 4.7%)."""
+SPLIT_TOP = 8
+SPLIT_STEPS = 3
+"""Rounds of the split search: each simulates the neighbouring splits of the plans that lead after the last."""
 SYNC_BASELINE_CANDIDATES = 4
 """Sync candidates simulated, best by the screen first, for the baseline of the speedup figure; the best of them by
 simulation also gets the refined run."""
@@ -499,6 +525,46 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
             baseline = [again.get(s.screened.label, s) for s in baseline]
         if not short:  # nothing to refine (a short spec): one look at the leading placements is all
             break
+    # Third look: the split. The screen ranks the disaggregated splits of one engine layout less well than the layouts
+    # themselves (dense-8b at k=4: it put R40(tp2x20)/T24 streaming 31st, below R48(tp2x24)/T16, and the former
+    # simulates 4.7% faster). From each of the best few simulated plans and the best sync plan, step to the
+    # neighbouring splits of the same engine layout, mode and k (from a colocated plan: to its layout's split the
+    # screen puts first; dense-8b at k=5 chose colocated tp2 streaming, 4.6% below tp2 on R40/T24), and again from
+    # the new leaders.
+    stepped: set[str] = set()
+    for _ in range(SPLIT_STEPS):
+        done = {s.screened.label for s in sims + baseline}
+        best_rate = max(objective_rate(s, inputs) for s in sims)
+        near = [s for s in sims if objective_rate(s, inputs) >= best_rate * (1 - SPLIT_MARGIN)][:SPLIT_TOP]
+        from_here = [s for s in near + syncs[:1] if s.screened.label not in stepped]
+        stepped.update(s.screened.label for s in from_here)
+        todo_split: dict[str, tuple[Screened, int]] = {}
+        for s in from_here:
+            for p in _neighbour_splits(placements, s.screened.placement):
+                cand = screen.evaluate(p, s.screened.mode, s.screened.k)
+                if cand.label not in done and _hosts(p, cand.mode, cand.k):
+                    todo_split.setdefault(cand.label, (cand, s.sim_steps))
+            if s.screened.placement.colocated:  # the engine layout, disaggregated: its split the screen puts first
+                split = max((screen.evaluate(p, s.screened.mode, s.screened.k)
+                             for p in placements if not p.colocated and p.rollout == s.screened.placement.rollout
+                             and _hosts(p, s.screened.mode, s.screened.k)),
+                            key=lambda c: (c.trained_tokens_per_s, c.label), default=None)
+                if split is not None and split.label not in done:
+                    todo_split.setdefault(split.label, (split, s.sim_steps))
+        if not todo_split:
+            break
+        found: list[Simulated] = []
+        for n in sorted({n for _, n in todo_split.values()}):  # each at the length of the run it steps from
+            found += map_fn(_at_steps(simulated, n), [cand for cand, m in todo_split.values() if m == n])
+        if sync_allowed:
+            sims += found
+        else:
+            sims += [f for f in found if f.screened.mode != "sync"]
+            baseline += [f for f in found if f.screened.mode == "sync"]
+        best_rate = max(objective_rate(s, inputs) for s in sims)
+        sims.sort(key=lambda s: _rank_key(s, best_rate, inputs))
+        syncs = sorted((s for s in sims + baseline if s.screened.mode == "sync"),
+                       key=lambda s: (-s.trained_tokens_per_s, s.screened.label))
     excluded = []
     if "partial-rollout" not in inputs.modes and not inputs.allow_version_mixing:
         excluded.append(("partial-rollout", "violates consistency: resumes trajectories on new weights; the spec "
