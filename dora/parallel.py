@@ -3,8 +3,11 @@
 ``fork_map(workers)`` returns a ``map``-like function for ``planner.search.search``. Each call forks ``workers``
 processes that inherit the function and its inputs (nothing is pickled on the way in: closures work), and
 returns the results in input order. Forking is only safe before threads or native thread pools start, so only
-the ``dora plan`` command uses it; everything else maps in-process. Without ``fork`` (not Linux/macOS), with one
-worker or one item, it maps in-process too. Results are the same either way: each simulation is seeded.
+the ``dora plan`` command uses it, and a call from a process that runs more than one thread maps in-process: a
+``dora plan`` run inside the test process (80 threads by then, Ray's libraries loaded) hung, because a forked pool
+worker kept a SIGTERM handler that does not exit, and the pool's teardown waited on it for ever. Without ``fork``
+(not Linux/macOS), with one worker or one item, it maps in-process too. Results are the same either way: each
+simulation is seeded.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,12 +50,21 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def single_threaded() -> bool:
+    """Whether this process runs one thread, native ones included (``/proc/self/task`` on Linux; elsewhere Python's
+    own threads only): the only state in which forking copies every lock in a consistent state."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return threading.active_count() == 1
+
+
 def fork_map(workers: int) -> Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]:
     def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         global _JOB
         items = list(items)
         n = min(workers, len(items))
-        if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        if n <= 1 or "fork" not in multiprocessing.get_all_start_methods() or not single_threaded():
             return [fn(x) for x in items]
         _JOB = (fn, items)
         try:
