@@ -534,15 +534,17 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     # screen puts first; dense-8b at k=5 chose colocated tp2 streaming, 4.6% below tp2 on R40/T24), and again from
     # the new leaders.
     stepped: set[str] = set()
+    best_tps = best_sync_tps = 0.0
 
-    best_tps = 0.0
-
-    def hopeful(c: Screened) -> bool:  # could reach the margin at the most optimistic simulation/screen ratio seen
-        return c.trained_tokens_per_s * optimism >= best_tps * (1 - SPLIT_MARGIN)
+    def hopeful(c: Screened) -> bool:
+        """Whether ``c`` could come within the margin of the best plan (a sync one: of the best sync plan) at the most
+        optimistic simulation/screen ratio of the first finalists."""
+        return c.trained_tokens_per_s * optimism >= (best_sync_tps if c.mode == "sync" else best_tps) * (1 - SPLIT_MARGIN)
 
     for _ in range(SPLIT_STEPS):
         done = {s.screened.label for s in sims + baseline}
         best_tps = max(s.trained_tokens_per_s for s in sims)
+        best_sync_tps = syncs[0].trained_tokens_per_s if syncs else 0.0
         best_rate = max(objective_rate(s, inputs) for s in sims)
         near: dict[tuple[str, str], Simulated] = {}  # the best k of each placement and mode: its others step alike
         for s in sims:
