@@ -378,6 +378,18 @@ def _pick_finalists(screened: list[Screened], limit: int, per_mode: bool) -> lis
     return list(chosen.values())
 
 
+def _rank(sims: list[Simulated], inputs: SearchInputs) -> None:
+    """Sort ``sims`` best first (``_rank_key``), in place."""
+    best_rate = max(objective_rate(s, inputs) for s in sims)
+    sims.sort(key=lambda s: _rank_key(s, best_rate, inputs))
+
+
+def _syncs(sims: list[Simulated], baseline: list[Simulated]) -> list[Simulated]:
+    """The simulated sync plans, candidates and baseline alike, fastest first."""
+    return sorted((s for s in sims + baseline if s.screened.mode == "sync"),
+                  key=lambda s: (-s.trained_tokens_per_s, s.screened.label))
+
+
 def _tie_key(c: Screened) -> tuple[int, int]:
     return c.k, MODE_PREFERENCE.index(c.mode)
 
@@ -505,10 +517,8 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
                                    and c.trained_tokens_per_s * optimism >= best * (1 - TIE_FRACTION)])
         while True:
             best = max(s.trained_tokens_per_s for s in sims)
-            best_rate = max(objective_rate(s, inputs) for s in sims)
-            sims.sort(key=lambda s: _rank_key(s, best_rate, inputs))
-            syncs = sorted((s for s in sims + baseline if s.screened.mode == "sync"),
-                           key=lambda s: (-s.trained_tokens_per_s, s.screened.label))
+            _rank(sims, inputs)
+            syncs = _syncs(sims, baseline)
             todo = [s for s in sims[:REFINE_TOP] + syncs[:1] if s.sim_steps < long]
             if short:
                 # A short run is not comparable with a long one (the pipeline still fills): one within REFINE_MARGIN
@@ -575,10 +585,8 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         else:
             sims += [f for f in found if f.screened.mode != "sync"]
             baseline += [f for f in found if f.screened.mode == "sync"]
-        best_rate = max(objective_rate(s, inputs) for s in sims)
-        sims.sort(key=lambda s: _rank_key(s, best_rate, inputs))
-        syncs = sorted((s for s in sims + baseline if s.screened.mode == "sync"),
-                       key=lambda s: (-s.trained_tokens_per_s, s.screened.label))
+        _rank(sims, inputs)
+        syncs = _syncs(sims, baseline)
     excluded = []
     if "partial-rollout" not in inputs.modes and not inputs.allow_version_mixing:
         excluded.append(("partial-rollout", "violates consistency: resumes trajectories on new weights; the spec "
@@ -610,8 +618,7 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
             one_more = alt
             break
         sims.append(alt)
-        best_rate = max(objective_rate(s, inputs) for s in sims)
-        sims.sort(key=lambda s: _rank_key(s, best_rate, inputs))
+        _rank(sims, inputs)
     chosen = sims[0]
     # The KV cache's figures come from the whole batch: half of it holds fewer of the longest responses, and on the
     # dense-32b example the 1/2-scale run counted 2.5 preemptions a step against 9.7 for the whole cluster (0.25 s)
