@@ -606,6 +606,9 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
     say(console, "  threads  not refitted: a training step on n threads does the work of n x "
                  f"cpu_train_parallel_efficiency={calib.cpu_train_parallel_efficiency} cores (the catalog's, measured "
                  "with `python bench/train_step.py --threads`; the runs do not separate it from the train efficiency)")
+    if not data.round_trips:
+        say(console, "  round trip  not refitted: the runs' engine_steps.jsonl hold no poll rows (a dora older than "
+                     f"them wrote the runs) (kept cpu_controller_round_trip_s={calib.cpu_controller_round_trip_s})")
     if not data.publish:
         say(console, "  weights  not refitted: the runs' traces hold no train-step end followed by its weights' "
                      f"publication (kept cpu_weight_publish_fixed_s={calib.cpu_weight_publish_fixed_s})")

@@ -132,6 +132,8 @@ class RunTimings:
     """Train-step end -> weights published (trainer side: checkpoint, export, object store)."""
     loads: list[float] = field(default_factory=list)
     """Seconds from a load's start to the version being served, on an engine that ran no step meanwhile."""
+    round_trips: list[float] = field(default_factory=list)
+    """Seconds of every ``poll`` row: from a poll's reply to the requests the next one carried being in the engine."""
     prefill_steps: int = 0
     notes: list[str] = field(default_factory=list)
     """What the command should tell the user about how the runs were read (a resumed run, an ignored cut line)."""
@@ -164,6 +166,7 @@ class RunTimings:
         self.train_contended += other.train_contended
         self.publish += other.publish
         self.loads += other.loads
+        self.round_trips += other.round_trips
         self.prefill_steps += other.prefill_steps
         self.notes += other.notes
         self.resumed += other.resumed
@@ -267,8 +270,8 @@ def _engine_steps(path: Path, notes: list[str]) -> list[_EngineStep]:
             raise RunDataError(f"{path}:{lineno}: {got}, expected {len(STEP_COLUMNS)} ({', '.join(STEP_COLUMNS)}). "
                                f"{FIX}")
         worker, start, dur, kind, rows, ctx, versions, prefill = row
-        if kind not in ("step", "load"):
-            raise _bad(path, lineno, "kind", f"is {_show(kind)}, but it must be \"step\" or \"load\"")
+        if kind not in ("step", "load", "poll"):
+            raise _bad(path, lineno, "kind", f"is {_show(kind)}, but it must be \"step\", \"load\" or \"poll\"")
         step = _EngineStep(worker=_integer(worker, path, lineno, "worker"),
                            start=_number(start, path, lineno, "start_s"),
                            dur=_number(dur, path, lineno, "duration_s", positive=True), kind=kind,
@@ -461,8 +464,10 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
     engine_spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
     """worker -> its steps' (start, end), in start order (an engine runs one step at a time)."""
     for st in steps:
-        if st.kind != "load":
+        if st.kind == "step":
             engine_spans[st.worker].append((st.start, st.start + st.dur))
+        elif st.kind == "poll":
+            part.round_trips.append(st.dur)
     for worker_spans in engine_spans.values():
         worker_spans.sort()
     engine_starts = {w: [s for s, _ in sp] for w, sp in engine_spans.items()}
@@ -480,7 +485,7 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
         return busy
 
     for st in steps:
-        if st.kind == "load":
+        if st.kind != "step":
             continue
         start, dur, rows, ctx = st.start, st.dur, st.rows, st.ctx
         i = training_at(start, start + dur)
@@ -662,8 +667,26 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
     if data.publish or data.loads:  # a constant whose intervals no trace holds keeps its base value (the CLI says so)
         fits.append(fit_weights(data.publish, data.loads, ctx, calib))
         calib = calib.with_overrides(**_rounded(fits[-1].constants))
+    if data.round_trips:  # runs written before the worker logged its polls have none: the base value stays
+        fits.append(fit_round_trip(data.round_trips))
     fitted = {k: float(f"{v:.6g}") for f in fits for k, v in f.constants.items()}
     return base.with_overrides(source=source, **fitted), fits
+
+
+ROUND_TRIP_CHUNK = 50
+"""Consecutive polls per residual of the round-trip fit."""
+
+
+def fit_round_trip(round_trips: Sequence[float]) -> Fit:
+    """cpu_controller_round_trip_s: the mean of every ``poll`` row (the idle slot time a refill costs is proportional
+    to it, and the simulator charges every refill the same). The residuals are the means of ``ROUND_TRIP_CHUNK``
+    consecutive polls against it: one poll's round trip varies 2-3x with what the controller is doing meanwhile, the
+    mean over a few dozen much less."""
+    mean = statistics.fmean(round_trips)
+    chunks = [round_trips[i:i + ROUND_TRIP_CHUNK] for i in range(0, len(round_trips), ROUND_TRIP_CHUNK)]
+    return Fit(kind="round trip", constants={"cpu_controller_round_trip_s": mean},
+               residuals=tuple(mean / statistics.fmean(c) - 1 for c in chunks if len(c) == ROUND_TRIP_CHUNK or
+                               len(chunks) == 1))
 
 
 def fit_weights(publish: Sequence[Point], loads: Sequence[float], ctx: ModelContext, calib: Calibration) -> Fit:

@@ -229,6 +229,17 @@ class Calibration:
     with several engines (a sync run on 2 cores) that overlap another engine's steps; the decode constants are
     fitted on the steps that do not. Fitted in situ (above)."""
 
+    cpu_controller_round_trip_s: float | None = 0.00416
+    """On `cpu`: from a rollout worker's poll returning its finished trajectories to the admissions they made being in
+    its engine (the Ray reply, the controller's processing, the next poll carrying the requests). The simulator idles
+    the slots freed meanwhile, and batches the reports as the polls do (``planner.policies.poll_batching``). None: 0,
+    the policy hears of a finish at once. `dora calibrate --from-run` measures it as the mean of the runs' ``poll``
+    rows (``engine_steps.jsonl``). Measured on 2026-11-24 (38th session): the mean
+    of 2,467 polls of three local-tiny streaming runs of 150 steps (`dora apply`, and `python bench/local_modes.py
+    --seeds 0 1`), 3.96-4.34 ms per run, median 3.3-3.7 ms, p90 6.5-7.1 ms; the sync, one-step-off and bounded-async
+    runs of the same bench measured 3.3-3.5 ms (their controller does less per message). On GPUs it is left out
+    (``admission_queue_for``)."""
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             name = field.name
@@ -320,6 +331,13 @@ class Calibration:
             return 1.0
         return self.cpu_engine_contention or 1.0
 
+    def controller_round_trip_s(self, accelerator_name: str) -> float:
+        """The controller's round trip from a poll's reply to the admissions it makes (`cpu_controller_round_trip_s` on
+        `cpu`, else 0: left out)."""
+        if accelerator_name != "cpu":
+            return 0.0
+        return self.cpu_controller_round_trip_s or 0.0
+
     def resolved_for(self, accelerator_name: str) -> Calibration:
         """The calibration the formulas should use on `accelerator_name`.
 
@@ -353,6 +371,6 @@ class Calibration:
 _OPTIONAL_FIELDS = frozenset({"cpu_prefill_compute_efficiency", "cpu_train_compute_efficiency", "cpu_train_parallel_efficiency",
                               "cpu_weight_reload_fixed_s", "cpu_extra_version_step_s", "cpu_rollout_contention",
                               "cpu_train_contention", "cpu_weight_publish_fixed_s",
-                              "cpu_engine_contention"})
+                              "cpu_engine_contention", "cpu_controller_round_trip_s"})
 
 DEFAULT_CALIBRATION = Calibration()

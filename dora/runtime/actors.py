@@ -61,8 +61,11 @@ from dora.runtime.tasks import LengthSampler, TaskConfig
 
 STEP_LOG_COLUMNS = ("start_s", "duration_s", "kind", "decode_rows", "context_tokens", "versions", "prefill_tokens")
 """One row per engine step (kind ``step``): when it started (worker clock since ``start_clock``), how long it
-took, and its ``StepShape`` (what the cost model's step time depends on); and one per weight load run on the
-engine thread (kind ``load``, shape zeros): how long decoding paused for it."""
+took, and its ``StepShape`` (what the cost model's step time depends on); one per weight load run on the
+engine thread (kind ``load``, shape zeros): how long decoding paused for it; and one per poll that carried requests
+(kind ``poll``; ``decode_rows`` the requests it carried, the rest zeros): from the previous poll's return to these
+requests being in the engine, the controller's round trip (what the simulator charges a refill,
+``Calibration.cpu_controller_round_trip_s``)."""
 StepLogRow = tuple[float, float, str, int, int, int, int]
 """One step-log row, in ``STEP_LOG_COLUMNS`` order."""
 STEP_LOG_LIMIT = 200_000
@@ -133,6 +136,8 @@ class RolloutWorker:
         self._settled = False
         """Whether ``settle_heap`` ran in this process (after its first weight load)."""
         self._step_log: deque[StepLogRow] = deque(maxlen=STEP_LOG_LIMIT)
+        self._poll_returned: float | None = None
+        """``perf_counter()`` when the last poll returned its message (the start of a ``poll`` row)."""
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{index}", daemon=True)
         self._thread.start()
 
@@ -241,12 +246,19 @@ class RolloutWorker:
         self._expect(incarnation)
         if requests is not None:
             self._call(lambda: self._add(requests), incarnation, carried=True)
+            if requests and self._poll_returned is not None and self._poll_returned >= self._t0:
+                added = time.perf_counter()
+                with self._cond:
+                    self._step_log.append((round(self._poll_returned - self._t0, 6),
+                                           round(max(added - self._poll_returned, 1e-7), 7), "poll", len(requests),
+                                           0, 0, 0))
         with self._cond:
             self._cond.wait_for(lambda: bool(self._outbox) or self._stopping, timeout=timeout_s)
             if self._outbox and linger_s > 0:
                 engine = self._engine  # lingering for a request that is not there would only delay this message
                 self._cond.wait_for(lambda: len(self._outbox) >= min_batch or self._stopping
                                     or not (engine.num_active() or engine.num_waiting()), timeout=linger_s)
+            self._poll_returned = time.perf_counter()
             return self._message()
 
     def counters(self) -> WorkerCounters:

@@ -60,6 +60,7 @@ from dora.runtime.tasks import Prompt, TaskConfig, make_prompt, score
 from dora.runtime.trace import JsonlWriter, RunStats, TraceWriter, write_text_atomic
 from dora.terminal import Terminated, note_signal
 from planner.policies import (
+    POLL_LINGER_S,
     Admit,
     DropVersion,
     LoadWeights,
@@ -77,6 +78,7 @@ from planner.policies import (
     WeightsLoaded,
     WeightsPublished,
     make_policy,
+    poll_batching,
 )
 from planner.workload import LengthDistribution
 
@@ -96,21 +98,6 @@ class WorkerLost(RuntimeError):
 class TrainerLost(RuntimeError):
     """The trainer's process died (the kernel's OOM killer, a lost node). It is not restarted: its state since the
     last checkpoint is gone, so the run stops, and a re-run resumes from that checkpoint."""
-
-
-def poll_batching(policy: PolicyConfig, linger_s: float) -> tuple[float, int]:
-    """``(linger_s, min_batch)`` of a worker's polls: a poll waits for a group's worth of finishes, or, when the engine
-    holds ``q >= 1`` groups queued (``PolicyConfig.admission_queue``), for ``q`` groups' worth, up to ``q`` times
-    ``linger_s``. Every message costs the driver a Ray round trip, and the worker's engine thread the GIL for a while:
-    on 2 cores, CPU that training lacks. But the queue refills only ``q`` groups' slots: the poll returns when it has
-    run dry, and the round trip to refill it overlaps the next finishes, where waiting for one more group idled that
-    group's slots for the whole round trip. Measured (local-tiny streaming, 2 groups queued, 40 slots;
-    bench/local_modes.py --seeds 0 1, two rounds): 3 groups and 30 ms 28.0K / 30.5K trained tok/s at 86% / 84% slot
-    occupancy, 2 groups and 20 ms 29.5K / 29.3K at 92% / 93% (engine slots idle while the controller counted them
-    taken: 12% -> 6%). At 64 slots, where training is the bound and slots idle anyway: 30.0K at 71% and 29.3K at
-    75%."""
-    ahead = max(1, policy.admission_queue // policy.samples_per_prompt)  # the queue counts requests
-    return linger_s * ahead, policy.samples_per_prompt * ahead
 
 
 def _trainer_argument_lost(exc: BaseException) -> bool:
@@ -159,13 +146,11 @@ class ControllerConfig:
     trainer_num_cpus: float = 0.5
     poll_timeout_s: float = 0.25
     """Longest a worker's poll waits with nothing finished (bounds how stale its counters get)."""
-    poll_linger_s: float = 0.01
+    poll_linger_s: float = POLL_LINGER_S
     """After a first finish, how long a poll waits for a group's worth (``samples_per_prompt``) more; with an
     admission queue of ``q >= 1`` groups, for ``q`` groups' worth, up to ``q`` times as long (``poll_batching``).
-    It stops waiting when the engine has no request left.
-
-    Measured on 2 cores (streaming, 2x32 slots, 16x8 per step, 30 steps, 2 runs each): 0 ms -> controller
-    CPU 27% of wall, 3.5k trained tok/s; 10 ms -> 19%, 3.8-4.3k tok/s (rollout gets the CPU back)."""
+    It stops waiting when the engine has no request left. The default is the simulator's (``POLL_LINGER_S``, where
+    the measurement behind it is)."""
     resume: ResumePoint | None = None
     """Continue a stopped run from its checkpoint (``dora.runtime.checkpoint``); ``None``: a fresh run."""
     checkpoint: bool = True

@@ -43,7 +43,15 @@ from __future__ import annotations
 
 from planner.policies.base import PolicyBase
 from planner.policies.batch import BatchPolicy
-from planner.policies.config import MODES, Mode, PolicyConfig, admission_queue_for, update_for
+from planner.policies.config import (
+    MODES,
+    POLL_LINGER_S,
+    Mode,
+    PolicyConfig,
+    admission_queue_for,
+    poll_batching,
+    update_for,
+)
 from planner.policies.continuous import ContinuousPolicy
 from planner.policies.streaming import StreamingPolicy
 from planner.policies.vocabulary import (
@@ -79,6 +87,7 @@ def make_policy(config: PolicyConfig) -> PolicyBase:
 
 __all__ = [
     "MODES",
+    "POLL_LINGER_S",
     "Action",
     "Admit",
     "BatchPolicy",
@@ -91,6 +100,7 @@ __all__ = [
     "PolicyBase",
     "PolicyConfig",
     "admission_queue_for",
+    "poll_batching",
     "PublishWeights",
     "RequestsMigrated",
     "ResumeRollout",

@@ -62,6 +62,8 @@ class CostModelTiming:
     prompt_ingest_max_tokens: int = 0
     """Prompts up to this many tokens enter the decode batch directly (``CPU_DECODE_INGEST_MAX_TOKENS``), one token
     per step, instead of getting a prefill forward (the simulator charges those steps)."""
+    report_round_trip_s: float = 0.0
+    """The controller's round trip from a poll's reply to its admissions (``Calibration.controller_round_trip_s``)."""
     _per_batch: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
     """batch size -> the terms of ``RolloutCostModel.decode_step_s`` that do not depend on the context (bytes, FLOPs,
     comm + overhead s), with the per-context-token rates and the roofline's two rates: the simulator calls
@@ -166,4 +168,5 @@ def cost_model_timing(
         swap_fixed_s=swap_fixed_s,
         swap_s_per_version=swap_s_per_version,
         swap_s_per_token=swap_s_per_token,
+        report_round_trip_s=calib.controller_round_trip_s(rollout_acc.name),
     )

@@ -43,6 +43,13 @@ sequence it scheduled last (vLLM's recompute preemption): it goes back to the fr
 and, when it starts again, the replica first re-prefills its prompt and tokens (``prefill_s``). The next event of a
 replica is its next finish or that crossing, whichever comes first. A migrated request the destination cannot hold
 in its cache waits there the same way (its KV is recomputed when it starts).
+Controller round trip (``report_round_trip_s`` > 0, the ``cpu`` runtime): the policy does not hear of a finish at
+once. A replica's finishes wait for its poll to return them, which it does, as the runtime's worker does
+(``planner.policies.poll_batching``), once ``min_batch`` have finished, or ``linger_s`` after the first, or when the
+replica has no request left; they reach the policy ``report_round_trip_s`` later, and the admissions they make reach
+the replica then too. Meanwhile the freed slots idle (but for the admission queue), and the next poll of the replica
+waits at it from that moment (one poll per replica in flight). A migration's source reports what finished first
+(the runtime's export reply carries it).
 Migration moves sequences with their generated tokens; the source replica is busy for
 ``kv_migration_s_per_token * moved context`` before it can load new weights (the destination is
 not slowed: an optimistic simplification).
@@ -67,6 +74,7 @@ from planner.policies import (
     StartTrainStep,
     SuspendRollout,
     make_policy,
+    poll_batching,
 )
 from planner.sim.metrics import RunMetrics
 from planner.sim.result import SimResult
@@ -79,6 +87,8 @@ _EV_TRAINED = 2  # a = step
 _EV_PUBLISHED = 3  # a = version
 _EV_SUSPENDED = 4  # every replica stopped (colocated streaming)
 _EV_RESUMED = 5  # every replica serves again
+_EV_LINGER = 6  # a = engine, b = timer: the poll stops lingering and returns what finished
+_EV_REPORT = 7  # a = engine, b = report: a poll's finishes reach the policy
 _EPS = 1e-9
 _LENGTH_BLOCK = 4096
 """Most response lengths drawn ahead at once (see ``Simulator.t_len``)."""
@@ -263,6 +273,18 @@ class Simulator:
         """Sequences that started again without their KV cache (preempted, or migrated where it did not fit)."""
         self.recomputed_tokens = 0.0
         """Tokens re-prefilled because their KV cache was gone when they started again."""
+        self.report_s = float(timing.report_round_trip_s)
+        """The controller's round trip (module doc); 0: the policy hears of every finish at once."""
+        self.delayed = self.report_s > 0.0
+        self.linger_s, self.report_batch = poll_batching(config)
+        self.unreported: list[list[int]] = [[] for _ in range(n)]
+        """Round trip only: trajectories finished on each replica that its poll has not returned yet."""
+        self.report_out = [0] * n
+        """Round trip only: the report of each replica on its way to the policy (0: none; its poll waits at it)."""
+        self.linger_timer = [0] * n
+        """Round trip only: the pending linger timer of each replica's poll (0: none)."""
+        self.reports: dict[int, list[int]] = {}
+        """Report -> the trajectories it carries."""
 
     # ------------------------------------------------------------------ event plumbing
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -351,6 +373,7 @@ class Simulator:
         decode_step_s, next_seq, eps = self.decode_step_s, self.next_seq, _EPS
         engine_contention = self.engine_contention != 1.0
         kv_limited, kv_cap, e_cross = self.kv_limited, self.kv_cap, self.e_cross
+        delayed, unreported = self.delayed, self.unreported
         events = 0
         while True:  # not `while heap`: CPython 3.11 only specializes a loop's bytecode after a few JUMP_BACKWARDs
             if not len(heap):
@@ -370,6 +393,11 @@ class Simulator:
                     self._trained(a)
                 elif kind == _EV_PUBLISHED:
                     self._published(a)
+                elif kind == _EV_REPORT:
+                    self._delivered(a, b)
+                elif kind == _EV_LINGER:
+                    if self.linger_timer[a] == b:
+                        self._report(a)
                 elif kind == _EV_SUSPENDED:
                     if self.record:
                         self.trace.append({"t": t, "type": "rollout_suspended"})
@@ -415,14 +443,19 @@ class Simulator:
                 group_left[gid] -= 1
                 if record:
                     self._record_finish(idx, r, length)
-                actions = policy.on_trajectory_finished(gid, r)  # a method call: a direct C call when compiled
-                if actions:
-                    execute(actions)
-                    halted = self.suspended
+                if delayed:  # the replica's poll returns it later (module doc)
+                    unreported[r].append(idx)
+                else:
+                    actions = policy.on_trajectory_finished(gid, r)  # a method call: a direct C call when compiled
+                    if actions:
+                        execute(actions)
+                        halted = self.suspended
                 if not len(h) or h.top_key() > limit:
                     break
             if e_wait[r]:
                 self._start_waiting(r)
+            if delayed:
+                self._poll(r)
             if engine_contention:
                 self._check_concurrency()
             # _flush(): the fast path when no other replica is dirty
@@ -470,6 +503,59 @@ class Simulator:
             for r in sorted(self.dirty):
                 self._reschedule(r)
             self.dirty.clear()
+
+    def _poll(self, r: int) -> None:
+        """Replica ``r``'s poll, waiting at it, returns what finished if it has ``report_batch`` of them or the replica
+        has no request left; else it lingers (from the first finish) for more (module doc)."""
+        waiting = self.unreported[r]
+        if self.report_out[r] or not waiting:
+            return
+        if len(waiting) >= self.report_batch or not (len(self.e_heap[r]) or self.e_wait[r]):
+            self._report(r)
+        elif not self.linger_timer[r]:
+            timer = self.linger_timer[r] = self.next_seq()
+            self._push(self.now + self.linger_s, _EV_LINGER, r, timer)
+
+    def _report(self, r: int) -> None:
+        """Replica ``r``'s poll returns its finishes: they reach the policy one round trip from now."""
+        report = self.next_seq()
+        self.reports[report] = self.unreported[r]
+        self.unreported[r] = []
+        self.linger_timer[r] = 0
+        self.report_out[r] = report
+        self._push(self.now + self.report_s, _EV_REPORT, r, report)
+
+    def _delivered(self, r: int, report: int) -> None:
+        """A report reaches the policy (its admissions reach the replicas now too), and the replica's next poll waits
+        at it from now. A report delivered early (``_flush_reports``) is gone: its event does nothing."""
+        batch = self.reports.pop(report, None)
+        if batch is None:
+            return
+        self.report_out[r] = 0
+        self._tell(r, batch)
+        self._poll(r)
+
+    def _tell(self, r: int, batch: list[int]) -> None:
+        """The policy hears of ``batch``'s finishes on replica ``r``; then their actions run, in order. Not one by one:
+        the runtime's controller takes a message's finishes in turn, and a migration one of them starts completes in a
+        later message (the export's reply), so the policy has heard of every finish of this one by then; a migration
+        here completes at once."""
+        policy, spp = self.policy, self.spp
+        out: list[Any] = []
+        for idx in batch:
+            actions = policy.on_trajectory_finished(idx // spp, r)
+            if actions:
+                out.extend(actions)
+        if out:
+            self._execute(out)
+
+    def _flush_reports(self, r: int) -> None:
+        """Everything replica ``r`` finished reaches the policy now: its report on the way, then what its poll holds
+        (before a migration from ``r``, whose export reply carries them in the runtime)."""
+        batch = self.reports.pop(self.report_out[r], []) + self.unreported[r]
+        self.report_out[r] = self.linger_timer[r] = 0
+        self.unreported[r] = []
+        self._tell(r, batch)
 
     def _enqueue(self, r: int, items: list[tuple[int, float]]) -> None:
         """Trajectories ``(idx, tokens generated so far)`` join replica ``r``'s queue in order; each runs as soon as a
@@ -745,6 +831,8 @@ class Simulator:
         src, now = act.src, self.now
         if self.multi:
             raise ValueError("MigrateRequests with multi-version engines")
+        if self.delayed:
+            self._flush_reports(src)
         self._advance(src, now)
         h_src, pos_src = self.e_heap[src], self.e_pos[src]
         t_len = self.t_len

@@ -18,6 +18,9 @@ from architecture, accelerator, placement and calibration):
     swap_fixed_s         colocated streaming: one replica's pause or resume when it moves to or from host memory, s
     swap_s_per_version   moving one hosted version's weights between device and host memory, s (each way)
     swap_s_per_token     the same for one context token of KV cache, s
+    report_round_trip_s  from a rollout worker's poll reply to the admissions it makes reaching the engine, s (0: the
+                         policy hears of every finish at once; else finishes reach it in batches, as the runtime's
+                         polls return them, ``planner.policies.poll_batching``)
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class StepTiming(Protocol):
     @property
     def swap_s_per_token(self) -> float: ...
 
+    @property
+    def report_round_trip_s(self) -> float: ...
+
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
 
     def prefill_s(self, num_tokens: int) -> float: ...
@@ -107,6 +113,7 @@ class LinearTiming:
     swap_fixed_s: float = 0.0
     swap_s_per_version: float = 0.0
     swap_s_per_token: float = 0.0
+    report_round_trip_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.decode_base_s <= 0:

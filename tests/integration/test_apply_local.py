@@ -101,6 +101,9 @@ def test_apply_runs_every_mode_and_the_audit_passes(tmp_path, mode):
     assert steps[0]["columns"][:4] == ["worker", "start_s", "duration_s", "kind"]
     rows = steps[1:]
     assert {r[0] for r in rows} == {0, 1} and all(r[2] > 0 for r in rows)
+    polls = [r for r in rows if r[3] == "poll"]  # the controller's round trip for each refill carried on a poll
+    if mode in ("bounded-async", "streaming"):
+        assert polls and all(r[4] > 0 for r in polls)
     decoded = sum(r[4] for r in rows if r[3] == "step")
     assert decoded >= summary["audit"]["num_consumed"]  # every trajectory decoded at least one row
     assert len([r for r in rows if r[3] == "load"]) >= STEPS - 1

@@ -23,6 +23,8 @@ runs = st.fixed_dictionaries(
         "load_s": st.floats(0.0, 0.5),
         "versions": st.integers(1, 4),
         "pack": st.one_of(st.none(), st.integers(1, 12)),
+        "round_trip": st.sampled_from([0.0, 0.0, 0.004, 0.05]),  # the controller's, as on cpu (0: none)
+        "queue": st.booleans(),  # streaming: two groups queued per engine, as on cpu
     }
 )
 
@@ -35,11 +37,13 @@ def _run(mode, p, *, mixing, colocated=False):
         allow_version_mixing=mixing, update="interrupt" if mixing and mode == "bounded-async" else "drain",
         max_versions_per_engine=min(p["versions"], k + 1) if mode == "streaming" else 1,
         consolidation_batch=p["pack"] if mode == "streaming" else None,
+        admission_queue=2 * p["spp"] if mode == "streaming" and p.get("queue") else 0,
     )
     dist = LengthDistribution.lognormal(median=p["median"], p99=p["median"] * p["tail"], max_tokens=400)
     timing = LinearTiming(decode_base_s=0.01, train_base_s=p["train_s"], weight_load_trainer_s=p["load_s"],
                           weight_load_peer_s=p["load_s"] / 2, weight_publish_s=0.05, prefill_per_token_s=1e-3,
-                          swap_fixed_s=p["load_s"] / 4, swap_s_per_version=0.01, swap_s_per_token=1e-4)
+                          swap_fixed_s=p["load_s"] / 4, swap_s_per_version=0.01, swap_s_per_token=1e-4,
+                          report_round_trip_s=p.get("round_trip", 0.0))
     r = simulate(cfg, Workload(response_length=dist, prompt_tokens=4), timing, seed=p["seed"])
     return k, r
 

@@ -67,6 +67,8 @@ def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int) ->
         trace.append({"t": t0 + 0.001, "type": "weights_load_started", "rollout_group": 0, "version": k})
         trace.append({"t": t0 + 0.001 + timing.weight_load_trainer_s, "type": "weights_loaded", "rollout_group": 0,
                       "version": k})
+        if overlapped:  # a poll that carried 16 requests: the controller's round trip, 2-6 ms
+            steps.append(json.dumps([0, t0 + 0.2, 0.002 + 0.004 * ((k * 7) % 12) / 11, "poll", 16, 0, 0, 0]))
         other_end = t0 + 0.01  # the second engine's steps end here
         for worker, stop in ((1, t0 + 0.08), (0, t0 + 0.3 if overlapped else t0 + 0.149)):
             if worker == 1 and overlapped:
@@ -100,7 +102,10 @@ def test_in_situ_fit_recovers_contention_versions_and_weight_times(ctx: ModelCon
     read_run(tmp_path / "async", data)
     assert len(data.train_alone) == 10 and len(data.train_contended) == 10  # 12 each, less 2 of warm-up
     calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, "test")
-    assert {f.kind for f in fits} == {"decode", "engines", "contention", "versions", "train", "weights"}
+    assert {f.kind for f in fits} == {"decode", "engines", "contention", "versions", "train", "weights", "round trip"}
+    polls = [json.loads(line)[2] for line in (tmp_path / "async" / "engine_steps.jsonl").read_text().splitlines()
+             if '"poll"' in line]
+    assert len(polls) == 12 and calib.cpu_controller_round_trip_s == pytest.approx(sum(polls) / 12, rel=1e-5)
     assert calib.cpu_engine_contention == pytest.approx(1.25, rel=0.03)
     assert calib.cpu_rollout_contention == pytest.approx(1.3, rel=0.03)
     assert calib.cpu_train_contention == pytest.approx(1.5, rel=0.03)
@@ -357,6 +362,20 @@ def test_weight_constants_without_intervals_are_said_to_be_kept(ctx: ModelContex
     calib = load_calibration(str(out))
     assert calib.cpu_weight_publish_fixed_s == DEFAULT_CALIBRATION.cpu_weight_publish_fixed_s
     assert calib.cpu_weight_reload_fixed_s == DEFAULT_CALIBRATION.cpu_weight_reload_fixed_s
+
+
+def test_runs_without_poll_rows_keep_the_round_trip_and_say_so(ctx: ModelContext, tmp_path: Path, capsys) -> None:
+    """Runs written before the workers logged their polls: the round trip is not refitted, and the command says so."""
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
+    _with("engine_steps.jsonl", lambda rows: [r for r in rows if not (isinstance(r, list) and r[3] == "poll")])(
+        tmp_path / "async")
+    out = tmp_path / "cal.json"
+    assert run_calibrate(LOCAL, str(out), from_runs=[str(tmp_path / "sync"), str(tmp_path / "async")]) == 0
+    assert _said("round trip not refitted: the runs' engine_steps.jsonl hold no poll rows (a dora older than them "
+                 f"wrote the runs) (kept cpu_controller_round_trip_s={DEFAULT_CALIBRATION.cpu_controller_round_trip_s})",
+                 capsys.readouterr().err)
+    assert load_calibration(str(out)).cpu_controller_round_trip_s == DEFAULT_CALIBRATION.cpu_controller_round_trip_s
 
 
 def test_a_run_given_twice_and_quick_with_from_run_are_refused(ctx: ModelContext, tmp_path: Path, capsys) -> None:

@@ -278,8 +278,7 @@ def test_admissions_made_while_a_poll_is_processed_ride_on_the_next_poll_in_poli
 
 
 def test_polls_wait_for_as_many_groups_as_an_engine_holds_queued():
-    from dora.runtime.controller import poll_batching
-    from planner.policies import PolicyConfig
+    from planner.policies import PolicyConfig, poll_batching
     from planner.policies.config import admission_queue_for
 
     def policy(mode: str, accelerator: str) -> PolicyConfig:

@@ -606,3 +606,50 @@ def test_streaming_never_switches_an_engine_that_awaits_migrated_requests(arrive
         actions = list(p.handle(RequestsMigrated(src=0, moves=())))
         assert sorted((a.rollout_group, a.version) for a in actions if isinstance(a, LoadWeights)) == [(0, 1), (1, 1)]
     assert min(p.version_active.values()) >= 0 and p.engine_version == [1, 1]
+
+
+def test_sync_by_hand_with_a_controller_round_trip():
+    """Each batch reaches the policy 0.5 s after its last finish (the engine is empty: the poll returns at once), so
+    each training step starts 0.5 s later than in ``test_sync_by_hand``: steps end at 6.5, 16, 25.5."""
+    r = simulate(cfg("sync", max_version_lag=0), FIXED, dataclasses.replace(HAND, report_round_trip_s=0.5), seed=0)
+    assert [s.start_s for s in r.steps] == pytest.approx([1.5, 11.0, 20.5])
+    assert [s.end_s for s in r.steps] == pytest.approx([6.5, 16.0, 25.5])
+
+
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_a_poll_lingers_for_a_groups_worth_and_one_report_travels_at_a_time(in_flight: bool):
+    """Sync, one group of two samples finishing at t_a < t_b, polls of a group's worth (2) lingering 10 ms: the first
+    finish waits 10 ms, alone, and is reported then. If the second comes after that report has reached the policy, it
+    is reported when it finishes (the engine is empty); if it comes while that report travels, the next poll finds it
+    when it arrives, one round trip after the first report left, and returns it at once. The step starts one round
+    trip after the last report left."""
+    from planner.policies import poll_batching
+
+    c = cfg("sync", max_version_lag=0, total_steps=1)
+    linger, batch = poll_batching(c)
+    assert (linger, batch) == (0.01, 2)
+    w = Workload(response_length=LengthDistribution.lognormal(median=50, p99=500, max_tokens=1000), prompt_tokens=10)
+    base = dataclasses.replace(HAND, weight_load_trainer_s=0.0)
+    ends = sorted(e["t"] for e in simulate(c, w, base, seed=3).events if e["type"] == "finished")
+    t_a, t_b = ends
+    assert t_b - t_a > 0.05  # the seed draws two lengths at least 5 steps apart
+    rt = t_b - t_a + 0.2 if in_flight else 0.01
+    r = simulate(c, w, dataclasses.replace(base, report_round_trip_s=rt), seed=3)
+    assert sorted(e["t"] for e in r.events if e["type"] == "finished") == pytest.approx(ends)  # the engine is unchanged
+    last_report = t_a + linger + rt if in_flight else t_b
+    assert r.steps[0].start_s == pytest.approx(last_report + rt)
+
+
+def test_streaming_migrates_with_a_controller_round_trip_and_keeps_every_constraint():
+    """A migration's source reports what finished before its requests move (the runtime's export reply carries it):
+    the policy's count of the source's requests is then exact, and the migration goes through."""
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=1500, max_tokens=2000), prompt_tokens=5)
+    c = cfg("streaming", max_version_lag=3, num_rollout_groups=6, slots_per_group=16, prompts_per_step=6,
+            samples_per_prompt=4, total_steps=8, admission_queue=8)
+    t = LinearTiming(decode_base_s=0.01, train_base_s=1.0, weight_load_trainer_s=0.5, weight_load_peer_s=0.2,
+                     report_round_trip_s=0.05)
+    r = simulate(c, w, t, seed=11)
+    assert r.migrated_trajectories > 0
+    assert check_trace(list(r.events), k=3, allow_version_mixing=False).ok
+    instant = simulate(c, w, dataclasses.replace(t, report_round_trip_s=0.0), seed=11)
+    assert r.rollout_slot_occupancy < instant.rollout_slot_occupancy  # the freed slots idle through the round trip
