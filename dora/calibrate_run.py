@@ -684,9 +684,10 @@ def fit_round_trip(round_trips: Sequence[float]) -> Fit:
     mean over a few dozen much less."""
     mean = statistics.fmean(round_trips)
     chunks = [round_trips[i:i + ROUND_TRIP_CHUNK] for i in range(0, len(round_trips), ROUND_TRIP_CHUNK)]
+    if len(chunks) > 1 and len(chunks[-1]) < ROUND_TRIP_CHUNK:
+        chunks.pop()  # a short remainder: its mean is noisier than the others'
     return Fit(kind="round trip", constants={"cpu_controller_round_trip_s": mean},
-               residuals=tuple(mean / statistics.fmean(c) - 1 for c in chunks if len(c) == ROUND_TRIP_CHUNK or
-                               len(chunks) == 1))
+               residuals=tuple(mean / statistics.fmean(c) - 1 for c in chunks))
 
 
 def fit_weights(publish: Sequence[Point], loads: Sequence[float], ctx: ModelContext, calib: Calibration) -> Fit:
