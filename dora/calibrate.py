@@ -311,16 +311,70 @@ def _train_seconds(ctx: ModelContext, calib: Calibration, p: Point) -> float:
     return model.train_step_s(int(p.x["tokens"]), p.x["sum_sq_seq_len"], int(p.x["num_seqs"]))
 
 
-def fit_train(points: Sequence[Point], ctx: ModelContext, calib: Calibration) -> Fit:
-    """(cpu_train_compute_efficiency, cpu_train_step_overhead_s): the step is C/eta + R + t_train, linear in
-    (1/eta, t_train); C and R come from evaluating the formula at eta = 1 and eta = 1/2 with zero overhead."""
-    meas = [p.seconds for p in points]
+def _train_parts(ctx: ModelContext, calib: Calibration, points: Sequence[Point]) -> tuple[list[float], list[float]]:
+    """(C, R) per point: the formula's compute term at eta = 1 and the rest, with zero overhead (the step is
+    C/eta + R + t_train, evaluated at eta = 1 and eta = 1/2)."""
     at1 = [_train_seconds(ctx, calib.with_overrides(cpu_train_compute_efficiency=1.0,
                                                     cpu_train_step_overhead_s=0.0), p) for p in points]
     at2 = [_train_seconds(ctx, calib.with_overrides(cpu_train_compute_efficiency=0.5,
                                                     cpu_train_step_overhead_s=0.0), p) for p in points]
     comp = [b - a for a, b in zip(at1, at2, strict=True)]
-    rest = [a - c for a, c in zip(at1, comp, strict=True)]
+    return comp, [a - c for a, c in zip(at1, comp, strict=True)]
+
+
+def _slope(xs: Sequence[float], zs: Sequence[float], ys: Sequence[float]) -> float:
+    """min over a of sum w (a*x - z)^2, with relative weights w = 1/y^2 (y: the measured seconds)."""
+    return (sum(x * z / (y * y) for x, z, y in zip(xs, zs, ys, strict=True))
+            / sum(x * x / (y * y) for x, y in zip(xs, ys, strict=True)))
+
+
+TRAIN_COMPUTE_KEY = "compute_s"
+"""In-situ training points (`dora.calibrate_run`) carry the trainer's own time for the step in ``x`` under this key
+(``train_time_s`` of metrics.jsonl); their seconds are the step's span on the controller's clock."""
+
+
+def fit_train_split(points: Sequence[Point], ctx: ModelContext, calib: Calibration) -> Fit:
+    """The training fit for steps measured twice: their span (``seconds``) and the trainer's own time
+    (``x[TRAIN_COMPUTE_KEY]``). Every step of a run trains about as many tokens, so a span alone cannot tell a fixed
+    cost from a proportional one (a fit of both put everything in the proportional term), and the fixed part (the
+    Ray call, the batch, the checkpoint the step saves) does not speed up on more threads. So:
+
+    - cpu_train_step_overhead_s = the weighted mean of span - trainer time (>= 0);
+    - cpu_train_compute_efficiency from the trainer times of one-thread steps: C/eta + R through the origin;
+    - cpu_train_parallel_efficiency, when steps ran on n > 1 threads too: their trainer times against
+      C/(eta n e) + R, through the origin in 1/e (at most 1). Without such steps it keeps ``calib``'s value, and
+      without one-thread steps the efficiency is fitted on the n-thread steps with ``calib``'s e."""
+    spans = [p.seconds for p in points]
+    inner = [p.x[TRAIN_COMPUTE_KEY] for p in points]
+    w = [1 / (y * y) for y in spans]
+    overhead = max(0.0, sum(wi * (y - c) for wi, y, c in zip(w, spans, inner, strict=True)) / sum(w))
+    one = [i for i, p in enumerate(points) if int(p.x.get("dp", 1)) == 1]
+    many = [i for i, p in enumerate(points) if int(p.x.get("dp", 1)) > 1]
+    constants: dict[str, float] = {"cpu_train_step_overhead_s": overhead}
+    first = one or many  # n-thread steps only: eta under calib's e
+    comp, rest = _train_parts(ctx, calib, [points[i] for i in first])
+    a = max(1.0, _slope(comp, [inner[i] - r for i, r in zip(first, rest, strict=True)], [inner[i] for i in first]))
+    constants["cpu_train_compute_efficiency"] = 1 / a
+    if one and many:
+        ideal = calib.with_overrides(cpu_train_parallel_efficiency=1.0)
+        comp_n, rest_n = _train_parts(ctx, ideal, [points[i] for i in many])
+        inv = _slope([a * c for c in comp_n], [inner[i] - r for i, r in zip(many, rest_n, strict=True)],
+                     [inner[i] for i in many])
+        constants["cpu_train_parallel_efficiency"] = min(1.0, 1 / inv) if inv > 0 else 1.0
+    final = calib.with_overrides(**constants)
+    pred = [_train_seconds(ctx, final, p) for p in points]
+    return Fit(kind="train", constants=constants,
+               residuals=tuple(q / y - 1 for q, y in zip(pred, spans, strict=True)))
+
+
+def fit_train(points: Sequence[Point], ctx: ModelContext, calib: Calibration) -> Fit:
+    """(cpu_train_compute_efficiency, cpu_train_step_overhead_s): the step is C/eta + R + t_train, linear in
+    (1/eta, t_train); C and R come from evaluating the formula at eta = 1 and eta = 1/2 with zero overhead.
+    Points that also carry the trainer's own time (in-situ steps) are fitted by ``fit_train_split``."""
+    if points and all(TRAIN_COMPUTE_KEY in p.x for p in points):
+        return fit_train_split(points, ctx, calib)
+    meas = [p.seconds for p in points]
+    comp, rest = _train_parts(ctx, calib, points)
     target = [y - r for y, r in zip(meas, rest, strict=True)]
     w = [1 / (y * y) for y in meas]  # relative error weights
     # Normal equations of min sum w (a*C + b - z)^2 over (a, b).
@@ -603,9 +657,15 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
     if not any(f.kind == "engines" for f in fits):
         say(console, "  engines  not refitted: no run had two engines decoding at once "
                      f"(kept cpu_engine_contention={calib.cpu_engine_contention})")
-    say(console, "  threads  not refitted: a training step on n threads does the work of n x "
-                 f"cpu_train_parallel_efficiency={calib.cpu_train_parallel_efficiency} cores (the catalog's, measured "
-                 "with `python bench/train_step.py --threads`; the runs do not separate it from the train efficiency)")
+    train = next(f for f in fits if f.kind == "train")
+    if "cpu_train_parallel_efficiency" not in train.constants:
+        split = all(TRAIN_COMPUTE_KEY in p.x for p in data.train_alone)
+        why = ("no run trained on several threads with no rollout running (a colocated sync run does: `dora apply SPEC "
+               "--mode sync` on a spec with placement.colocated: true)" if split else
+               "the runs' metrics.jsonl hold no train_time_s (a dora older than them wrote the runs), so a step's "
+               "threads cannot be told from its fixed cost")
+        say(console, "  threads  not refitted: a training step on n threads does the work of n x "
+                     f"cpu_train_parallel_efficiency={calib.cpu_train_parallel_efficiency} cores; {why}")
     if not data.round_trips:
         say(console, "  round trip  not refitted: the runs' engine_steps.jsonl hold no poll rows (a dora older than "
                      f"them wrote the runs) (kept cpu_controller_round_trip_s={calib.cpu_controller_round_trip_s})")

@@ -44,6 +44,10 @@ cover at least half of their span. Then, with the cost model's own formulas (`do
                  the contention fit)
     train        (eta_train, t_train) from training steps with no rollout running; a step run on n torch
                  threads (a colocated sync trainer has every core) is modelled as data parallel over n cores.
+                 Steps that record the trainer's own time (``train_time_s``) give t_train as span - that time
+                 (the Ray call, the batch, the checkpoint: nothing more threads speed up), eta_train from the
+                 one-thread steps' trainer times, and cpu_train_parallel_efficiency from the n-thread ones
+                 (``dora.calibrate.fit_train_split``); older runs fit (eta_train, t_train) on the spans.
                  The first WARMUP_TRAIN_STEPS training steps of each run's attempt are left out (here and in the
                  contention fit): they are the trainer's warm-up (a sync run of local-tiny: 111 and 97 ms against a
                  median step of 44), and leaving them out took the train fit's median residual on a sync and a
@@ -85,7 +89,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dora.calibrate import Fit, ModelContext, Point, _rollout_model, _train_seconds, fit_decode, fit_train
+from dora.calibrate import (
+    TRAIN_COMPUTE_KEY,
+    Fit,
+    ModelContext,
+    Point,
+    _rollout_model,
+    _train_seconds,
+    fit_decode,
+    fit_train,
+)
 from dora.spec.files import loads_json
 from planner.calibration import Calibration
 
@@ -298,6 +311,8 @@ class _TrainStep:
     sum_sq: float
     seqs: int
     threads: int
+    compute: float | None
+    """The trainer's own time for the step (``train_time_s``; None in runs of an older dora)."""
 
 
 def _train_steps(path: Path, notes: list[str]) -> list[_TrainStep]:
@@ -321,7 +336,9 @@ def _train_steps(path: Path, notes: list[str]) -> list[_TrainStep]:
             sum_sq=_number(m["forward_sum_sq_tokens"], path, lineno, "forward_sum_sq_tokens", positive=True),
             seqs=_integer(_field(m, "num_sequences", path, lineno, "training step"), path, lineno, "num_sequences",
                           minimum=1),
-            threads=_integer(m.get("train_threads", 1), path, lineno, "train_threads", minimum=1)))
+            threads=_integer(m.get("train_threads", 1), path, lineno, "train_threads", minimum=1),
+            compute=(None if m.get("train_time_s") is None
+                     else _number(m["train_time_s"], path, lineno, "train_time_s", positive=True))))
     if not out:
         raise RunDataError(f"{path}: no training step; pass the output directory of a `dora apply` run that ran to "
                            "its end")
@@ -510,9 +527,10 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
             part.warmup_left_out += 1
             continue
         span = s.end - s.start
-        point = Point(kind="train", x={"tokens": s.tokens, "sum_sq_seq_len": s.sum_sq, "num_seqs": s.seqs,
-                                       "dp": s.threads},
-                      seconds=span, seconds_min=span, seconds_max=span)
+        x = {"tokens": s.tokens, "sum_sq_seq_len": s.sum_sq, "num_seqs": s.seqs, "dp": s.threads}
+        if s.compute is not None:
+            x[TRAIN_COMPUTE_KEY] = s.compute
+        point = Point(kind="train", x=x, seconds=span, seconds_min=span, seconds_max=span)
         (part.train_contended if busy_in.get(i, 0.0) >= 0.5 * span else part.train_alone).append(point)
     trace_path = paths["trace"]
     load_started: dict[tuple[int, int], _Event] = {}

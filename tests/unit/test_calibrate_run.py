@@ -36,10 +36,11 @@ def _spec_runtime() -> dict:
     return json.loads(runtime_config_for(load_spec(LOCAL), ApplyOverrides()).to_json())
 
 
-def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int) -> None:
+def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int, trainer_time: bool = False) -> None:
     """A run whose every duration follows TRUTH: training steps of 0.1 s every 0.3 s; engine steps in between
     (sync: only while no training step runs) or throughout (asynchronous). In sync a second engine decodes
-    during the first ~half of each rollout, and both engines' steps take 1.25x meanwhile."""
+    during the first ~half of each rollout, and both engines' steps take 1.25x meanwhile. With ``trainer_time``,
+    each step records the trainer's own time too (``train_time_s``: its span less TRUTH's fixed overhead)."""
     rng = random.Random(seed)
     model = _rollout_model(ctx, TRUTH)
     timing = cost_model_timing(ctx.arch, rollout_acc=ctx.accelerator, train_acc=ctx.accelerator, rollout_tp=1,
@@ -59,6 +60,8 @@ def _write_run(path: Path, ctx: ModelContext, *, overlapped: bool, seed: int) ->
         train_s = _train_seconds(ctx, TRUTH, p) * (1.5 if overlapped else 1.0)
         metrics.append({"step": k + 1, "start_s": t0 + 0.15, "end_s": t0 + 0.15 + train_s, "forward_tokens": tokens,
                         "forward_sum_sq_tokens": tokens ** 2 / n, "num_sequences": n})
+        if trainer_time:
+            metrics[-1]["train_time_s"] = train_s - TRUTH.cpu_train_step_overhead_s
         trace.append({"t": t0 + 0.15 + train_s, "type": "train_step", "step": k + 1})
         trace.append({"t": t0 + 0.15 + train_s + timing.weight_publish_s, "type": "weights_published",
                       "version": k + 1})
@@ -116,6 +119,29 @@ def test_in_situ_fit_recovers_contention_versions_and_weight_times(ctx: ModelCon
     alone, truth = _rollout_model(ctx, calib), _rollout_model(ctx, TRUTH)
     for b, c in ((1, 8), (16, 400), (64, 3000)):
         assert alone.decode_step_s(b, c) == pytest.approx(truth.decode_step_s(b, c), rel=0.05)
+
+
+def test_steps_with_the_trainers_own_time_fit_the_fixed_cost_from_it(ctx: ModelContext, tmp_path: Path) -> None:
+    """Runs that record ``train_time_s`` put it beside each training step's span, and the train fit takes the fixed
+    cost as span - trainer time (``dora.calibrate.fit_train_split``); a value that is not a positive number is an
+    error naming the file, line and field."""
+    data = RunTimings()
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1, trainer_time=True)
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2, trainer_time=True)
+    read_run(tmp_path / "sync", data)
+    read_run(tmp_path / "async", data)
+    assert all(p.x["compute_s"] == pytest.approx(p.seconds - 0.01) for p in data.train_alone)
+    calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, "test")
+    train = next(f for f in fits if f.kind == "train")
+    assert train.constants["cpu_train_step_overhead_s"] == pytest.approx(0.01, rel=1e-6)
+    assert calib.cpu_train_compute_efficiency == pytest.approx(TRUTH.cpu_train_compute_efficiency, rel=1e-4)
+    assert train.max_abs_error < 1e-4
+    metrics = tmp_path / "sync" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    lines[3] = lines[3].replace('"train_time_s": ', '"train_time_s": -')
+    metrics.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RunDataError, match=r"metrics.jsonl:4: train_time_s .* must be > 0"):
+        read_run(tmp_path / "sync", RunTimings())
 
 
 def test_one_kind_of_run_is_not_enough(ctx: ModelContext, tmp_path: Path) -> None:
