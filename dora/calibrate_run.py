@@ -36,8 +36,11 @@ cover at least half of their span. Then, with the cost model's own formulas (`do
                  no training step running while another engine decodes (only runs with several engines have
                  them, e.g. sync on 2 cores; without them the base value is kept and the fit says so)
     contention   cpu_rollout_contention = sum measured / sum predicted-alone over single-version decode steps
-                 during a training step; cpu_train_contention = the same over training steps run while rollout
-                 ran (alone = fitted on training steps with no rollout)
+                 during a training step; cpu_train_contention from the training steps that engines' steps cover
+                 for at least half their span: a step runs c times slower while some engine decodes, so with f
+                 the covered fraction of its span and a its time alone, the span is a / ((1 - f) + f/c), and c
+                 makes the predicted spans sum to the measured ones (``fit_train_contention``; alone = fitted on
+                 the training steps covered less)
     versions     cpu_extra_version_step_s = sum over multi-version steps of (measured / contention - predicted
                  single-version) / sum (versions - 1), less the weight read the formula already charges
                  (steps that another engine's steps cover have the engine factor divided out too, here and in
@@ -471,8 +474,8 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
     part.machines[str(run_dir)] = _summary_machine(run_dir / "summary.json")
     spans = [(s.start, s.end) for s in train]  # in start order, not overlapping (checked)
     starts = [s for s, _ in spans]
-    busy_in: dict[int, float] = defaultdict(float)
-    """training step index -> engine-step seconds inside its span."""
+    busy_in: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    """training step index -> the parts of its span in which an engine ran a step (one per engine step)."""
 
     def training_at(t0: float, t1: float) -> int | None:
         i = bisect.bisect_right(starts, t1) - 1
@@ -507,7 +510,7 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
         start, dur, rows, ctx = st.start, st.dur, st.rows, st.ctx
         i = training_at(start, start + dur)
         if i is not None:
-            busy_in[i] += min(start + dur, spans[i][1]) - max(start, spans[i][0])
+            busy_in[i].append((max(start, spans[i][0]), min(start + dur, spans[i][1])))
         if st.prefill:
             part.prefill_steps += 1
             continue
@@ -530,8 +533,11 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
         x = {"tokens": s.tokens, "sum_sq_seq_len": s.sum_sq, "num_seqs": s.seqs, "dp": s.threads}
         if s.compute is not None:
             x[TRAIN_COMPUTE_KEY] = s.compute
+        overlap = min(1.0, _union_s(busy_in.get(i, [])) / span)
+        if overlap >= 0.5:
+            x[OVERLAP_KEY] = overlap
         point = Point(kind="train", x=x, seconds=span, seconds_min=span, seconds_max=span)
-        (part.train_contended if busy_in.get(i, 0.0) >= 0.5 * span else part.train_alone).append(point)
+        (part.train_contended if overlap >= 0.5 else part.train_alone).append(point)
     trace_path = paths["trace"]
     load_started: dict[tuple[int, int], _Event] = {}
     for e in events:
@@ -630,6 +636,43 @@ def check_run_spec(run_dir: Path, expected: dict[str, Any], spec_label: str) -> 
                 "used: its model, training step and engines are the spec's, and the fits take batch sizes, contexts, "
                 "versions and training tokens from what each of its steps recorded")
     return None
+OVERLAP_KEY = "overlap"
+"""A contended training step's point holds in ``x`` the fraction of its span in which some engine ran a step."""
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``intervals``."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def fit_train_contention(points: Sequence[Point], predicted: Sequence[float]) -> tuple[float, list[float]]:
+    """(cpu_train_contention, residuals): a training step runs c times slower while some engine decodes (the
+    simulator's model), so a step of alone time a that overlapped rollout for a fraction f of its span has the span
+    a / ((1 - f) + f / c). c (at least 1) makes the predicted spans sum to the measured ones, as a run's throughput
+    pays for the slow steps too (with every f = 1: sum measured / sum alone); bisection, the sum rises with c."""
+    fs = [p.x.get(OVERLAP_KEY, 1.0) for p in points]
+    measured = sum(p.seconds for p in points)
+
+    def spans(c: float) -> list[float]:
+        return [a / ((1 - f) + f / c) for a, f in zip(predicted, fs, strict=True)]
+
+    lo, hi = 1.0, 2.0
+    if sum(spans(lo)) >= measured:
+        hi = lo
+    else:
+        while sum(spans(hi)) < measured and hi < 1e6:
+            lo, hi = hi, hi * 2
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if sum(spans(mid)) < measured else (lo, mid)
+    return hi, [q / p.seconds - 1 for q, p in zip(spans(hi), points, strict=True)]
+
+
 def _require(points: Sequence[Any], what: str, hint: str) -> None:
     if len(points) < MIN_POINTS:
         raise RunDataError(f"the runs hold {len(points)} {what} (need >= {MIN_POINTS}); {hint}")
@@ -665,11 +708,10 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
     ratios = [s / p for s, p in zip(contended, predicted, strict=True)]
     train_fit = fit_train(data.train_alone, ctx, calib)
     calib = calib.with_overrides(**_rounded(train_fit.constants))
-    train_pred = [_train_seconds(ctx, calib, p) for p in data.train_contended]
-    train_f = max(1.0, sum(p.seconds for p in data.train_contended) / sum(train_pred))
-    train_ratios = [p.seconds / q for p, q in zip(data.train_contended, train_pred, strict=True)]
+    train_f, train_residuals = fit_train_contention(data.train_contended,
+                                                    [_train_seconds(ctx, calib, p) for p in data.train_contended])
     fits.append(Fit(kind="contention", constants={"cpu_rollout_contention": rollout_f, "cpu_train_contention": train_f},
-                    residuals=tuple([r / rollout_f - 1 for r in ratios] + [r / train_f - 1 for r in train_ratios])))
+                    residuals=tuple([r / rollout_f - 1 for r in ratios] + train_residuals)))
     calib = calib.with_overrides(**_rounded(fits[-1].constants))
     if data.multi:
         weight_read = alone.nonexpert_weight_bytes_per_device / alone.memory_rate_bytes_per_s

@@ -222,8 +222,12 @@ class Calibration:
     1 (no contention).  `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the
     engine steps that overlap a training step. Fitted in situ (above)."""
 
-    cpu_train_contention: float | None = 1.295
-    """The same for a training step that starts while rollout is under way (None: 1). Fitted in situ (above)."""
+    cpu_train_contention: float | None = 1.33
+    """On `cpu` with rollout and training on disjoint cores of one host: a training step runs this many times slower
+    while some engine decodes (the simulator re-evaluates its end as engines start and stop decoding).  None: 1.
+    `dora calibrate --from-run` fits it over the training steps that engine steps cover for at least half their
+    span, so that the predicted spans sum to the measured ones (``dora.calibrate_run.fit_train_contention``).
+    Fitted in situ (above)."""
 
     cpu_engine_contention: float | None = 1.429
     """On `cpu`: a decode step takes this many times longer while another engine replica of the host decodes at the

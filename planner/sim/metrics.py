@@ -60,6 +60,12 @@ class RunMetrics:
         self.train_busy_s += duration_s
         _charge_ahead(self._train_ahead, start, duration_s, start)
 
+    def train_retimed(self, end_s: float) -> None:
+        """The running training step (the trainer's latest work) now ends at ``end_s``."""
+        start, end = self._train_ahead[-1]
+        self.train_busy_s += end_s - end
+        self._train_ahead[-1] = (start, end_s)
+
     def publish_started(self, start: float, duration_s: float) -> None:
         """The trainer publishes a version from ``start`` (now) for ``duration_s``."""
         self.trainer_busy(start, duration_s)

@@ -27,10 +27,11 @@ a ``LoadWeights(keep_loaded=True)`` is staged beside the running batch (the repl
 version is served once the load's time has passed.
 On one host (``cpu`` rollout and trainer on disjoint cores) the two slow each other down: while a training
 step runs, decode steps take ``rollout_contention`` times longer (every replica's step time is re-evaluated
-when a step starts and ends), and a training step started while some replica decodes takes
-``train_contention`` times longer; while two or more replicas decode at once, their steps take
-``engine_contention`` times longer (re-evaluated whenever that starts or stops being so). All three are 1 on
-separate devices.
+when a step starts and ends), and a training step runs ``train_contention`` times slower while some replica
+decodes (its end is re-evaluated whenever that starts or stops being so: a step that starts while the engines
+wait for their weights and runs beside their next rollout is slowed for that part); while two or more replicas
+decode at once, their steps take ``engine_contention`` times longer (re-evaluated in the same way). All three are
+1 on separate devices.
 Colocated streaming: ``SuspendRollout`` stops every replica once its load or KV send in progress ends, and moves its
 weights and its sequences' KV cache to host memory, ``swap_fixed_s + swap_s_per_version * versions hosted +
 swap_s_per_token * context``; the trainer gets the accelerators when the slowest replica is done. ``ResumeRollout``
@@ -83,7 +84,7 @@ from planner.sim.timing import StepTiming
 from planner.workload import LengthDistribution, Workload
 
 _EV_LOADED = 1  # a = engine, b = version
-_EV_TRAINED = 2  # a = step
+_EV_TRAINED = 2  # a = step, b = the training's end token (``train_token``: a re-evaluated end supersedes it)
 _EV_PUBLISHED = 3  # a = version
 _EV_SUSPENDED = 4  # every replica stopped (colocated streaming)
 _EV_RESUMED = 5  # every replica serves again
@@ -179,6 +180,19 @@ class Simulator:
         self.engine_contention = timing.engine_contention
         self.training = False
         """A training step is running (decode steps take ``rollout_contention`` times longer meanwhile)."""
+        self.train_left = 0.0
+        """The running training step's work left at ``train_t``, in seconds uncontended."""
+        self.train_t = 0.0
+        self.train_contended = False
+        """The running training step is slowed by ``train_contention`` (some replica decodes)."""
+        self.train_token = 0
+        """The pending ``_EV_TRAINED`` event's token; an earlier one is superseded."""
+        self.train_step = 0
+        """The running training step."""
+        self.train_trace: dict[str, Any] = {}
+        """The running step's ``train_step`` record (``record_events``): its end moves with the contention."""
+        self.watch_decoding = self.engine_contention != 1.0 or self.train_contention != 1.0
+        """Replicas starting and stopping to decode change a contention (``_check_concurrency``)."""
         self.concurrent = False
         """Two or more replicas decode (decode steps take ``engine_contention`` times longer meanwhile)."""
         self.slowdown = 1.0
@@ -371,7 +385,7 @@ class Simulator:
         spp, prompt, multi, record = self.spp, self.prompt, self.multi, self.record
         execute = self._execute
         decode_step_s, next_seq, eps = self.decode_step_s, self.next_seq, _EPS
-        engine_contention = self.engine_contention != 1.0
+        watch_decoding = self.watch_decoding
         kv_limited, kv_cap, e_cross = self.kv_limited, self.kv_cap, self.e_cross
         delayed, unreported = self.delayed, self.unreported
         events = 0
@@ -390,7 +404,8 @@ class Simulator:
                 if kind == _EV_LOADED:
                     self._loaded(a, b)
                 elif kind == _EV_TRAINED:
-                    self._trained(a)
+                    if b == self.train_token:
+                        self._trained(a)
                 elif kind == _EV_PUBLISHED:
                     self._published(a)
                 elif kind == _EV_REPORT:
@@ -456,7 +471,7 @@ class Simulator:
                 self._start_waiting(r)
             if delayed:
                 self._poll(r)
-            if engine_contention:
+            if watch_decoding:
                 self._check_concurrency()
             # _flush(): the fast path when no other replica is dirty
             if dirty:
@@ -497,7 +512,7 @@ class Simulator:
         return events
 
     def _flush(self) -> None:
-        if self.engine_contention != 1.0:
+        if self.watch_decoding:
             self._check_concurrency()
         if self.dirty:
             for r in sorted(self.dirty):
@@ -691,7 +706,7 @@ class Simulator:
             end = max(end, max(self.e_t[r], self.e_stage_end[r], now) + swap)
         self.suspended = True
         self.suspend_wall_s_total += end - now
-        if self.engine_contention != 1.0:
+        if self.watch_decoding:
             self._check_concurrency()
         self._push(end, _EV_SUSPENDED, 0)
 
@@ -889,39 +904,61 @@ class Simulator:
             for length in t_len[g * spp:(g + 1) * spp]:
                 tokens += prompt + length
                 sq += (prompt + length) ** 2  # whole numbers: exact in any order while below 2**53
-        duration = self.timing.train_step_s(tokens, sq, len(gids) * spp)
-        if self.train_contention != 1.0 and not self.suspended and any(
-                len(h) > 0 and not p for h, p in zip(self.e_heap, self.e_paused, strict=True)):
-            duration *= self.train_contention
+        work = self.timing.train_step_s(tokens, sq, len(gids) * spp)
+        contended = self.train_contention != 1.0 and self._decoding() > 0
+        duration = work * self.train_contention if contended else work
+        self.train_left, self.train_t, self.train_contended = work, self.now, contended
+        self.train_token += 1
+        self.train_step = step
         self._set_training(True)
         versions = [self.policy.group_version[g] for g in gids]
         self.m.train_started(
             step=step, now=self.now, duration_s=duration, group_ids=gids, versions=versions, spp=spp, tokens=tokens
         )
         self.m.live_versions_changed(self.now, self.policy.live_versions())
-        self._push(self.now + duration, _EV_TRAINED, step)
+        self._push(self.now + duration, _EV_TRAINED, step, self.train_token)
         if self.record:
             consumed = [f"g{g}/{i}" for g in gids for i in range(spp)]
-            self.trace.append(
-                {"t": self.now + duration, "type": "train_step", "step": step, "start_t": self.now,
-                 "consumed": consumed, "produced_version": step}
-            )
+            self.train_trace = {"t": self.now + duration, "type": "train_step", "step": step, "start_t": self.now,
+                                "consumed": consumed, "produced_version": step}
+            self.trace.append(self.train_trace)
 
     def _set_training(self, on: bool) -> None:
         """Start or end a training step."""
         self.training = on
         self._set_slowdown()
 
-    def _check_concurrency(self) -> None:
-        """Note whether two or more replicas decode now (they slow each other by ``engine_contention``)."""
+    def _decoding(self) -> int:
+        """Replicas decoding now."""
         decoding = 0
         if not self.suspended:
             for h, paused in zip(self.e_heap, self.e_paused, strict=True):
                 if len(h) and not paused:
                     decoding += 1
-        if (decoding > 1) != self.concurrent:
+        return decoding
+
+    def _check_concurrency(self) -> None:
+        """Note whether two or more replicas decode now (they slow each other by ``engine_contention``), and whether
+        any does while a step trains (it runs ``train_contention`` times slower meanwhile)."""
+        decoding = self._decoding()
+        if (decoding > 1) != self.concurrent and self.engine_contention != 1.0:
             self.concurrent = decoding > 1
             self._set_slowdown()
+        if self.training and self.train_contention != 1.0 and (decoding > 0) != self.train_contended:
+            self._retime_training(decoding > 0)
+
+    def _retime_training(self, contended: bool) -> None:
+        """The running training step's rate changes now: its work left so far, and a new end (superseding the
+        pending one)."""
+        rate = self.train_contention if self.train_contended else 1.0
+        self.train_left = max(0.0, self.train_left - (self.now - self.train_t) / rate)
+        self.train_t, self.train_contended = self.now, contended
+        end = self.now + self.train_left * (self.train_contention if contended else 1.0)
+        self.train_token += 1
+        self._push(end, _EV_TRAINED, self.train_step, self.train_token)
+        self.m.train_retimed(end)
+        if self.record:
+            self.train_trace["t"] = end
 
     def _set_slowdown(self) -> None:
         """Set the factor on decode steps from the contentions in effect; when it changes, every replica's step

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dora.calibrate import ModelContext, Point, _rollout_model, _train_seconds, run_calibrate
-from dora.calibrate_run import RunDataError, RunTimings, fit_runs, read_run
+from dora.calibrate_run import RunDataError, RunTimings, _union_s, fit_runs, fit_train_contention, read_run
 from dora.planning import load_calibration
 from planner.calibration import DEFAULT_CALIBRATION
 from planner.sim.costmodel import cost_model_timing
@@ -142,6 +142,29 @@ def test_steps_with_the_trainers_own_time_fit_the_fixed_cost_from_it(ctx: ModelC
     metrics.write_text("\n".join(lines) + "\n")
     with pytest.raises(RunDataError, match=r"metrics.jsonl:4: train_time_s .* must be > 0"):
         read_run(tmp_path / "sync", RunTimings())
+
+
+def test_the_train_contention_is_charged_on_the_covered_part_of_a_step_only() -> None:
+    """Steps covered by engine steps for part of their span, slowed 1.6x in that part (the simulator's model): the
+    fit recovers 1.6, where the ratio of spans to alone times would read it low; the covered fraction is the union
+    of the engine steps, not their sum (two engines decoding at once cover the time once)."""
+    assert _union_s([(0.0, 1.0), (0.5, 1.5), (2.0, 2.5), (2.1, 2.2)]) == pytest.approx(2.0)
+    points, alone = [], []
+    for a, f in ((0.05, 1.0), (0.06, 0.8), (0.05, 0.6), (0.07, 0.5)):
+        span = a / ((1 - f) + f / 1.6)
+        points.append(Point(kind="train", x={"overlap": f}, seconds=span, seconds_min=span, seconds_max=span))
+        alone.append(a)
+    c, residuals = fit_train_contention(points, alone)
+    assert c == pytest.approx(1.6, rel=1e-9) and max(abs(r) for r in residuals) < 1e-9
+    # noisy steps: the predicted spans sum to the measured ones
+    noisy = [Point(kind="train", x=p.x, seconds=p.seconds * m, seconds_min=0, seconds_max=0)
+             for p, m in zip(points, (1.3, 0.9, 1.0, 0.95), strict=True)]
+    c, residuals = fit_train_contention(noisy, alone)
+    assert sum((1 + r) * p.seconds for r, p in zip(residuals, noisy, strict=True)) == pytest.approx(
+        sum(p.seconds for p in noisy), rel=1e-9)
+    assert sum(p.seconds for p in points) / sum(alone) < 1.5  # what the ratio of sums would have said
+    c, _ = fit_train_contention(points[:1], [points[0].seconds * 1.2])  # faster than alone: no contention below 1
+    assert c == 1.0
 
 
 def test_one_kind_of_run_is_not_enough(ctx: ModelContext, tmp_path: Path) -> None:

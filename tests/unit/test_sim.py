@@ -191,11 +191,21 @@ def test_contention_slows_only_what_overlaps():
     r = simulate(cfg("one-step-off"), FIXED, replace(HAND, rollout_contention=1.5), seed=0)
     assert [s.end_s for s in r.steps] == pytest.approx([6.0, 12.0, 18.0])
     assert r.rollout_busy_fraction * r.total_time_s == pytest.approx(1.0 + 1.5 + 1.5)
-    # streaming: step 1 starts while the engine decodes the groups admitted ahead (10 s instead of 5); by step 2
-    # the staleness budget has emptied the engine, so it trains alone
+    # a training step runs at half speed only while the engine decodes. One-step-off: step 1 trains 1-6.5 (batch 2
+    # decodes 1-2: 0.5 s of work in that second, 4.5 s after), publishes to 7.5; the engine loads v1 7.5-9.5 while
+    # step 2 starts at 7.5 with the engine idle, and batch 3 decodes 9.5-10.5 beside it: 2 s + 1 s + 2.5 s -> 13;
+    # step 3 trains 14-19 with nothing left to decode
+    r = simulate(cfg("one-step-off"), FIXED, replace(HAND, train_contention=2.0), seed=0)
+    assert [x for s in r.steps for x in (s.start_s, s.end_s)] == pytest.approx([1.0, 6.5, 7.5, 13.0, 14.0, 19.0])
+    assert r.train_busy_fraction * r.total_time_s == pytest.approx(5.5 + 5.5 + 5.0 + 2 * 1.0)  # and two publishes
+    # streaming: g0-g2 all finish at t=1, so step 1 (1-6) has nothing decoding beside it; each later step starts as
+    # its version's group is admitted, which decodes for its first second (5.5 s)
     t = replace(HAND, train_contention=2.0, weight_load_trainer_s=0.0)
-    r = simulate(cfg("streaming", max_version_lag=2, slots_per_group=8, total_steps=4), FIXED, t, seed=0)
-    assert [s.end_s - s.start_s for s in r.steps] == pytest.approx([10.0, 5.0, 5.0, 5.0])
+    r = simulate(cfg("streaming", max_version_lag=2, slots_per_group=8, total_steps=4), FIXED, t, seed=0,
+                 record_events=True)
+    assert [s.end_s - s.start_s for s in r.steps] == pytest.approx([5.0, 5.5, 5.5, 5.5])
+    ends = [e["t"] for e in r.events if e["type"] == "train_step"]  # the trace's ends moved with the contention
+    assert ends == pytest.approx([s.end_s for s in r.steps])
 
 
 def test_engine_contention_slows_replicas_only_while_two_decode():
