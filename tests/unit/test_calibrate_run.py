@@ -427,6 +427,32 @@ def test_runs_without_poll_rows_keep_the_round_trip_and_say_so(ctx: ModelContext
     assert load_calibration(str(out)).cpu_controller_round_trip_s == DEFAULT_CALIBRATION.cpu_controller_round_trip_s
 
 
+def test_the_thread_efficiency_is_refitted_only_from_runs_that_tell_it(ctx: ModelContext, tmp_path: Path,
+                                                                       capsys) -> None:
+    """Runs without the trainer's own time, and runs that trained on one thread only, keep the catalog's parallel
+    efficiency and the command says why; a sync run that trained on two threads refits it."""
+    keep = DEFAULT_CALIBRATION.cpu_train_parallel_efficiency
+    cases = (({}, "the runs' metrics.jsonl hold no train_time_s"), ({"trainer_time": True}, "no run trained on several "
+             "threads with no rollout running"), ({"trainer_time": True, "threads": 2}, None))
+    for i, (how, why) in enumerate(cases):
+        runs = [tmp_path / f"sync{i}", tmp_path / f"async{i}"]
+        _write_run(runs[0], ctx, overlapped=False, seed=1, trainer_time=bool(how.get("trainer_time")))
+        _write_run(runs[1], ctx, overlapped=True, seed=2, trainer_time=bool(how.get("trainer_time")))
+        if "threads" in how:  # every other step of the sync run trained on two threads, at 0.6x one thread's time
+            _with("metrics.jsonl", lambda rows: [
+                {**m, "train_threads": 2, "train_time_s": 0.6 * m["train_time_s"]} if m["step"] % 2 else m
+                for m in rows])(runs[0])
+        out = tmp_path / f"cal{i}.json"
+        assert run_calibrate(LOCAL, str(out), from_runs=[str(r) for r in runs]) == 0
+        err = capsys.readouterr().err
+        fitted = load_calibration(str(out)).cpu_train_parallel_efficiency
+        if why is None:
+            assert not _said("threads not refitted", err) and fitted != keep
+        else:
+            assert _said(f"threads not refitted: a training step on n threads does the work of n x "
+                         f"cpu_train_parallel_efficiency={keep} cores; {why}", err) and fitted == keep
+
+
 def test_a_run_given_twice_and_quick_with_from_run_are_refused(ctx: ModelContext, tmp_path: Path, capsys) -> None:
     _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
     _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
