@@ -63,7 +63,8 @@ cover at least half of their span. Then, with the cost model's own formulas (`do
                  hold keeps its base value, and the command says so.
 
 A sync run gives the alone figures (rollout and training alternate), an asynchronous run the contended ones,
-so pass one of each, e.g. `--from-run runs/sync --from-run runs/streaming`. Prefill is not refitted when the
+so pass one of each, e.g. `--from-run runs/sync --from-run runs/streaming`; a colocated sync run besides (its trainer
+has every core) gives cpu_train_parallel_efficiency. Prefill is not refitted when the
 runs have no prefill steps (prompts that fit the decode batch are ingested there): the base value is kept and
 the fit says so.
 
