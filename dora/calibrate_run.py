@@ -637,6 +637,8 @@ def check_run_spec(run_dir: Path, expected: dict[str, Any], spec_label: str) -> 
                 "used: its model, training step and engines are the spec's, and the fits take batch sizes, contexts, "
                 "versions and training tokens from what each of its steps recorded")
     return None
+
+
 OVERLAP_KEY = "overlap"
 """A contended training step's point holds in ``x`` the fraction of its span in which some engine ran a step."""
 
