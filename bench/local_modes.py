@@ -22,7 +22,8 @@ tok/s on 64 slots and 22.2K on 40, bounded-async 27.7K and 25.4K.
 
 PREDICTED columns are what `dora plan` predicts for each mode's run: the planner's search pinned to the
 run's placement, mode, k and versions per engine, and that candidate simulated for the run's steps and
-seed (``bench/_predict.py``), with the catalog constants or ``--calibration``.
+seed (``bench/_predict.py``), with the catalog constants or ``--calibration``; the mean over the seeds, as the
+measured columns.
 
     python bench/local_modes.py                          # the spec as written, seed 0
     python bench/local_modes.py --seeds 0 1 --steps 30   # shorter, two seeds
@@ -124,7 +125,7 @@ def main() -> int:
         runs.insert(args.modes.index("sync") + 1, (UNPINNED_SYNC, "sync", _slots_for(replace(resolved, spec=unpinned),
                                                                                        "sync")))
     results: dict[str, list[dict[str, Any]]] = {}
-    predictions: dict[str, dict[str, float] | str] = {}
+    predictions: dict[str, list[dict[str, float] | str]] = {}
     try:
         # Seeds outer, modes inner: the machine's speed drifts over minutes, so each seed's modes run back to
         # back. A fresh Ray instance per run, as `dora apply` starts one. With one shared instance and modes
@@ -142,7 +143,7 @@ def main() -> int:
                 rc = replace(rc, seed=seed, algorithm=algorithm,
                              prompts_per_step=args.prompts_per_step or rc.prompts_per_step,
                              samples_per_prompt=args.samples_per_prompt or rc.samples_per_prompt)
-                predictions.setdefault(row, predict(spec, rc, calibration))
+                predictions.setdefault(row, []).append(predict(spec, rc, calibration))  # this run's seed
                 where = "colocated" if rc.colocated else "disaggregated"
                 console.print(f"[bold]{row}[/bold] seed {seed}: {where}, {rc.rollout_workers}x{rc.max_num_seqs} "
                               f"slots, {rc.prompts_per_step}x{rc.samples_per_prompt} per step, {rc.steps} steps ...")
@@ -165,12 +166,12 @@ def main() -> int:
 
 
 def _print_table(console: Console, results: dict[str, list[dict[str, Any]]],
-                 predictions: dict[str, dict[str, float] | str]) -> None:
+                 predictions: dict[str, list[dict[str, float] | str]]) -> None:
     from rich.table import Table
 
     t = Table(title="local modes (measured; mean (min-max) over seeds)")
     for col in ("mode", "trained tok/s", "generated tok/s", "occupancy", "step s", "rollout share", "staleness",
-                "resp len (vs sync)", "reward first->last", "audit", "PREDICTED tok/s | occ | step s"):
+                "resp len (vs sync)", "reward first->last", "audit", "PREDICTED tok/s | occ | step s (mean over seeds)"):
         t.add_column(col)
     sync = results.get("sync")
     sync_len = statistics.fmean(r["mean_trained_response_tokens"] for r in sync) if sync else None
@@ -180,8 +181,11 @@ def _print_table(console: Console, results: dict[str, list[dict[str, Any]]],
 
         length = statistics.fmean(col("mean_trained_response_tokens"))
         gap = f" ({length / sync_len - 1:+.1%})" if sync_len else ""
-        pred = predictions.get(mode)
-        pred_s = pred if isinstance(pred, str) else (
+        preds = predictions.get(mode, [])
+        failed = [p for p in preds if isinstance(p, str)]
+        pred = {k: statistics.fmean(p[k] for p in preds if not isinstance(p, str))
+                for k in ("trained_tokens_per_s", "occupancy", "step_time_s")} if preds and not failed else None
+        pred_s = failed[0] if failed else "n/a" if pred is None else (
             f"{pred['trained_tokens_per_s']:.0f} | {pred['occupancy']:.0%} | {pred['step_time_s']:.2f}")
         t.add_row(mode, _fmt(col("steady_trained_tokens_per_s"), ".0f"), _fmt(col("steady_generated_tokens_per_s"), ".0f"),
                   _fmt(col("steady_rollout_occupancy"), ".0%"), _fmt(col("steady_step_time_s"), ".2f"),
