@@ -659,11 +659,11 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
                      f"(kept cpu_engine_contention={calib.cpu_engine_contention})")
     train = next(f for f in fits if f.kind == "train")
     if "cpu_train_parallel_efficiency" not in train.constants:
-        split = all(TRAIN_COMPUTE_KEY in p.x for p in data.train_alone)
+        timed = [TRAIN_COMPUTE_KEY in p.x for p in data.train_alone]
         why = ("no run trained on several threads with no rollout running (a colocated sync run does: `dora apply SPEC "
-               "--mode sync` on a spec with placement.colocated: true)" if split else
-               "the runs' metrics.jsonl hold no train_time_s (a dora older than them wrote the runs), so a step's "
-               "threads cannot be told from its fixed cost")
+               "--mode sync` on a spec with placement.colocated: true)" if all(timed) else
+               f"{'some of ' if any(timed) else ''}the runs' metrics.jsonl hold no train_time_s (a dora older than "
+               "them wrote the runs), so a step's threads cannot be told from its fixed cost")
         say(console, "  threads  not refitted: a training step on n threads does the work of n x "
                      f"cpu_train_parallel_efficiency={calib.cpu_train_parallel_efficiency} cores; {why}")
     if not data.round_trips:

@@ -451,6 +451,11 @@ def test_the_thread_efficiency_is_refitted_only_from_runs_that_tell_it(ctx: Mode
         else:
             assert _said(f"threads not refitted: a training step on n threads does the work of n x "
                          f"cpu_train_parallel_efficiency={keep} cores; {why}", err) and fitted == keep
+    # a run of an older dora beside a newer one: the spans are fitted alone, and the command says which runs lack it
+    _write_run(tmp_path / "old", ctx, overlapped=False, seed=3)
+    runs = [str(tmp_path / "old"), str(tmp_path / "sync1"), str(tmp_path / "async1")]
+    assert run_calibrate(LOCAL, str(tmp_path / "mixed.json"), from_runs=runs) == 0
+    assert _said("some of the runs' metrics.jsonl hold no train_time_s", capsys.readouterr().err)
 
 
 def test_a_run_given_twice_and_quick_with_from_run_are_refused(ctx: ModelContext, tmp_path: Path, capsys) -> None:
