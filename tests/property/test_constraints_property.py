@@ -1,5 +1,7 @@
 """Over random workloads, seeds and k: which modes can violate which constraint."""
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +27,9 @@ runs = st.fixed_dictionaries(
         "pack": st.one_of(st.none(), st.integers(1, 12)),
         "round_trip": st.sampled_from([0.0, 0.0, 0.004, 0.05]),  # the controller's, as on cpu (0: none)
         "queue": st.booleans(),  # streaming: two groups queued per engine, as on cpu
+        # rollout / training / engine contention of disaggregated cpu plans (training's end moves as engines start
+        # and stop decoding)
+        "contention": st.sampled_from([(1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (1.45, 1.33, 1.43), (1.0, 3.0, 1.0)]),
     }
 )
 
@@ -44,6 +49,10 @@ def _run(mode, p, *, mixing, colocated=False):
                           weight_load_peer_s=p["load_s"] / 2, weight_publish_s=0.05, prefill_per_token_s=1e-3,
                           swap_fixed_s=p["load_s"] / 4, swap_s_per_version=0.01, swap_s_per_token=1e-4,
                           report_round_trip_s=p.get("round_trip", 0.0))
+    if not colocated:  # colocated plans take turns: no contention (``Calibration.contention``)
+        rollout_c, train_c, engine_c = p.get("contention", (1.0, 1.0, 1.0))
+        timing = dataclasses.replace(timing, rollout_contention=rollout_c, train_contention=train_c,
+                                     engine_contention=engine_c)
     r = simulate(cfg, Workload(response_length=dist, prompt_tokens=4), timing, seed=p["seed"])
     return k, r
 
