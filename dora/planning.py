@@ -22,7 +22,7 @@ from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import get_accelerator, with_overrides
 from planner.plan import Plan
 from planner.search import InfeasibleError, Pins, SearchInputs, SearchOutcome, build_plan, search
-from planner.search.core import Screen, Space, _placements, mode_ks
+from planner.search.core import Screen, Simulated, Space, _placements, mode_ks
 
 GB = 1e9
 VLLM_MAX_NUM_SEQS = 256
@@ -188,8 +188,19 @@ def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRA
     outcome = search(inputs, map_fn=fork_map(workers))
     plan = build_plan(outcome, inputs, dora_version=__version__, spec_name=resolved.spec.name,
                       spec_file=_portable(resolved.file), spec_hash=resolved.spec_hash, spec_inputs=resolved.inputs,
-                      pinned_slowdown=_pinned_slowdown(resolved, calibration, outcome))
+                      pinned_slowdown=_pinned_slowdown(resolved, calibration, outcome),
+                      any_placement_sync=_any_placement_sync(resolved, calibration, workers))
     return Planned(plan=plan, outcome=outcome, inputs=inputs)
+
+
+def _any_placement_sync(resolved: ResolvedSpec, calibration: Calibration, workers: int) -> Simulated | None:
+    """Where the spec pins the placement: the best sync plan of a sync-only search with the pins lifted, so that the
+    report can say what asynchrony buys over sync on any placement too (local-tiny pins a disaggregated placement,
+    and sync runs faster colocated). None when nothing is pinned."""
+    if resolved.spec.placement == "auto":
+        return None
+    inputs = dataclasses.replace(search_inputs(resolved, calibration, unpinned=True), modes=("sync",))
+    return search(inputs, map_fn=fork_map(workers)).best_sync
 
 
 def _portable(file: str) -> str:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 """Bump on any change that an older dora could not read correctly."""
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
@@ -143,7 +143,10 @@ class Predictions:
     accelerator_hours: float
     cost_usd: float | None
     speedup_vs_sync: float
-    """Trained tokens/s of this plan over the best synchronous plan's."""
+    """Trained tokens/s of this plan over the best synchronous plan's, on the placements the spec allows."""
+    speedup_vs_sync_any_placement: float | None
+    """Where the spec pins the placement and a sync plan on another placement is faster than that baseline: trained
+    tokens/s of this plan over that sync plan's (one who chose sync would not keep the pins). None otherwise."""
     overlap_ceiling_tokens_per_s: float | None
     """Trained tokens/s of a perfect schedule (every slot busy up to the staleness budget, the longest response trained
     within k + 1 steps of its version; training overlapped with rollout on a disaggregated placement, in turn with it

@@ -54,7 +54,14 @@ def _rollout_share(outcome: SearchOutcome) -> float:
     return max(0.0, 1.0 - ref.sim.train_busy_fraction)
 
 
-def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candidate, ...]:
+def _faster_sync_elsewhere(outcome: SearchOutcome, any_placement: Simulated | None) -> Simulated | None:
+    """``any_placement`` (the best sync plan with the spec's pins lifted) if it is faster than the pinned baseline."""
+    pinned = outcome.best_sync.trained_tokens_per_s if outcome.best_sync else 0.0
+    return any_placement if any_placement is not None and any_placement.trained_tokens_per_s > pinned else None
+
+
+def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs,
+                    elsewhere: Simulated | None = None) -> tuple[Candidate, ...]:
     chosen = outcome.chosen
 
     def rate(s: Simulated) -> float:  # what the search ranked by: the objective's rate (``objective_rate``)
@@ -96,6 +103,12 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs) -> tuple[Candi
                         reason=f"the sync baseline of the speedup figure (the spec pins {chosen.screened.mode}"
                                f"{placed[inputs.pins.colocated]}; {base.sim_steps} steps)"))
         sim_labels.add(base.screened.label)
+    if elsewhere is not None and elsewhere.screened.label not in sim_labels:
+        rows.append(row(elsewhere.screened, stage="simulated", tps=elsewhere.trained_tokens_per_s, status="rejected",
+                        reason=f"the best sync plan on any placement (the spec's placement pins lifted; "
+                               f"{elsewhere.sim_steps} steps): this plan is "
+                               f"{chosen.trained_tokens_per_s / elsewhere.trained_tokens_per_s:.2f}x it"))
+        sim_labels.add(elsewhere.screened.label)
     screen_best = outcome.screened[0].trained_tokens_per_s
     for c in outcome.screened:
         if len(rows) >= MAX_CONSIDERED_ROWS - 4:
@@ -224,7 +237,10 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
 
 
 def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: str, spec_name: str, spec_file: str,
-               spec_hash: str, spec_inputs: dict[str, Any], pinned_slowdown: float | None = None) -> Plan:
+               spec_hash: str, spec_inputs: dict[str, Any], pinned_slowdown: float | None = None,
+               any_placement_sync: Simulated | None = None) -> Plan:
+    """``any_placement_sync``: where the spec pins the placement, the best sync plan of a search with the pins lifted
+    (``speedup_vs_sync_any_placement``; a row of the considered plans when it beats the pinned baseline)."""
     c = outcome.chosen
     s, p = c.sim, c.screened.placement
     n = inputs.total_accelerators
@@ -238,6 +254,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
     acc_hours = n * total_time / 3600.0
     price = inputs.price_per_accelerator_hour_usd
     baseline = outcome.best_sync.trained_tokens_per_s if outcome.best_sync else c.trained_tokens_per_s
+    elsewhere = _faster_sync_elsewhere(outcome, any_placement_sync)
     sync_t = c.screened.sync_s
     # the cost counts every accelerator of the cluster, so the bubble does too: a placement that leaves some idle
     # (pinned sizes) adds them to the simulated bubble of the ones it uses
@@ -259,6 +276,8 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         max_live_versions=s.max_live_versions, total_time_s=total_time, accelerator_hours=acc_hours,
         cost_usd=acc_hours * price if price is not None else None,
         speedup_vs_sync=c.trained_tokens_per_s / baseline if baseline else 1.0,
+        speedup_vs_sync_any_placement=(c.trained_tokens_per_s / elsewhere.trained_tokens_per_s
+                                       if elsewhere is not None else None),
         overlap_ceiling_tokens_per_s=outcome.overlap_ceiling[0] if outcome.overlap_ceiling else None,
     )
     ro, tr = p.rollout, p.train
@@ -295,6 +314,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         calibration_fingerprint=inputs.calibration.fingerprint(), calibration_source=inputs.calibration.source,
         seed=inputs.seed, objective=inputs.objective, mode=c.screened.mode, max_version_lag=c.screened.k,
         allow_version_mixing=inputs.allow_version_mixing, colocated=p.colocated, rollout=rollout, train=train,
-        memory=memory, predictions=preds, considered=_candidate_rows(outcome, inputs), warnings=tuple(warnings),
+        memory=memory, predictions=preds, considered=_candidate_rows(outcome, inputs, elsewhere),
+        warnings=tuple(warnings),
     )
 

@@ -105,6 +105,27 @@ def test_report_gives_the_overlap_ceiling_against_the_best_sync_plan() -> None:
     assert found.group(3) == f"{100 * p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s:.0f}"
 
 
+def test_report_gives_both_sync_baselines_of_a_pinned_placement() -> None:
+    """The ceiling's multiple is over the best sync plan too, the one on any placement where the spec pins one."""
+    import re
+
+    from dora.report import plan_report_text
+    from planner.plan import Plan
+
+    plan = Plan.from_dict(json.loads((GOLDEN / "local-tiny.plan.json").read_text()))
+    p = plan.predictions
+    assert p.speedup_vs_sync_any_placement is not None
+    text = " ".join(plan_report_text(plan, width=200).split())
+    assert (f"speedup vs best sync plan {p.speedup_vs_sync_any_placement:.2f}x, over sync on a placement the spec's "
+            f"pins rule out (see the considered plans); {p.speedup_vs_sync:.2f}x over sync on the pinned one") in text
+    found = re.search(r"\(([\d.]+)x best sync\)", text)
+    ceiling = p.speedup_vs_sync_any_placement * p.overlap_ceiling_tokens_per_s / p.trained_tokens_per_s
+    assert found and found.group(1) == f"{ceiling:.2f}"
+    unpinned = Plan.from_dict(json.loads((GOLDEN / "dense-32b-h800x128.plan.json").read_text()))
+    assert unpinned.predictions.speedup_vs_sync_any_placement is None
+    assert "pinned" not in " ".join(plan_report_text(unpinned, width=200).split()).split("overlap ceiling")[0]
+
+
 def test_report_gives_a_colocated_plans_host_memory_moves() -> None:
     """Colocated streaming moves every engine's weights and KV cache to host memory and back around each step, and
     the trainer's state the other way: the report says how long, and a plan on separate accelerators has neither."""

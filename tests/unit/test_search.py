@@ -117,6 +117,31 @@ def test_a_pinned_asynchronous_mode_is_still_measured_against_a_simulated_sync_p
     assert free.best_sync is not None and base.screened.label == free.best_sync.screened.label
 
 
+def test_a_pinned_placement_is_also_measured_against_sync_on_any_placement() -> None:
+    """local-tiny pins a disaggregated placement, where sync is slower than colocated: the speedup over the pinned
+    baseline alone (1.66x) flattered streaming against the sync plan one would run (1.34x; measured 1.44x)."""
+    planned = make_plan(load_spec(str(SPECS / "local-tiny.yaml")))
+    p = planned.plan.predictions
+    base = planned.outcome.best_sync
+    assert base is not None and not base.screened.placement.colocated  # the pin holds the baseline too
+    import re
+
+    text = re.sub(r"^placement:\n(?:[ #].*\n)*", "", (SPECS / "local-tiny.yaml").read_text(), flags=re.M)
+    unpinned = search(search_inputs(_resolved(text, **{"  mode: streaming\n": "  mode: sync\n"})))
+    elsewhere = unpinned.best_sync
+    assert elsewhere is not None and elsewhere.screened.placement.colocated
+    assert elsewhere.trained_tokens_per_s > base.trained_tokens_per_s
+    assert p.speedup_vs_sync == pytest.approx(p.trained_tokens_per_s / base.trained_tokens_per_s)
+    assert p.speedup_vs_sync_any_placement == pytest.approx(p.trained_tokens_per_s / elsewhere.trained_tokens_per_s)
+    assert 1 < p.speedup_vs_sync_any_placement < p.speedup_vs_sync
+    row = next(c for c in planned.plan.considered if c.label == elsewhere.screened.label)
+    assert row.status == "rejected" and row.mode == "sync" and "pins lifted" in row.reason
+    assert f"{p.speedup_vs_sync_any_placement:.2f}x it" in row.reason
+    # nothing pinned: no second baseline, the first is over every placement
+    free = make_plan(_resolved(text)).plan.predictions
+    assert free.speedup_vs_sync_any_placement is None
+
+
 def test_the_speedup_baseline_is_the_best_of_several_sync_plans_simulated_as_long_as_the_chosen() -> None:
     """The screen misorders close sync layouts (on the 235B example its second simulates 9% faster than its first),
     and a 6-step run of a sync plan read ~4% below its 24-step run: both flattered the reported speedup."""
