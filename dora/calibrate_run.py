@@ -12,10 +12,12 @@ and the controller share the host: on the 2-core development machine a decode st
     trace.jsonl         train-step ends, weight publications and loads
     runtime.json        what the run ran: its model, algorithm and engines must be the spec's (`check_run_spec`)
 
-Every row is checked before anything is fitted: a missing field, a value of the wrong type, a non-finite or
-non-positive duration or span, a training step that starts before the one before it with no resume recorded, a
-weight publication or load that does not take time: each is an error naming the file, the line and the field.
-A last line cut short (a writer killed mid-line) is ignored with a note; a bad line anywhere else is an error.
+Every row is checked before anything is fitted: a missing field, a value of the wrong type, a non-finite
+duration or span or one under a microsecond, a training step that starts before the one before it with no resume
+recorded, a weight publication or load that does not take time: each is an error naming the file, the line and the
+field. A last line cut short (a writer killed mid-line) is ignored with a note; a bad line anywhere else is an error.
+An engine step, poll or training step timed over OUTLIER_FACTOR x the median of its kind in its run (a paused
+process) is left out with a note, and a fit that still lands outside a constant's range is an error, not a file.
 
 A resumed run (killed, then the same `dora apply` run again) keeps every attempt's rows in metrics.jsonl, each
 attempt on its own clock from 0, and one trace with one continuous clock (a ``resumed`` event marks each seam),
@@ -119,6 +121,16 @@ STEP_COLUMNS = ["worker", "start_s", "duration_s", "kind", "decode_rows", "conte
                 "prefill_tokens"]
 """The header of engine_steps.jsonl (`dora.runtime.controller`), in row order."""
 FIX = "The file is not as `dora apply` wrote it: re-run the job, or leave this run out"
+MIN_DURATION_S = 1e-6
+"""No engine step, poll or training step is timed shorter than a microsecond; a shorter one is a wrong clock or
+unit, refused."""
+OUTLIER_FACTOR = 100.0
+"""An engine step, poll or training step over this many times the median of its kind in its run is left out of the
+fits, with a note: a paused or swapped-out process, not the engine's cost (a single 2,000 s step among 1 ms ones put
+cpu_rollout_contention at 1,146). The runs measured on the development machine peak at 54x (engine steps) and 10x
+(polls)."""
+MIN_FOR_MEDIAN = 10
+"""Rows of a kind a run needs before its median judges outliers."""
 
 
 class RunDataError(ValueError):
@@ -242,14 +254,19 @@ def _field(row: dict[str, Any], key: str, path: Path, lineno: int, what: str) ->
     return row[key]
 
 
-def _number(value: Any, path: Path, lineno: int, name: str, *, positive: bool = False) -> float:
-    """A finite number (> 0 with ``positive``), else an error naming ``path:lineno`` and the field."""
+def _number(value: Any, path: Path, lineno: int, name: str, *, positive: bool = False,
+            duration: bool = False) -> float:
+    """A finite number (> 0 with ``positive``; a time of at least ``MIN_DURATION_S`` with ``duration``), else an
+    error naming ``path:lineno`` and the field."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _bad(path, lineno, name, f"is {_show(value)}, not a number")
     if not math.isfinite(value):
         raise _bad(path, lineno, name, f"is {value}, not a finite number")
     if positive and value <= 0:
         raise _bad(path, lineno, name, f"is {_show(value)}, but it must be > 0")
+    if duration and value < MIN_DURATION_S:
+        raise _bad(path, lineno, name, f"is {_show(value)} s, but nothing the run times takes under a microsecond "
+                                       "(a wrong clock or unit?)")
     return float(value)
 
 
@@ -291,7 +308,7 @@ def _engine_steps(path: Path, notes: list[str]) -> list[_EngineStep]:
             raise _bad(path, lineno, "kind", f"is {_show(kind)}, but it must be \"step\", \"load\" or \"poll\"")
         step = _EngineStep(worker=_integer(worker, path, lineno, "worker"),
                            start=_number(start, path, lineno, "start_s"),
-                           dur=_number(dur, path, lineno, "duration_s", positive=True), kind=kind,
+                           dur=_number(dur, path, lineno, "duration_s", positive=True, duration=True), kind=kind,
                            rows=_integer(rows, path, lineno, "decode_rows"),
                            ctx=_integer(ctx, path, lineno, "context_tokens"),
                            versions=_integer(versions, path, lineno, "versions"),
@@ -330,9 +347,9 @@ def _train_steps(path: Path, notes: list[str]) -> list[_TrainStep]:
                                "re-run the job")
         start = _number(_field(m, "start_s", path, lineno, "training step"), path, lineno, "start_s")
         end = _number(_field(m, "end_s", path, lineno, "training step"), path, lineno, "end_s")
-        if end <= start:
-            raise _bad(path, lineno, "end_s", f"is {_show(end)}, not after start_s {_show(start)}: a training step "
-                                              "takes time")
+        if end - start < MIN_DURATION_S:
+            raise _bad(path, lineno, "end_s", f"is {_show(end)}, not a microsecond after start_s {_show(start)}: a "
+                                              "training step takes time")
         out.append(_TrainStep(
             lineno=lineno, step=step, start=start, end=end,
             tokens=_integer(_field(m, "forward_tokens", path, lineno, "training step"), path, lineno,
@@ -342,7 +359,7 @@ def _train_steps(path: Path, notes: list[str]) -> list[_TrainStep]:
                           minimum=1),
             threads=_integer(m.get("train_threads", 1), path, lineno, "train_threads", minimum=1),
             compute=(None if m.get("train_time_s") is None
-                     else _number(m["train_time_s"], path, lineno, "train_time_s", positive=True))))
+                     else _number(m["train_time_s"], path, lineno, "train_time_s", positive=True, duration=True))))
     if not out:
         raise RunDataError(f"{path}: no training step; pass the output directory of a `dora apply` run that ran to "
                            "its end")
@@ -460,6 +477,22 @@ def _last_attempt(run_dir: Path, train: list[_TrainStep], events: list[_Event], 
     return train, events, offset
 
 
+def _outliers(rows: list[tuple[str, float]], path: Path, what: str, notes: list[str]) -> set[int]:
+    """Indices of the ``(kind, seconds)`` rows over ``OUTLIER_FACTOR`` times the median of their kind (kinds with
+    at least ``MIN_FOR_MEDIAN`` rows), with a note naming the longest."""
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for kind, secs in rows:
+        by_kind[kind].append(secs)
+    limit = {k: OUTLIER_FACTOR * statistics.median(v) for k, v in by_kind.items() if len(v) >= MIN_FOR_MEDIAN}
+    out = {j for j, (kind, secs) in enumerate(rows) if kind in limit and secs > limit[kind]}
+    if out:
+        worst = max(out, key=lambda j: rows[j][1])
+        notes.append(f"{path}: left {len(out)} of its {what} out of the fits, each over {OUTLIER_FACTOR:g}x the "
+                     f"median of its kind (the longest {rows[worst][1]:.6g} s, a {rows[worst][0]}): a paused or "
+                     "swapped-out process, not the engine's cost")
+    return out
+
+
 def read_run(run_dir: Path, into: RunTimings) -> None:
     """Add one run directory's measurements to ``into``: every file is read and checked first, so a bad one
     (RunDataError, naming the file, line and field) adds nothing."""
@@ -468,6 +501,10 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
     paths = {"steps": run_dir / "engine_steps.jsonl", "metrics": run_dir / "metrics.jsonl",
              "trace": run_dir / "trace.jsonl"}
     steps = _engine_steps(paths["steps"], part.notes)
+    # an engine step timed over OUTLIER_FACTOR x its kind's median did not run that long: left out everywhere (as an
+    # interval beside training or another engine too)
+    paused = _outliers([(st.kind, st.dur) for st in steps], paths["steps"], "engine steps and polls", part.notes)
+    steps = [st for j, st in enumerate(steps) if j not in paused]
     train = _train_steps(paths["metrics"], part.notes)
     events = _trace(paths["trace"], part.notes)
     train, events, offset = _last_attempt(run_dir, train, events, paths, part.notes, part.resumed)
@@ -526,9 +563,14 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
             part.decode_engines.append((rows, ctx, dur))
         else:
             part.decode_alone[(rows, round(ctx / rows / CONTEXT_BUCKET))].append((ctx, dur))
+    # a training step timed that long is left out of the fits only: its span still tells the engine steps beside it
+    slow = _outliers([("training step", s.end - s.start) for s in train], paths["metrics"], "training steps",
+                     part.notes)
     for i, s in enumerate(train):
         if i < WARMUP_TRAIN_STEPS:  # still spans above: the engine steps it overlaps ran beside training all the same
             part.warmup_left_out += 1
+            continue
+        if i in slow:
             continue
         span = s.end - s.start
         x = {"tokens": s.tokens, "sum_sq_seq_len": s.sum_sq, "num_seqs": s.seqs, "dp": s.threads}
@@ -694,7 +736,7 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
     _require(data.train_alone, "training steps with no rollout running", sync_run)
     _require(data.train_contended, "training steps run while rollout ran", async_run)
     fits = [fit_decode(decode, ctx, base)]
-    calib = base.with_overrides(**_rounded(fits[0].constants))
+    calib = _with(base, _rounded(fits[0].constants))
     alone = _rollout_model(ctx, calib)
     engine_f = calib.cpu_engine_contention or 1.0
     if len(data.decode_engines) >= MIN_POINTS:
@@ -703,19 +745,19 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
         fits.append(Fit(kind="engines", constants={"cpu_engine_contention": engine_f},
                         residuals=tuple(s / p / engine_f - 1
                                         for (*_, s), p in zip(data.decode_engines, predicted, strict=True))))
-        calib = calib.with_overrides(**_rounded(fits[-1].constants))
+        calib = _with(calib, _rounded(fits[-1].constants))
         engine_f = calib.cpu_engine_contention or 1.0
     contended = [s / (engine_f if shared else 1.0) for _, _, shared, s in data.decode_contended]
     predicted = [alone.decode_step_s(b, c) for b, c, _, _ in data.decode_contended]
     rollout_f = max(1.0, sum(contended) / sum(predicted))
     ratios = [s / p for s, p in zip(contended, predicted, strict=True)]
     train_fit = fit_train(data.train_alone, ctx, calib)
-    calib = calib.with_overrides(**_rounded(train_fit.constants))
+    calib = _with(calib, _rounded(train_fit.constants))
     train_f, train_residuals = fit_train_contention(data.train_contended,
                                                     [_train_seconds(ctx, calib, p) for p in data.train_contended])
     fits.append(Fit(kind="contention", constants={"cpu_rollout_contention": rollout_f, "cpu_train_contention": train_f},
                     residuals=tuple([r / rollout_f - 1 for r in ratios] + train_residuals)))
-    calib = calib.with_overrides(**_rounded(fits[-1].constants))
+    calib = _with(calib, _rounded(fits[-1].constants))
     if data.multi:
         weight_read = alone.nonexpert_weight_bytes_per_device / alone.memory_rate_bytes_per_s
         excess = [s / (rollout_f if during else 1.0) / (engine_f if shared else 1.0) - alone.decode_step_s(b, c)
@@ -725,15 +767,26 @@ def fit_runs(data: RunTimings, ctx: ModelContext, base: Calibration, source: str
         fits.append(Fit(kind="versions", constants={"cpu_extra_version_step_s": extra},
                         residuals=tuple((e - extra) / (alone.decode_step_s(b, c) + extra)
                                         for e, (b, c, *_) in zip(extras, data.multi, strict=True))))
-        calib = calib.with_overrides(**_rounded(fits[-1].constants))
+        calib = _with(calib, _rounded(fits[-1].constants))
     fits.append(train_fit)
     if data.publish or data.loads:  # a constant whose intervals no trace holds keeps its base value (the CLI says so)
         fits.append(fit_weights(data.publish, data.loads, ctx, calib))
-        calib = calib.with_overrides(**_rounded(fits[-1].constants))
+        calib = _with(calib, _rounded(fits[-1].constants))
     if data.round_trips:  # runs written before the worker logged its polls have none: the base value stays
         fits.append(fit_round_trip(data.round_trips))
     fitted = {k: float(f"{v:.6g}") for f in fits for k, v in f.constants.items()}
-    return base.with_overrides(source=source, **fitted), fits
+    return _with(base, fitted).with_overrides(source=source), fits
+
+
+def _with(calib: Calibration, constants: dict[str, float]) -> Calibration:
+    """``calib`` with the fitted ``constants``; a value out of its range is the runs' fault (implausible timings),
+    said as such, not a crash."""
+    try:
+        return calib.with_overrides(**constants)
+    except ValueError as exc:
+        raise RunDataError(f"the fit to the runs' timings is out of range ({exc}): they cannot come from this spec's "
+                           "engines (a run of another machine or model, or a process paused for long stretches?); "
+                           "re-run the jobs, or leave the odd run out") from None
 
 
 ROUND_TRIP_CHUNK = 50

@@ -325,8 +325,18 @@ BAD_RUNS = {
                   r"metrics.jsonl:1: end_s is nan, not a finite number"),
     "zero durations": (_with("engine_steps.jsonl", lambda r: [r[0]] + [[*x[:2], 0.0, *x[3:]] for x in r[1:]]),
                        r"engine_steps.jsonl:2: duration_s is 0.0, but it must be > 0"),
+    # 1e-300 squared underflows to 0: the fits' relative weights 1/y^2 divided by zero
+    "sub-microsecond durations": (_with("engine_steps.jsonl", lambda r: [r[0]] + [[*x[:2], 1e-300, *x[3:]]
+                                                                                   for x in r[1:]]),
+                                  r"engine_steps.jsonl:2: duration_s is 1e-300 s, but nothing the run times takes"),
     "zero-length training steps": (_with("metrics.jsonl", lambda m: [{**x, "end_s": x["start_s"]} for x in m]),
-                                   r"metrics.jsonl:1: end_s is .*, not after start_s .*: a training step takes time"),
+                                   r"metrics.jsonl:1: end_s is .*, not a microsecond after start_s .*: a training "
+                                   r"step takes time"),
+    "sub-microsecond training steps": (_with("metrics.jsonl", lambda m: [{**x, "start_s": x["start_s"] * 1e-300,
+                                                                          "end_s": x["end_s"] * 1e-300} for x in m]),
+                                       r"metrics.jsonl:1: end_s is .*, not a microsecond after start_s"),
+    "sub-microsecond trainer time": (_with("metrics.jsonl", lambda m: [{**x, "train_time_s": 1e-300} for x in m]),
+                                     r"metrics.jsonl:1: train_time_s is 1e-300 s, but nothing the run times"),
     "publish at the step's end": (_with("trace.jsonl", _publish_at_step_end),
                                   r"trace.jsonl:2: t of this weights_published \(v1\) is .*, not after train_step 1 "
                                   r"ended \(line 1, .*a publish takes time"),
@@ -358,6 +368,65 @@ def test_a_bad_run_exits_2_with_its_reason(ctx: ModelContext, tmp_path: Path, ca
     err = capsys.readouterr().err
     assert _said("a publish takes time", err) and "internal error" not in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_step_timed_far_over_its_kinds_median_is_left_out_with_a_note(ctx: ModelContext, tmp_path: Path) -> None:
+    """One engine step of 2,000 s (a paused process) among ~1 ms ones put cpu_rollout_contention at 1,146: an
+    internal error (out of the constant's range), and at 1,000 s a silent 574. Now the fits are those of the run
+    without that row, and a training step timed so is left out too."""
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
+    for name in ("async", "async-paused", "async-without"):
+        _write_run(tmp_path / name, ctx, overlapped=True, seed=2)
+    rows = _lines(tmp_path / "async" / "engine_steps.jsonl")
+    i = next(i for i, r in enumerate(rows) if i and r[3] == "step" and r[6] == 1)
+    _put(tmp_path / "async-paused" / "engine_steps.jsonl", [*rows[:i], [*rows[i][:2], 2000.0, *rows[i][3:]],
+                                                             *rows[i + 1:]])
+    _put(tmp_path / "async-without" / "engine_steps.jsonl", [*rows[:i], *rows[i + 1:]])
+
+    def fitted(run: str) -> tuple[dict, list[str]]:
+        data = RunTimings()
+        read_run(tmp_path / "sync", data)
+        read_run(tmp_path / run, data)
+        calib, _ = fit_runs(data, ctx, DEFAULT_CALIBRATION, "test")
+        return calib.to_dict(), data.notes
+
+    clean, _ = fitted("async")
+    paused, notes = fitted("async-paused")
+    without, _ = fitted("async-without")
+    assert paused == without
+    assert paused["cpu_rollout_contention"] == pytest.approx(clean["cpu_rollout_contention"], rel=0.01)
+    assert any("left 1 of its engine steps and polls out of the fits, each over 100x the median of its kind "
+               "(the longest 2000 s, a step): a paused" in n for n in notes), notes
+    # a paused training step: out of the training fits, with a note
+    metrics = _lines(tmp_path / "async-paused" / "metrics.jsonl")
+    metrics[-1] = {**metrics[-1], "end_s": metrics[-1]["start_s"] + 2000.0}  # the last: steps do not overlap
+    _put(tmp_path / "async-paused" / "metrics.jsonl", metrics)
+    data = RunTimings()
+    read_run(tmp_path / "async-paused", data)
+    assert len(data.train_contended) == 12 - 2 - 1 and max(p.seconds for p in data.train_contended) < 1
+    assert any("left 1 of its training steps out of the fits" in n and "a training step)" in n for n in data.notes)
+
+
+def test_a_fit_out_of_a_constants_range_is_an_error_not_a_crash(ctx: ModelContext, tmp_path: Path, capsys,
+                                                                 monkeypatch) -> None:
+    """The decode steps beside training read 2,000x slower than alone (as if every one had been paused): the
+    contention lands outside [1, 1000], and the command says so, writing nothing."""
+    import dora.calibrate_run as calibrate_run
+
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
+    _write_run(tmp_path / "async", ctx, overlapped=True, seed=2)
+    read = calibrate_run.read_run
+
+    def slowed(run: Path, into: RunTimings) -> None:
+        read(run, into)
+        into.decode_contended[:] = [(*row[:-1], row[-1] * 2000) for row in into.decode_contended]
+
+    monkeypatch.setattr(calibrate_run, "read_run", slowed)
+    out = tmp_path / "cal.json"
+    assert run_calibrate(LOCAL, str(out), from_runs=[str(tmp_path / "sync"), str(tmp_path / "async")]) == 2
+    err = capsys.readouterr().err
+    assert _said("the fit to the runs' timings is out of range (Calibration.cpu_rollout_contention", err), err
+    assert "internal error" not in err and "Traceback" not in err and not out.exists()
 
 
 def test_a_last_line_cut_short_is_left_out_with_a_note(ctx: ModelContext, tmp_path: Path) -> None:
