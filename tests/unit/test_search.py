@@ -548,3 +548,17 @@ def test_a_trainer_or_rollout_pool_smaller_than_a_node_is_searched_on_a_multi_no
     big = Space(search_inputs(load_spec(str(SPECS / "dense-32b-h800x128.yaml"))))
     sizes = big.train_sizes(4)
     assert {4, 124} <= set(sizes) and all(t % 8 == 0 for t in sizes if 8 <= t <= 120)
+
+
+def test_a_large_staleness_budget_is_searched_on_a_ladder_of_k() -> None:
+    """dense-8b with a budget of 64 and version mixing simulated 192 (mode, k) of its leading placement, 67 steps
+    each (55 s); every k up to 8 is still searched, then 12, 16, 24, ... and the budget."""
+    from planner.search.core import mode_ks, staleness_ladder
+
+    assert staleness_ladder(3) == [1, 2, 3] and staleness_ladder(8) == list(range(1, 9))
+    assert staleness_ladder(13) == [*range(1, 9), 12, 13]
+    assert staleness_ladder(64) == [*range(1, 9), 12, 16, 24, 32, 48, 64]
+    inputs = search_inputs(_resolved(SMALL_GPU, **{"{max_version_lag: 2}": "{max_version_lag: 64}"}))
+    ks = {m: sorted(k for mm, k in mode_ks(inputs, colocated=False) if mm == m) for m, _ in mode_ks(inputs, False)}
+    assert ks["streaming"] == ks["bounded-async"] == staleness_ladder(64) and ks["one-step-off"] == [1]
+    assert ks["sync"] == [0]
