@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -123,7 +124,12 @@ PLAN_DIR_ENTRIES = ("plan.json", "report.txt", "timeline.html", "schedule.json",
 def _check_plan_dir(out: Path, names: list[str]) -> None:
     """Refuse (``FileExistsError``) an existing ``out`` that holds some of dora's ``names`` but no plan.json dora
     wrote: a report.txt or launch/ of the user's is not dora's to replace. A new or empty directory, one holding none
-    of the names, or an earlier plan's directory is fine."""
+    of the names, or an earlier plan's directory is fine. A file where the directory or one of its parents would be
+    is refused too (``NotADirectoryError``), before planning rather than after the report."""
+    for place in (out, *out.parents):
+        if os.path.lexists(place) and not place.is_dir():
+            what = "the path" if place == out else f"its parent {place}"
+            raise NotADirectoryError(errno.ENOTDIR, f"{what} is a file, not a directory", str(out))
     if not out.is_dir() or _is_dora_plan(out / "plan.json"):
         return
     in_the_way = [name for name in sorted(names) if os.path.lexists(out / name)]
@@ -245,11 +251,38 @@ def print_infeasible(console, exc: InfeasibleError, resolved: ResolvedSpec) -> N
                       markup=False, highlight=False)
     low_memory = resolved.spec.runtime.gpu_memory_utilization < 0.5
     pinned = resolved.spec.placement != "auto"
+    if pinned:
+        console.print(f"  the spec pins: {', '.join(pinned_fields(resolved))}", markup=False, highlight=False)
     console.print("  to fix: " + ("remove or relax the pinned sizes under placement (the search then chooses them), "
                                   if pinned else "")
                   + "add accelerators, use a larger accelerator, lower the response cap, "
                   + ("raise runtime.gpu_memory_utilization, " if low_memory else "") + "or a smaller model",
                   markup=False, highlight=False)
+
+
+def pinned_fields(resolved: ResolvedSpec) -> list[str]:
+    """Each field set under ``placement``, as ``placement.train.accelerators = 63 (line 34)``: the line where the
+    spec file still reads (a spec given as JSON, or gone since, names no line)."""
+    from dora.spec.yamlio import MAX_FILE_BYTES, parse_yaml
+
+    try:
+        doc = parse_yaml(read_input_file(resolved.file, MAX_FILE_BYTES).decode("utf-8"), resolved.file)
+    except (InputFileError, UnicodeDecodeError, ValueError):
+        doc = None
+
+    def leaves(value: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+        if isinstance(value, dict):
+            return [leaf for k, v in value.items() for leaf in leaves(v, (*path, k))]
+        return [] if value is None else [(path, value)]
+
+    placement = resolved.spec.placement
+    if placement == "auto":
+        return []
+    out = []
+    for path, value in leaves(placement.model_dump(mode="json", exclude_unset=True), ("placement",)):
+        line = doc.line_of(path) if doc is not None else None
+        out.append(f"{'.'.join(path)} = {json.dumps(value)}" + (f" (line {line})" if line is not None else ""))
+    return out
 
 
 def _is_plan_path(path: str) -> bool:

@@ -422,6 +422,24 @@ def test_diff_of_a_spec_nothing_fits_says_so_like_plan(tmp_path: Path, capsys: p
         assert "to fix: add accelerators" in err and "Traceback" not in err
 
 
+def test_pins_nothing_fits_are_named_with_their_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pinned training side of 63 accelerators has no layout whose dp divides the batch: the error said so, but
+    named neither the pinned field nor its line."""
+    spec = tmp_path / "pinned.yaml"
+    spec.write_text((SPECS / "dense-8b-h800x64.yaml").read_text().replace(
+        "\nruntime:", "\nplacement:\n  colocated: false\n  rollout:\n    accelerators: 1\n  train:\n"
+                      "    accelerators: 63\nruntime:"))
+    lines = spec.read_text().splitlines()
+    at = {text.strip(): i + 1 for i, text in enumerate(lines)}
+    assert main(["plan", str(spec)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{spec}: nothing fits" in err and "Traceback" not in err
+    assert (f"the spec pins: placement.colocated = false (line {at['colocated: false']}), "
+            f"placement.rollout.accelerators = 1 (line {at['accelerators: 1']}), "
+            f"placement.train.accelerators = 63 (line {at['accelerators: 63']})") in err
+    assert "to fix: remove or relax the pinned sizes under placement" in err
+
+
 def test_a_new_dora_version_alone_is_no_change(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     golden = GOLDEN / "local-tiny.plan.json"
     other = tmp_path / "plan.json"
