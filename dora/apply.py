@@ -198,6 +198,25 @@ def _outside_spec(plan: Any, spec: Any) -> list[str]:
     if t.tp * t.pp * t.dp * t.cp != t.accelerators:
         out.append(f"train.tp x pp x dp x cp = {t.tp} x {t.pp} x {t.dp} x {t.cp} is not train.accelerators "
                    f"{t.accelerators}")
+    return out + _outside_pins(plan, spec)
+
+
+def _outside_pins(plan: Any, spec: Any) -> list[str]:
+    """What a saved plan sets against the spec's ``placement`` pins. The planner meets a pin exactly, except a
+    cap: the engines' slots (``max_num_seqs``, what the KV cache holds may be fewer) and the versions per engine
+    (one outside streaming)."""
+    if spec.placement == "auto":
+        return []
+    p, out = spec.placement, []
+    if p.colocated is not None and plan.colocated != p.colocated:
+        out.append(f"colocated {str(plan.colocated).lower()}, but placement.colocated pins {str(p.colocated).lower()}")
+    for side, pins, planned in (("rollout", p.rollout, plan.rollout), ("train", p.train, plan.train)):
+        for name, pinned in pins.model_dump(exclude_none=True).items():
+            have = getattr(planned, name)
+            capped = name in ("max_num_seqs", "versions_per_engine")
+            if have is not None and (have > pinned if capped else have != pinned):  # None: no packing planned
+                out.append(f"{side}.{name} {have}, but placement.{side}.{name} pins "
+                           + (f"at most {pinned}" if capped else f"{pinned}"))
     return out
 
 

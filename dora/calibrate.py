@@ -799,10 +799,12 @@ def fit_warnings(fits: Sequence[Fit]) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `dora calibrate` (shared by the CLI and `python -m dora.calibrate`)."""
     parser.add_argument("spec", help="a local CPU spec (runtime.backend: local), e.g. specs/local-tiny.yaml")
-    parser.add_argument("--out", default="calibration.json",
+    from dora.terminal import named
+
+    parser.add_argument("--out", default="calibration.json", type=named("a file to write, or leave the flag out"),
                         help="calibration file to write (default: calibration.json)")
     parser.add_argument("--quick", action="store_true", help="a smaller grid (seconds instead of ~a minute)")
-    parser.add_argument("--from-run", action="append", default=[], metavar="RUN_DIR",
+    parser.add_argument("--from-run", action="append", default=[], metavar="RUN_DIR", type=named("a run directory"),
                         help="fit to a finished `dora apply` run's output directory instead of micro-benchmarks "
                              "(repeat it: one sync run and one asynchronous run; see dora/calibrate_run.py)")
 

@@ -185,6 +185,8 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dora.terminal import named
+
     parser = argparse.ArgumentParser(
         prog="dora",
         description="Plan and run asynchronous RL post-training (multi-version streaming rollout) from a YAML spec.",
@@ -210,13 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("apply", help="plan and run a spec (or run a saved plan.json); locally on CPU by default")
-    p.add_argument("target", metavar="SPEC|PLAN", help="a spec, or a plan.json / plan directory from `dora plan --out`")
+    p.add_argument("target", metavar="SPEC|PLAN", type=named("a spec, a plan.json or a plan directory"), help="a spec, or a plan.json / plan directory from `dora plan --out`")
     p.add_argument("--mode", help="run this mode instead of the planner's choice (sync, one-step-off, ...)")
     p.add_argument("--steps", type=int, help="run this many training steps instead of the spec's")
     p.add_argument("--rollout-workers", type=int, help="override the planned number of rollout engine replicas")
     p.add_argument("--max-num-seqs", type=int, help="override the planned slots per rollout engine")
     p.add_argument("--output-dir", help="write trace, metrics and checkpoints here instead of the spec's output_dir")
-    p.add_argument("--calibration", metavar="FILE", help="calibration JSON from `dora calibrate`, used to plan")
+    p.add_argument("--calibration", metavar="FILE", type=named("a calibration file, or leave the flag out"),
+                   help="calibration JSON from `dora calibrate`, used to plan")
     p.add_argument("--no-live", action="store_true", help="plain per-step lines instead of the live display")
     p.add_argument("--address", metavar="URL", help="submit to this Ray cluster's Jobs API (http://HEAD:8265); a spec "
                    "with runtime.backend ray-cluster is submitted to its runtime.address without it")
@@ -224,12 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser("status", help="state of the job `dora apply --address` submitted")
-    p.add_argument("target", metavar="RUN_DIR|SPEC", help="the run's output directory (holds job.json) or its spec")
+    p.add_argument("target", metavar="RUN_DIR|SPEC", type=named("a run directory or a spec"),
+                   help="the run's output directory (holds job.json) or its spec")
     p.add_argument("--json", action="store_true", help="machine-readable")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("stop", help="stop the job `dora apply --address` submitted")
-    p.add_argument("target", metavar="RUN_DIR|SPEC", help="the run's output directory (holds job.json) or its spec")
+    p.add_argument("target", metavar="RUN_DIR|SPEC", type=named("a run directory or a spec"),
+                   help="the run's output directory (holds job.json) or its spec")
     p.set_defaults(func=cmd_stop)
 
     from dora.calibrate import add_arguments as calibrate_arguments
@@ -239,9 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("diff", help="compare two specs or plan files, Terraform-style")
-    p.add_argument("old", metavar="OLD")
-    p.add_argument("new", metavar="NEW")
-    p.add_argument("--calibration", metavar="FILE", help="calibration JSON from `dora calibrate`, used to plan a spec "
+    p.add_argument("old", metavar="OLD", type=named("a spec or a plan file"))
+    p.add_argument("new", metavar="NEW", type=named("a spec or a plan file"))
+    p.add_argument("--calibration", metavar="FILE", type=named("a calibration file, or leave the flag out"), help="calibration JSON from `dora calibrate`, used to plan a spec "
                    "given as OLD or NEW (a saved plan keeps its own)")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 2 when there are changes")
     p.set_defaults(func=cmd_diff)

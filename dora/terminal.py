@@ -7,10 +7,22 @@ other string with markup off.
 
 from __future__ import annotations
 
+import argparse
 import signal
 from typing import Any
 
 from rich.text import Text
+
+
+def named(what: str) -> Any:
+    """An argparse ``type`` refusing an empty path: ``Path("")`` is the working directory, so ``dora apply ''`` ran
+    a ``plan.json`` found there and ``dora status ''`` looked for ``job.json`` in it."""
+    def check(value: str) -> str:
+        if not value:
+            raise argparse.ArgumentTypeError(f"is empty: name {what}")
+        return value
+
+    return check
 
 
 def error(console: Any, message: str, *, label: str = "error") -> None:

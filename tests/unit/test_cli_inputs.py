@@ -511,13 +511,18 @@ def test_calibrate_tries_its_output_directory_before_measuring(capsys) -> None:
     (("rollout", "tp"), 64, "rollout.tp 64 is more than the cluster's 2 accelerators"),
     (("train", "pp"), 64, "train.pp 64 is more than the cluster's 2 accelerators"),
     (("train", "cp"), 2, "train.tp x pp x dp x cp = 1 x 1 x 1 x 2 is not train.accelerators 1"),
+    # against the spec's placement pins (local-tiny: colocated false, 3 versions per engine, 40 slots)
+    ((None, "colocated"), True, "colocated true, but placement.colocated pins false"),
+    (("rollout", "max_num_seqs"), 64, "rollout.max_num_seqs 64, but placement.rollout.max_num_seqs pins at most 40"),
+    (("rollout", "versions_per_engine"), 4, "rollout.versions_per_engine 4, but placement.rollout.versions_per_engine "
+                                            "pins at most 3"),
 ])
 def test_a_saved_plan_s_own_fields_get_the_bounds_of_the_flags(tmp_path: Path, capsys, monkeypatch, field, value,
                                                                message) -> None:
     """An edited plan.json (spec hash unchanged) passed every check with a value the flag refuses."""
     monkeypatch.chdir(REPO)
     data = json.loads(GOLDEN_PLAN.read_text())
-    data[field[0]][field[1]] = value
+    (data[field[0]] if field[0] else data)[field[1]] = value
     (tmp_path / "plan.json").write_text(json.dumps(data))
     # an address nothing listens on: a plan that passed its checks would fail to connect (exit 1), not exit 2
     assert main(["apply", str(tmp_path / "plan.json"), "--address", "http://127.0.0.1:9", "--no-live"]) == 2
@@ -898,3 +903,32 @@ def test_a_calibration_file_without_its_constants_object_or_of_another_format_sa
     assert main(["plan", str(TINY), "--calibration", str(tmp_path / "cal.json")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert message in err and "unknown calibration key" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["apply", ""], ["apply", str(TINY), "--calibration", ""],
+    ["diff", "", str(TINY)], ["diff", str(TINY), ""], ["diff", str(TINY), str(TINY), "--calibration", ""],
+    ["status", ""], ["stop", ""], ["calibrate", str(TINY), "--from-run", ""], ["calibrate", str(TINY), "--out", ""],
+])
+def test_an_empty_path_argument_is_refused_not_read_as_the_working_directory(argv, tmp_path: Path, capsys,
+                                                                             monkeypatch) -> None:
+    """`dora apply ''` ran a plan.json it found in the working directory; `dora status ''` looked for job.json there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.json").write_text("{}")
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert ": is empty: name " in err and "Traceback" not in err
+
+
+def test_plan_out_on_a_file_is_refused_before_planning(tmp_path: Path, capsys) -> None:
+    """A file where --out's directory (or a parent of it) would be: refused only after the plan ran and its report
+    printed."""
+    (tmp_path / "f").write_text("mine")
+    for out, what in ((tmp_path / "f", "the path is a file"), (tmp_path / "f" / "x", f"its parent {tmp_path / 'f'} is a file")):
+        assert main(["plan", str(TINY), "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""  # no report: refused before planning
+        assert f"cannot write the plan to {out}/: {what}, not a directory" in captured.err
+    assert (tmp_path / "f").read_text() == "mine"
