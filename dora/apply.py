@@ -153,6 +153,16 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
     return plan_spec(load_spec(target), mode, calibration)
 
 
+def _unwritable_output(output_dir: str, exc: OSError) -> str:
+    """Why the run's output directory cannot be written, and what to do; a file in its place (or a parent's) said as
+    such: mkdir's EEXIST read "File exists"."""
+    from dora.cluster import output_dir_problem
+
+    why = output_dir_problem(Path(output_dir)) or exc.strerror or str(exc)
+    return (f"cannot write the run's outputs to {output_dir}/: {why}\n  to fix: choose a writable directory with "
+            "--output-dir (or runtime.output_dir in the spec)")
+
+
 def _outside_spec(plan: Any, spec: Any) -> list[str]:
     """What a saved plan decides beyond what its spec allows (its hash matched, so only an edit of the plan file
     gets here): staleness, mode, version mixing, accelerators, parallel sizes, slots -- the bounds the command-line
@@ -392,8 +402,7 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
             error(console, str(exc))
             return EXIT_FAILED
         except OSError as exc:
-            error(console, f"cannot write the run's outputs to {rc.output_dir}/: {exc.strerror or exc}\n  to fix: "
-                           "choose a writable directory with --output-dir (or runtime.output_dir in the spec)")
+            error(console, _unwritable_output(rc.output_dir, exc))
             return EXIT_INVALID
         return _run_here(spec_path, resolved, plan, rc, overrides, console=console, live=live)
 
@@ -441,8 +450,7 @@ def _run_here(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, overr
         Path(rc.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(rc.output_dir) / "runtime.json").write_text(rc.to_json(), encoding="utf-8")
     except OSError as exc:
-        error(console, f"cannot write the run's outputs to {rc.output_dir}/: {exc.strerror or exc}\n  to fix: choose "
-                       "a writable directory with --output-dir (or runtime.output_dir in the spec)")
+        error(console, _unwritable_output(rc.output_dir, exc))
         return EXIT_INVALID
     try:
         result = run_job(rc, console=console, live=live, watchdog_s=overrides.watchdog_s)

@@ -932,3 +932,14 @@ def test_plan_out_on_a_file_is_refused_before_planning(tmp_path: Path, capsys) -
         assert captured.out == ""  # no report: refused before planning
         assert f"cannot write the plan to {out}/: {what}, not a directory" in captured.err
     assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_a_local_output_dir_on_a_file_says_so(tmp_path: Path, capsys) -> None:
+    """mkdir's EEXIST read 'File exists' for a file where the run's directory would be."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    for target in (blocker, blocker / "run"):
+        assert main(["apply", str(TINY), "--output-dir", str(target), "--no-live"]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write the run's outputs to {target}/: {blocker} is a file, not a directory" in err
+    assert blocker.read_text() == "not a directory"
