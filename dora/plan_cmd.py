@@ -47,6 +47,9 @@ def read_plan_file(path: str) -> dict[str, Any]:
     """The plan in ``path`` (a plan.json, or a directory `dora plan --out` wrote), checked field by field."""
     if Path(path).is_dir():
         path = str(Path(path) / "plan.json")
+    if Path(path).suffix.lower() in (".yaml", ".yml"):  # JSON's reader said only "not readable JSON: Expecting value"
+        raise PlanFileError(f"'{path}' is a spec, not a plan: give a plan.json (or its directory) that `dora plan SPEC "
+                            "--out DIR` wrote; `dora diff` compares two specs")
     data = read_json_object(path, "plan file", PlanFileError)
     version = data.get("format_version")
     if "rollout_workers" in data and "predictions" not in data:  # launch/runtime.json has a format_version too

@@ -81,6 +81,13 @@ def test_infeasible_plan_exits_nonzero_without_traceback(tmp_path: Path) -> None
     assert pinned.returncode == 1 and "to fix: remove or relax the pinned sizes under placement" in pinned.stderr
 
 
+def test_against_a_spec_says_it_is_a_spec() -> None:
+    """It said "not readable JSON: Expecting value: line 1 column 1"."""
+    proc = _run("plan", "specs/local-tiny.yaml", "--against", "specs/local-tiny.yaml")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "'specs/local-tiny.yaml' is a spec, not a plan: give a plan.json" in " ".join(proc.stderr.split())
+
+
 def test_bad_plan_file_format_version(tmp_path: Path) -> None:
     bad = tmp_path / "plan.json"
     bad.write_text(json.dumps({"format_version": 99}))
