@@ -47,7 +47,10 @@ def main() -> None:
         if len(set(plans.values())) > 1:
             raise SystemExit(f"{path.name}: the compiled and the Python planner chose different plans")
         plan = json.loads(plans[""])
-        chosen = f"{plan['mode']} k={plan['max_version_lag']}, {plan['predictions']['speedup_vs_sync']:.2f}x sync"
+        pred = plan["predictions"]
+        chosen = f"{plan['mode']} k={plan['max_version_lag']}, " + (
+            f"{pred['speedup_vs_sync']:.2f}x sync" if pred["speedup_vs_sync_any_placement"] is None else
+            f"{pred['speedup_vs_sync_any_placement']:.2f}x sync ({pred['speedup_vs_sync']:.2f}x on the pinned placement)")
         accs = plan["rollout"]["accelerators"] + (0 if plan["colocated"] else plan["train"]["accelerators"])
         for name, ts in times.items():
             label = f"{path.stem} ({name})" if name else path.stem
