@@ -50,7 +50,8 @@ def main() -> None:
         pred = plan["predictions"]
         chosen = f"{plan['mode']} k={plan['max_version_lag']}, " + (
             f"{pred['speedup_vs_sync']:.2f}x sync" if pred["speedup_vs_sync_any_placement"] is None else
-            f"{pred['speedup_vs_sync_any_placement']:.2f}x sync ({pred['speedup_vs_sync']:.2f}x on the pinned placement)")
+            f"{pred['speedup_vs_sync_any_placement']:.2f}x sync ({pred['speedup_vs_sync']:.2f}x on the pinned "
+            "placement)")
         accs = plan["rollout"]["accelerators"] + (0 if plan["colocated"] else plan["train"]["accelerators"])
         for name, ts in times.items():
             label = f"{path.stem} ({name})" if name else path.stem

@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("apply", help="plan and run a spec (or run a saved plan.json); locally on CPU by default")
-    p.add_argument("target", metavar="SPEC|PLAN", type=named("a spec, a plan.json or a plan directory"), help="a spec, or a plan.json / plan directory from `dora plan --out`")
+    p.add_argument("target", metavar="SPEC|PLAN", type=named("a spec, a plan.json or a plan directory"),
+                   help="a spec, or a plan.json / plan directory from `dora plan --out`")
     p.add_argument("--mode", help="run this mode instead of the planner's choice (sync, one-step-off, ...)")
     p.add_argument("--steps", type=int, help="run this many training steps instead of the spec's")
     p.add_argument("--rollout-workers", type=int, help="override the planned number of rollout engine replicas")
@@ -246,8 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", help="compare two specs or plan files, Terraform-style")
     p.add_argument("old", metavar="OLD", type=named("a spec or a plan file"))
     p.add_argument("new", metavar="NEW", type=named("a spec or a plan file"))
-    p.add_argument("--calibration", metavar="FILE", type=named("a calibration file, or leave the flag out"), help="calibration JSON from `dora calibrate`, used to plan a spec "
-                   "given as OLD or NEW (a saved plan keeps its own)")
+    p.add_argument("--calibration", metavar="FILE", type=named("a calibration file, or leave the flag out"),
+                   help="calibration JSON from `dora calibrate`, used to plan a spec given as OLD or NEW (a saved "
+                        "plan keeps its own)")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 2 when there are changes")
     p.set_defaults(func=cmd_diff)
 
