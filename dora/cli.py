@@ -65,9 +65,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     status = EXIT_OK
     results = []
+    from dora.planning import pin_problems
+
     for file in args.specs:
         try:
             resolved = load_spec(file)
+            problems = pin_problems(resolved)
+            if problems:
+                raise SpecError(file, problems)
         except SpecError as exc:
             status = EXIT_INVALID
             results.append({"file": file, "valid": False, "problems": [d.to_json() for d in exc.diagnostics]})

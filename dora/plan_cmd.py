@@ -206,6 +206,9 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
             return error_code
     try:
         planned = make_plan(resolved, calibration, workers=available_cpus())
+    except SpecError as exc:  # a pinned size no layout takes (planning.pin_problems)
+        print_spec_error(exc)
+        return error_code
     except InfeasibleError as exc:
         print_infeasible(err_console, exc, resolved)
         return 1

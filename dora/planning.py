@@ -13,8 +13,8 @@ from pathlib import Path
 
 from dora import __version__
 from dora.parallel import fork_map
-from dora.spec import ResolvedSpec
-from dora.spec.diagnostics import did_you_mean
+from dora.spec import ResolvedSpec, SpecError
+from dora.spec.diagnostics import Diagnostic, did_you_mean
 from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ALL_MODES
 from planner.architecture import ACTIVATION_BYTES, DTYPE_BYTES
@@ -179,11 +179,60 @@ class Planned:
     inputs: SearchInputs
 
 
+def pin_problems(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION) -> list[Diagnostic]:
+    """A pinned training size (``placement.train.accelerators``, or the whole cluster with ``colocated: true``) that
+    no training layout can take, by the planner's own rule (``Space.has_train_layout``): the field, its line and the
+    nearest sizes that have one. `dora validate` said "ok" to a pin of 63 of 64 accelerators, and `dora plan` then
+    said only "nothing fits"."""
+    spec = resolved.spec
+    if spec.placement == "auto":
+        return []
+    pins = spec.placement
+    size = pins.train.accelerators or (spec.total_accelerators if pins.colocated else None)
+    if size is None:
+        return []
+    space = Space(search_inputs(resolved, calibration))
+    if space.has_train_layout(size):
+        return []
+    # the sizes the pins leave room for: the whole cluster colocated, beside the rollout side otherwise
+    room = spec.total_accelerators - ((pins.rollout.accelerators or 1) if pins.colocated is False else 0)
+    nearest = sorted((n for n in range(max(1, size - 64), min(room, size + 64) + 1)
+                      if n != size and space.has_train_layout(n)), key=lambda n: (abs(n - size), n))[:3]
+    path = ("placement", "train", "accelerators") if pins.train.accelerators else ("placement", "colocated")
+    samples = space.inp.samples_per_minibatch
+    pinned = ", ".join(f"{k}={v}" for k, v in (("tp", pins.train.tp), ("pp", pins.train.pp), ("cp", pins.train.cp),
+                                                 ("dp", pins.train.dp)) if v is not None)
+    return [Diagnostic(
+        path=path, line=_line_of(resolved.file, path),
+        message=(f"no training layout takes {size} accelerators: none of tp x pp x cp x dp = {size} has tp dividing "
+                 f"the heads, pp within the layers and a dp dividing the {samples:,} samples of an optimizer step"
+                 + (f" with the pinned {pinned}" if pinned else "")),
+        hint=(f"train on {' or '.join(map(str, sorted(nearest)))} accelerators instead"
+              if nearest and pins.train.accelerators else
+              f"change or remove the pinned {pinned} (colocated, training takes all {size} accelerators)"
+              if pinned else "remove the pinned training sizes, or change the batch (prompts_per_step x "
+                             "samples_per_prompt)"))]
+
+
+def _line_of(file: str, path: tuple[str, ...]) -> int | None:
+    """``path``'s line in the spec ``file``, if it still reads as YAML."""
+    from dora.spec.yamlio import MAX_FILE_BYTES, parse_yaml
+
+    try:
+        return parse_yaml(read_input_file(file, MAX_FILE_BYTES).decode("utf-8"), file).line_of(path)
+    except (InputFileError, UnicodeDecodeError, ValueError):
+        return None
+
+
 def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION, *, workers: int = 1) -> Planned:
-    """Search and assemble the plan; raises ``InfeasibleError`` when nothing fits.
+    """Search and assemble the plan; raises ``SpecError`` for a pinned training size no layout takes
+    (``pin_problems``) and ``InfeasibleError`` when nothing fits.
 
     ``workers`` > 1 runs the search's simulations in that many forked processes (``dora.parallel``): only from a
     process with no threads yet (the ``dora plan`` command). The plan is the same either way."""
+    problems = pin_problems(resolved, calibration)
+    if problems:
+        raise SpecError(resolved.file, problems)
     inputs = search_inputs(resolved, calibration)
     outcome = search(inputs, map_fn=fork_map(workers))
     plan = build_plan(outcome, inputs, dora_version=__version__, spec_name=resolved.spec.name,

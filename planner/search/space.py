@@ -219,6 +219,11 @@ class Space:
         return tuple(out)
 
     # ------------------------------------------------------------------ training
+    def has_train_layout(self, accelerators: int) -> bool:
+        """Whether some tp x pp x cp x dp split of ``accelerators`` meets the heads, the layers, the optimizer step's
+        samples and the pins (memory aside): a pinned training size without one can never be planned."""
+        return bool(self._train_layouts(accelerators))
+
     def _train_layouts(self, accelerators: int) -> list[tuple[int, int, int, int, int]]:
         inp, arch, pins = self.inp, self.inp.arch, self.inp.pins
         shard_heads = arch.num_attention_heads if arch.mla is not None else arch.num_kv_heads

@@ -430,21 +430,36 @@ def test_diff_of_a_spec_nothing_fits_says_so_like_plan(tmp_path: Path, capsys: p
 
 
 def test_pins_nothing_fits_are_named_with_their_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A pinned training side of 63 accelerators has no layout whose dp divides the batch: the error said so, but
-    named neither the pinned field nor its line."""
+    """'nothing fits' named the closest candidate, but not the placement fields the spec pinned."""
+    spec = tmp_path / "pinned.yaml"
+    spec.write_text((SPECS / "moe-235b-h800x512.yaml").read_text().replace("nodes: 64", "nodes: 1").replace(
+        "accelerator: h800", "accelerator: a100-80g") + "placement:\n  colocated: true\n  train:\n    tp: 2\n")
+    at = {text.strip(): i + 1 for i, text in enumerate(spec.read_text().splitlines())}
+    assert main(["plan", str(spec)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{spec}: nothing fits" in err and "Traceback" not in err
+    assert (f"the spec pins: placement.colocated = true (line {at['colocated: true']}), "
+            f"placement.train.tp = 2 (line {at['tp: 2']})") in err
+    assert "to fix: remove or relax the pinned sizes under placement" in err
+
+
+def test_a_pinned_training_size_no_layout_takes_is_invalid_in_validate_and_plan(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """63 of 64 accelerators for training: no tp x pp x cp x dp of 63 has a dp dividing the batch. `dora validate` said
+    ok, and `dora plan` only "nothing fits", naming neither the field nor its line."""
     spec = tmp_path / "pinned.yaml"
     spec.write_text((SPECS / "dense-8b-h800x64.yaml").read_text().replace(
         "\nruntime:", "\nplacement:\n  colocated: false\n  rollout:\n    accelerators: 1\n  train:\n"
                       "    accelerators: 63\nruntime:"))
-    lines = spec.read_text().splitlines()
-    at = {text.strip(): i + 1 for i, text in enumerate(lines)}
-    assert main(["plan", str(spec)]) == 1
-    err = " ".join(capsys.readouterr().err.split())
-    assert f"{spec}: nothing fits" in err and "Traceback" not in err
-    assert (f"the spec pins: placement.colocated = false (line {at['colocated: false']}), "
-            f"placement.rollout.accelerators = 1 (line {at['accelerators: 1']}), "
-            f"placement.train.accelerators = 63 (line {at['accelerators: 63']})") in err
-    assert "to fix: remove or relax the pinned sizes under placement" in err
+    line = 1 + spec.read_text().splitlines().index("    accelerators: 63")
+    for command in ("validate", "plan"):
+        assert main([command, str(spec)]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert (f"placement.train.accelerators (line {line}): no training layout takes 63 accelerators: none of tp x "
+                "pp x cp x dp = 63 has tp dividing the heads") in err, err
+        assert "to fix: train on 48 or 52 or 56 accelerators instead" in err and "Traceback" not in err
+    spec.write_text(spec.read_text().replace("accelerators: 63", "accelerators: 56"))
+    assert main(["validate", str(spec)]) == 0
 
 
 def test_a_new_dora_version_alone_is_no_change(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
