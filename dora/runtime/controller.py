@@ -247,6 +247,12 @@ class Controller:
         """global version -> ObjectRef of its published weights (kept while an engine may load it)."""
         self._asked_publish: tuple[int, Any, Any] | None = None
         """``(version, held ref, weights ref)``: the publish asked for with the training step that makes the version."""
+        self._train_start: dict[int, float] = {}
+        """global step -> when its span starts: its submission, or for a step submitted behind a publish in flight
+        (``PolicyBase`` module doc: it queues behind it on the trainer actor) that publish's reply, the earliest the
+        controller knows the trainer free."""
+        self._publishing: list[int] | None = None
+        """While a publish is in flight: the steps submitted behind it (at most one); None otherwise."""
         self._prompts: dict[int, Prompt] = {}
         self._group_version: dict[int, int] = {}
         self._scored: dict[int, list[ScoredTrajectory]] = {}
@@ -772,12 +778,16 @@ class Controller:
             if len(self._scored[g]) != self.spp:
                 raise RuntimeError(f"step {step} consumes group {g} with {len(self._scored[g])}/{self.spp} finished")
             batch.extend(self._scored[g])
-        start = self.now()
+        # a step the policy starts while the last one's publish is in flight queues behind it on the trainer actor:
+        # its span starts when that publish's reply comes back (``_publish``), not at this submission
+        self._train_start[step] = self.now()
+        if self._publishing is not None:
+            self._publishing.append(step)
         versions = [self._group_version[g] for g in groups for _ in range(self.spp)]
 
         def trained(ref: Any) -> None:
             metrics: TrainMetrics = self._get_trainer(ref, f"while training step {step}")
-            end = self.now()
+            end, start = self.now(), self._train_start.pop(step)
             event = {"t": round(self.trace.offset_s + end, 6), "type": "train_step", "step": step,
                      "start_t": round(self.trace.offset_s + start, 6),
                      "consumed": [s.trajectory.request_id for s in batch], "produced_version": step}
@@ -813,9 +823,17 @@ class Controller:
         else:
             held, self._weights[v] = self._trainer.publish.options(num_returns=2).remote(v)
 
+        behind: list[int] = []
+        self._publishing = behind
+
         def published(ref: Any) -> None:
             self._get_trainer(ref, f"while publishing v{v}")
-            self.trace.event(self.now(), "weights_published", version=v)
+            now = self.now()
+            for step in behind:  # the step queued behind this publish: the trainer went on to it
+                self._train_start[step] = now
+            if self._publishing is behind:
+                self._publishing = None
+            self.trace.event(now, "weights_published", version=v)
             self._progressed()
             self._execute(self.policy.handle(WeightsPublished(version=act.version)))
 

@@ -15,6 +15,11 @@ Admission is bounded so that this is always satisfiable (AReaL's rule): groups a
 <= (latest_version + k + 1) * P, hence U(<=v) <= (v + k + 1 - (s - 1)) * P before step s.
 Colocated (rollout and training take turns on the same accelerators): once a step is ready the policy first
 suspends rollout (``SuspendRollout``), and chooses and starts the step when every engine has stopped.
+
+On separate accelerators the next step may start as soon as the one before it finished, with its publish still
+in flight: the driver queues the step behind the publish on the trainer (the simulator starts it when the publish
+ends; the runtime's trainer actor runs its calls in order), so the trainer does not wait a controller round trip for
+the publish's reply. Colocated policies keep waiting for the publish: the engines resume between two steps.
 """
 
 from __future__ import annotations
@@ -135,7 +140,15 @@ class PolicyBase:
             raise ValueError(f"TrainStepFinished({step}) but the running step is {self.next_step - 1}")
         self.training = False
         self.steps_done = step
-        return [PublishWeights(version=step)]
+        out: list[Action] = [PublishWeights(version=step)]  # first: the next step queues behind it on the trainer
+        if not self.config.colocated:
+            self._try_next_step(out)
+        return out
+
+    def _try_next_step(self, out: list[Action]) -> None:
+        """Start the next step if its batch is ready (this mode's trainer rule); the previous step's publish may
+        still be in flight on separate accelerators."""
+        self._try_train_oldest_first(out)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -184,8 +197,8 @@ class PolicyBase:
         """Start the next step if the forced groups are finished and P finished groups exist."""
         if self.training or self.next_step > self.config.total_steps:
             return
-        if self.next_step - 1 != self.latest_version:
-            return  # the previous step's weights are still being published
+        if self.config.colocated and self.next_step - 1 != self.latest_version:
+            return  # the previous step's weights are still being published (separate accelerators: see above)
         step = self.next_step
         per_step = self.prompts_per_step
         unconsumed_upto = finished_upto = 0

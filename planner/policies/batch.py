@@ -83,10 +83,15 @@ class BatchPolicy(PolicyBase):
             self.pending_groups -= 1
             self._admit(r, v, out)
 
+    def _try_next_step(self, out: list[Action]) -> None:
+        self._try_train(out)
+
     def _try_train(self, out: list[Action]) -> None:
         step = self.next_step
-        if self.training or step > self.config.total_steps or self.latest_version != step - 1:
+        if self.training or step > self.config.total_steps:
             return
+        if self.config.colocated and self.latest_version != step - 1:
+            return  # separate accelerators: the step may queue behind the last one's publish (PolicyBase)
         if step > self.gen_batch or (step == self.gen_batch and self.unfinished_groups):
             return  # batch `step` is not fully generated yet
         queue = self.finished_groups[self.gen_version(step)]

@@ -191,6 +191,11 @@ class Simulator:
         """The running training step."""
         self.train_trace: dict[str, Any] = {}
         """The running step's ``train_step`` record (``record_events``): its end moves with the contention."""
+        self.publishing = False
+        """A publish occupies the trainer (``weight_publish_s``)."""
+        self.train_queued: StartTrainStep | None = None
+        """A step the policy started during a publish: it runs when the publish ends, queued behind it on the
+        trainer, as the runtime's trainer actor runs it (``PolicyBase`` module doc)."""
         self.watch_decoding = self.engine_contention != 1.0 or self.train_contention != 1.0
         """Replicas starting and stopping to decode change a contention (``_check_concurrency``)."""
         self.concurrent = False
@@ -669,8 +674,14 @@ class Simulator:
             elif isinstance(act, LoadWeights):
                 self._load(act)
             elif isinstance(act, StartTrainStep):
-                self._train(act)
+                if not self.publishing:
+                    self._train(act)
+                elif self.train_queued is None:
+                    self.train_queued = act
+                else:
+                    raise ValueError(f"StartTrainStep({act.step}) while step {self.train_queued.step} waits")
             elif isinstance(act, PublishWeights):
+                self.publishing = True
                 self.m.publish_started(self.now, self.timing.weight_publish_s)
                 self._push(self.now + self.timing.weight_publish_s, _EV_PUBLISHED, act.version)
             elif isinstance(act, MigrateRequests):
@@ -977,9 +988,14 @@ class Simulator:
         self._execute(self.policy.on_train_step_finished(step))
 
     def _published(self, version: int) -> None:
+        self.publishing = False
         self.m.published(version, self.now)
         if self.record:
             self.trace.append({"t": self.now, "type": "weights_published", "version": version})
+        queued = self.train_queued
+        if queued is not None:  # the trainer goes on from the publish to the step queued behind it
+            self.train_queued = None
+            self._train(queued)
         self._execute(self.policy.on_weights_published(version))
         self.m.live_versions_changed(self.now, self.policy.live_versions())
 

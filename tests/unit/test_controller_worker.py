@@ -643,6 +643,7 @@ def test_a_step_s_publish_is_asked_for_with_the_step_and_taken_when_the_policy_p
 
     controller = object.__new__(ctl.Controller)
     controller._pending, controller._weights, controller.base, controller._asked_publish = {}, {}, 10, None
+    controller._train_start, controller._publishing = {}, None
     controller._trainer = SimpleNamespace(train_step=call("train"),
                                           publish=SimpleNamespace(options=lambda num_returns: call("publish")))
     controller.spp, controller._scored, controller._group_version = 2, {0: ["a", "b"]}, {0: 11}
@@ -656,6 +657,46 @@ def test_a_step_s_publish_is_asked_for_with_the_step_and_taken_when_the_policy_p
     assert list(controller._pending) == ["metrics", "held 12"]
     controller._publish(PublishWeights(version=3))  # not the step's version (no step asked it): asked now
     assert asked[-1] == ("publish", 13) and controller._asked_publish is None
+
+
+def test_a_step_started_behind_a_publish_in_flight_starts_its_span_at_the_publish_s_reply():
+    """The policy starts the next step with the last one's publish in flight (separate accelerators): the trainer
+    actor runs it after the publish, so its span starts at the publish's reply, not at its submission (where the
+    trainer was still publishing)."""
+    import dora.runtime.controller as ctl
+    from planner.policies.vocabulary import PublishWeights, StartTrainStep
+
+    def call(kind):
+        return SimpleNamespace(remote=lambda *args: (f"held {args[-1]}", f"w {args[-1]}") if kind == "publish"
+                               else f"metrics {len(args[0])}")
+
+    controller = object.__new__(ctl.Controller)
+    controller._pending, controller._weights, controller.base, controller._asked_publish = {}, {}, 0, None
+    controller._train_start, controller._publishing = {}, None
+    controller._trainer = SimpleNamespace(train_step=call("train"),
+                                          publish=SimpleNamespace(options=lambda num_returns: call("publish")))
+    controller.spp, controller._scored, controller._group_version = 1, {0: ["a"], 1: ["b"]}, {0: 0, 1: 0}
+    controller._data_group = lambda j: j
+    controller._trainer_file = lambda step: None
+    clock = [1.0]
+    controller.now = lambda: clock[0]
+    controller._train(StartTrainStep(step=1, group_ids=(0,)))
+    assert controller._train_start == {1: 1.0} and controller._publishing is None  # nothing in flight: at once
+    controller._train_start.pop(1)
+    clock[0] = 2.0
+    controller._publish(PublishWeights(version=1))
+    controller._train(StartTrainStep(step=2, group_ids=(1,)))  # behind the publish
+    assert controller._train_start == {2: 2.0} and controller._publishing == [2]
+    handled: list[object] = []
+    controller.trace = SimpleNamespace(event=lambda t, kind, **kw: handled.append((t, kind, kw)))
+    controller._get_trainer = lambda ref, when: None
+    controller._progressed = lambda: None
+    controller.policy = SimpleNamespace(handle=lambda event: [])
+    controller._execute = lambda actions: None
+    clock[0] = 2.5
+    controller._pending.pop("held 1")("held 1")  # the publish's reply
+    assert controller._train_start == {2: 2.5} and controller._publishing is None
+    assert handled == [(2.5, "weights_published", {"version": 1})]
 
 
 def test_an_attempt_of_one_step_labels_its_speed_as_that_step_not_as_steady():
