@@ -213,8 +213,8 @@ def _outside_spec(plan: Any, spec: Any) -> list[str]:
 
 def _outside_pins(plan: Any, spec: Any) -> list[str]:
     """What a saved plan sets against the spec's ``placement`` pins. The planner meets a pin exactly, except a
-    cap: the engines' slots (``max_num_seqs``, what the KV cache holds may be fewer) and the versions per engine
-    (one outside streaming)."""
+    cap: the engines' slots (``max_num_seqs``, what the KV cache holds may be fewer), the versions per engine (one
+    outside streaming) and the packing of an older version (``consolidation_batch``, at most the slots)."""
     if spec.placement == "auto":
         return []
     p, out = spec.placement, []
@@ -223,7 +223,7 @@ def _outside_pins(plan: Any, spec: Any) -> list[str]:
     for side, pins, planned in (("rollout", p.rollout, plan.rollout), ("train", p.train, plan.train)):
         for name, pinned in pins.model_dump(exclude_none=True).items():
             have = getattr(planned, name)
-            capped = name in ("max_num_seqs", "versions_per_engine")
+            capped = name in ("max_num_seqs", "versions_per_engine", "consolidation_batch")
             if have is not None and (have > pinned if capped else have != pinned):  # None: no packing planned
                 out.append(f"{side}.{name} {have}, but placement.{side}.{name} pins "
                            + (f"at most {pinned}" if capped else f"{pinned}"))

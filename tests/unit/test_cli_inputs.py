@@ -537,9 +537,13 @@ def test_the_bounds_on_a_saved_plan_pass_every_plan_dora_writes(tmp_path: Path) 
     small = tmp_path / "small.yaml"  # more slots than trajectories in flight: the planner's cap, not an edit
     small.write_text(TINY.read_text().replace("prompts_per_step: 16", "prompts_per_step: 1")
                      .replace("samples_per_prompt: 8", "samples_per_prompt: 2"))
-    for spec, mode in ((TINY, None), (small, None), (small, "sync")):
+    packed = tmp_path / "packed.yaml"  # a packing pinned above the 40 slots: the plan packs 40, within the pin
+    packed.write_text(TINY.read_text().replace("    versions_per_engine: 3\n",
+                                               "    versions_per_engine: 3\n    consolidation_batch: 64\n"))
+    for spec, mode in ((TINY, None), (small, None), (small, "sync"), (packed, None)):
         resolved, plan = plan_for_apply(str(spec), mode, None)
         assert _outside_spec(plan, resolved.spec) == []
+    assert plan.rollout.consolidation_batch == 40
 
 
 @pytest.mark.parametrize(("document", "message"), [
