@@ -2,7 +2,8 @@
 
 For each spec and mode, the search runs restricted to that mode (colocated sync and streaming are reported apart from
 disaggregated ones; partial-rollout is planned with version mixing allowed, which the example specs forbid, so its
-row is marked). Prints simulated step time, trained tokens/s, speedup over the best sync plan, bubble fraction, rollout
+row is marked). The sync rows lift the spec's placement pins, as the baseline `dora plan` leads with (a user who
+chose sync would not keep a placement pinned for streaming); the other modes keep them. Prints simulated step time, trained tokens/s, speedup over the best sync plan, bubble fraction, rollout
 slot occupancy and mean staleness, then the overlap ceilings: what a perfect schedule would reach under the cost model
 on the spec's best disaggregated placement (training overlapped with rollout) and on its best colocated one (the two in
 turn), ``SearchOutcome.ceiling_by_kind``; no schedule dora can plan beats the higher of the two. With --timeline DIR,
@@ -46,10 +47,12 @@ def main() -> None:
             continue
         resolved = load_spec(str(path))
         base = search_inputs(resolved)
+        free = search_inputs(resolved, unpinned=True)  # the sync rows' (see the module doc)
         t0 = time.perf_counter()
         results = {}
         for label, mode, colocated in ROWS:
-            inputs = dataclasses.replace(base, modes=(mode,), pins=dataclasses.replace(base.pins, colocated=colocated),
+            row = free if mode == "sync" else base
+            inputs = dataclasses.replace(row, modes=(mode,), pins=dataclasses.replace(row.pins, colocated=colocated),
                                          allow_version_mixing=base.allow_version_mixing or mode == "partial-rollout")
             try:
                 results[label] = search(inputs)
@@ -73,8 +76,11 @@ def main() -> None:
         print("  * partial-rollout mixes versions inside a trajectory: planned here with mixing allowed, "
               "which this spec forbids")
         ceilings: dict[str, tuple[float, str]] = {}
-        for label, r in results.items():  # not the partial-rollout row's, planned with mixing the spec may forbid
+        pinned = resolved.spec.placement != "auto"
+        for label, r in results.items():  # not the partial-rollout row's, planned with mixing the spec may forbid,
             if isinstance(r, Exception) or (label.startswith("partial-rollout") and not base.allow_version_mixing):
+                continue
+            if pinned and label.startswith("sync"):  # nor, where the spec pins the placement, the unpinned sync rows'
                 continue
             for kind, rate, where in r.ceiling_by_kind:
                 ceilings[kind] = max(ceilings.get(kind, (rate, where)), (rate, where))
