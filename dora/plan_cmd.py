@@ -23,6 +23,7 @@ from dora.planning import (
     load_calibration,
     make_plan,
     read_json_object,
+    spec_doc,
 )
 from dora.report import context_diff, inputs_diff, plan_diff, plan_report_text, render_diff, render_plan
 from dora.spec import ResolvedSpec, SpecError, load_spec
@@ -269,12 +270,7 @@ def print_infeasible(console, exc: InfeasibleError, resolved: ResolvedSpec) -> N
 def pinned_fields(resolved: ResolvedSpec) -> list[str]:
     """Each field set under ``placement``, as ``placement.train.accelerators = 63 (line 34)``: the line where the
     spec file still reads (a spec given as JSON, or gone since, names no line)."""
-    from dora.spec.yamlio import MAX_FILE_BYTES, parse_yaml
-
-    try:
-        doc = parse_yaml(read_input_file(resolved.file, MAX_FILE_BYTES).decode("utf-8"), resolved.file)
-    except (InputFileError, UnicodeDecodeError, ValueError):
-        doc = None
+    doc = spec_doc(resolved.file)
 
     def leaves(value: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
         if isinstance(value, dict):

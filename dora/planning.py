@@ -17,6 +17,7 @@ from dora.spec import ResolvedSpec, SpecError
 from dora.spec.diagnostics import Diagnostic, did_you_mean
 from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ALL_MODES
+from dora.spec.yamlio import YamlDoc
 from planner.architecture import ACTIVATION_BYTES, DTYPE_BYTES
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import get_accelerator, with_overrides
@@ -203,7 +204,7 @@ def pin_problems(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALI
     pinned = ", ".join(f"{k}={v}" for k, v in (("tp", pins.train.tp), ("pp", pins.train.pp), ("cp", pins.train.cp),
                                                  ("dp", pins.train.dp)) if v is not None)
     return [Diagnostic(
-        path=path, line=_line_of(resolved.file, path),
+        path=path, line=(doc.line_of(path) if (doc := spec_doc(resolved.file)) is not None else None),
         message=(f"no training layout takes {size} accelerators: none of tp x pp x cp x dp = {size} has tp dividing "
                  f"the heads, pp within the layers and a dp dividing the {samples:,} samples of an optimizer step"
                  + (f" with the pinned {pinned}" if pinned else "")),
@@ -214,12 +215,13 @@ def pin_problems(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALI
                              "samples_per_prompt)"))]
 
 
-def _line_of(file: str, path: tuple[str, ...]) -> int | None:
-    """``path``'s line in the spec ``file``, if it still reads as YAML."""
+def spec_doc(file: str) -> YamlDoc | None:
+    """The spec ``file`` read again for its line numbers (``YamlDoc.line_of``), or None where it no longer reads as
+    YAML (gone or changed since it was loaded)."""
     from dora.spec.yamlio import MAX_FILE_BYTES, parse_yaml
 
     try:
-        return parse_yaml(read_input_file(file, MAX_FILE_BYTES).decode("utf-8"), file).line_of(path)
+        return parse_yaml(read_input_file(file, MAX_FILE_BYTES).decode("utf-8"), file)
     except (InputFileError, UnicodeDecodeError, ValueError):
         return None
 
