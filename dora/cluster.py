@@ -131,10 +131,10 @@ def job_directory(resolved: Any, plan: Any, rc: RuntimeConfig, watchdog_s: float
 def output_dir_problem(out: Path) -> str | None:
     """Why the run's output directory cannot be made or written here, or None; creates nothing (a submission checks
     it before contacting the cluster, and creates it only once the cluster answered)."""
-    probe = out.absolute()
+    from dora.spec.files import nearest_existing
+
     try:
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
+        probe = nearest_existing(out)
         if not probe.is_dir():
             return f"{probe} is a file, not a directory"
     except OSError as exc:

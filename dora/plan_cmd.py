@@ -27,7 +27,7 @@ from dora.planning import (
 )
 from dora.report import context_diff, inputs_diff, plan_diff, plan_report_text, render_diff, render_plan
 from dora.spec import ResolvedSpec, SpecError, load_spec
-from dora.spec.files import InputFileError, loads_json, read_input_file
+from dora.spec.files import InputFileError, loads_json, nearest_existing, read_input_file
 from dora.terminal import error
 from planner import _native
 from planner.plan import FORMAT_VERSION, Plan
@@ -130,10 +130,10 @@ def _check_plan_dir(out: Path, names: list[str]) -> None:
     wrote: a report.txt or launch/ of the user's is not dora's to replace. A new or empty directory, one holding none
     of the names, or an earlier plan's directory is fine. A file where the directory or one of its parents would be
     is refused too (``NotADirectoryError``), before planning rather than after the report."""
-    for place in (out, *out.parents):
-        if os.path.lexists(place) and not place.is_dir():
-            what = "the path" if place == out else f"its parent {place}"
-            raise NotADirectoryError(errno.ENOTDIR, f"{what} is a file, not a directory", str(out))
+    place = nearest_existing(out)
+    if not place.is_dir():
+        what = "the path" if place == out.absolute() else f"its parent {place}"
+        raise NotADirectoryError(errno.ENOTDIR, f"{what} is a file, not a directory", str(out))
     if not out.is_dir() or _is_dora_plan(out / "plan.json"):
         return
     in_the_way = [name for name in sorted(names) if os.path.lexists(out / name)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 from typing import Any
 
 
@@ -61,6 +62,15 @@ def read_input_file(path: str | os.PathLike[str], limit: int) -> bytes:
 MAX_JSON_INT_DIGITS = 308
 """Longest integer a JSON input may hold: longer ones exceed a float (1.8e308), where dora's arithmetic would
 overflow, and past 4300 digits Python's int() refuses them."""
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` made absolute, or its nearest parent that exists: where making it as a directory starts (a file
+    there stops it). Raises ``OSError`` where a parent cannot be examined."""
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
 
 
 def _bounded_int(text: str) -> int:
