@@ -226,6 +226,26 @@ def test_report_holds_a_colocated_plan_to_the_same_ceiling() -> None:
     assert 0 < p.trained_tokens_per_s <= p.overlap_ceiling_tokens_per_s
 
 
+def test_a_plan_at_the_ceiling_reads_as_at_it_not_past_it() -> None:
+    """dense-8b with 16-token answers is bound by its trainer, whose step time is that of the mean batch, and trains
+    the simulated batches' drawn tokens: a few ppm over the ceiling, which the report printed as "reaches >100%"."""
+    from dora.planning import make_plan
+    from dora.report import CEILING_SAMPLING, plan_report_text
+    from dora.spec import load_spec_text
+
+    text = (REPO / "specs" / "dense-8b-h800x64.yaml").read_text()
+    text, n = re.subn(r"response_length: \{[^}]*\}", "response_length: {median_tokens: 16, p99_tokens: 16, "
+                      "max_tokens: 16}", text)
+    assert n == 1
+    plan = make_plan(load_spec_text(text, "short.yaml", REPO / "specs")).plan
+    p = plan.predictions
+    assert p.overlap_ceiling_tokens_per_s is not None
+    fraction = p.trained_tokens_per_s / p.overlap_ceiling_tokens_per_s
+    assert 1 < fraction <= 1 + CEILING_SAMPLING
+    report = " ".join(plan_report_text(plan, width=200).split())
+    assert "this plan is at it" in report and ">100%" not in report, report
+
+
 def test_the_sync_baseline_row_says_when_a_pinned_placement_holds_it_too() -> None:
     """local-tiny pins the disaggregated placement, which holds the speedup's sync baseline to disaggregated sync
     (one training core): the row read as if it were the best sync plan of the whole cluster."""
