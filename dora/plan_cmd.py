@@ -11,6 +11,7 @@ import argparse
 import errno
 import json
 import os
+import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -125,15 +126,26 @@ PLAN_DIR_ENTRIES = ("plan.json", "report.txt", "timeline.html", "schedule.json",
 """What `dora plan --out` writes at the top of its directory (``write_plan_dir``)."""
 
 
+PROBE_PREFIX = ".dora-plan-probe-"
+"""The empty directory ``_check_plan_dir`` makes and removes where --out's would be made, to try the filesystem."""
+
+
 def _check_plan_dir(out: Path, names: list[str]) -> None:
     """Refuse (``FileExistsError``) an existing ``out`` that holds some of dora's ``names`` but no plan.json dora
     wrote: a report.txt or launch/ of the user's is not dora's to replace. A new or empty directory, one holding none
     of the names, or an earlier plan's directory is fine. A file where the directory or one of its parents would be
-    is refused too (``NotADirectoryError``), before planning rather than after the report."""
+    is refused too (``NotADirectoryError``), as is a directory this process cannot write where it would be made
+    (``PermissionError``), before planning rather than after the report."""
     place = nearest_existing(out)
     if not place.is_dir():
         what = "the path" if place == out.absolute() else f"its parent {place}"
         raise NotADirectoryError(errno.ENOTDIR, f"{what} is a file, not a directory", str(out))
+    if not os.access(place, os.W_OK | os.X_OK):  # as the run directory's check (``cluster.output_dir_problem``)
+        raise PermissionError(errno.EACCES, f"{place}/ is not writable", str(out))
+    try:  # os.access says yes to root where the filesystem says no (/proc): try it
+        os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=place))
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot make a directory in {place}/: {exc.strerror or exc}", str(out)) from exc
     if not out.is_dir() or _is_dora_plan(out / "plan.json"):
         return
     in_the_way = [name for name in sorted(names) if os.path.lexists(out / name)]

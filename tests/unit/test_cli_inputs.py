@@ -938,6 +938,28 @@ def test_plan_out_on_a_file_is_refused_before_planning(tmp_path: Path, capsys) -
     assert (tmp_path / "f").read_text() == "mine"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs procfs")
+def test_plan_out_where_no_directory_can_be_made_is_refused_before_planning(capsys) -> None:
+    """`os.access` says /proc is writable to root; /proc/self is not. Both were refused only after the report, the
+    first as "No such file or directory (/proc)"."""
+    for out, why in (("/proc/self/x", "/proc/self/ is not writable"),
+                     ("/proc/x", "cannot make a directory in /proc/: ")):
+        assert main(["plan", str(TINY), "--out", out]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""  # no report: refused before planning
+        assert f"cannot write the plan to {out}/: {why}" in captured.err, captured.err
+
+
+def test_plan_out_probe_leaves_nothing_behind(tmp_path: Path, capsys) -> None:
+    """The directory the check makes to try the filesystem is gone once the plan is written."""
+    from dora.plan_cmd import PROBE_PREFIX
+
+    assert main(["plan", str(TINY), "--out", str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+    assert not [p for p in (tmp_path / "p").iterdir() if p.name.startswith(PROBE_PREFIX)]
+
+
 def test_a_local_output_dir_on_a_file_says_so(tmp_path: Path, capsys) -> None:
     """mkdir's EEXIST read 'File exists' for a file where the run's directory would be."""
     blocker = tmp_path / "a-file"
