@@ -187,7 +187,7 @@ def _write_fix(exc: OSError) -> str:
 
 def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
     from dora.cli import print_spec_error
-    from dora.lower import LoweringError
+    from dora.lower import LoweringError, build_context
 
     error_code = 1 if args.detailed_exitcode else 2
     if args.detailed_exitcode and not args.against:
@@ -249,6 +249,8 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         if not args.json:
             out_console.print(f"\nwrote {len(written)} files to {args.out}/ (plan.json, report.txt, timeline.html, "
                               "schedule.json/.dot, launch/)", markup=False, highlight=False)
+        for refusal in build_context(resolved, plan).refusals:  # what launch/NOTES.txt says, where it is not read
+            err_console.print(f"warning: {refusal}", style="yellow", markup=False, highlight=False)
     if old is not None:
         new = plan.to_dict()
         changes = plan_diff(old, new)

@@ -94,6 +94,9 @@ class LaunchContext:
     """None for the torch trainer or the `cpu` accelerator."""
     notes: tuple[str, ...]
     """Lines of NOTES.txt, each already single-line and inert."""
+    refusals: tuple[str, ...]
+    """Why launch.sh will not submit the job, one line each, with the Megatron limitations behind a refusal spelled
+    out (what `dora plan --out` warns of); empty when it will."""
 
 
 def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: bool,
@@ -132,6 +135,7 @@ def build_context(resolved: ResolvedSpec, plan: Plan) -> LaunchContext:
     placement = ray.placement_groups(resolved, plan)
     job = ray.job_submission(resolved, plan)
     blocked: list[str] = []
+    refusals: list[str] = []  # blocked, with each Megatron limitation behind it spelled out
     vllm_out = megatron_out = None
     limits: list[str] = []
     megatron_notes: list[str] = []
@@ -147,9 +151,11 @@ def build_context(resolved: ResolvedSpec, plan: Plan) -> LaunchContext:
         if limits:
             blocked.append("megatron-core cannot express this architecture (see megatron/config.json "
                            "'limitations')")
+            refusals += [f"megatron-core cannot express this architecture: {m}" for m in limits]
     if (vllm_out or megatron_out) and spec.model.checkpoint is None:
         blocked.append("model.checkpoint is not set: vLLM and Megatron have no weights to load; set it in the "
                        "spec and re-run `dora plan --out`")
+        refusals.append(blocked[-1])
     shell = ShellLaunch(
         title=_one_line(spec.name), spec_hash=resolved.spec_hash, dora_version=__version__,
         address=shlex.quote(ray.ray_address(resolved)),
@@ -165,4 +171,5 @@ def build_context(resolved: ResolvedSpec, plan: Plan) -> LaunchContext:
         megatron=megatron_out,
         notes=_notes(resolved, plan, vllm_out is not None, megatron_out is not None, blocked, limits,
                      megatron_notes),
+        refusals=tuple(_one_line(f"launch.sh will not submit the job: {b}") for b in refusals),
     )

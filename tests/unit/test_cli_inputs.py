@@ -960,6 +960,32 @@ def test_plan_out_probe_leaves_nothing_behind(tmp_path: Path, capsys) -> None:
     assert not [p for p in (tmp_path / "p").iterdir() if p.name.startswith(PROBE_PREFIX)]
 
 
+def test_plan_out_warns_when_the_launch_it_wrote_will_not_submit(tmp_path: Path, capsys) -> None:
+    """A RoPE scaling megatron-core cannot express, or no checkpoint: launch.sh refuses to submit, and only
+    launch/NOTES.txt said so; `dora plan --out` printed nothing about it."""
+    config = json.loads((REPO / "tests" / "data" / "hf_configs" / "qwen3-8b.json").read_text())
+    config["rope_scaling"] = {"rope_type": "foo", "factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = yaml.safe_load((REPO / "specs" / "dense-8b-h800x64.yaml").read_text())
+    spec["model"] = {"hf_config": str(tmp_path / "config.json"), "checkpoint": "Qwen/Qwen3-8B", "dtype": "bf16"}
+    (tmp_path / "rope.yaml").write_text(yaml.safe_dump(spec))
+    del spec["model"]["checkpoint"]
+    spec["model"]["preset"] = "qwen3-8b"
+    del spec["model"]["hf_config"]
+    (tmp_path / "nock.yaml").write_text(yaml.safe_dump(spec))
+    expected = {"rope": "launch.sh will not submit the job: megatron-core cannot express this architecture: RoPE "
+                        "scaling 'foo' (factor 4.0)",
+                "nock": "launch.sh will not submit the job: model.checkpoint is not set"}
+    for name, warning in expected.items():
+        assert main(["plan", str(tmp_path / f"{name}.yaml"), "--out", str(tmp_path / name)]) == 0
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"warning: {warning}" in err, err
+        assert "BLOCKED: " in (tmp_path / name / "launch" / "NOTES.txt").read_text()
+    assert main(["plan", str(REPO / "specs" / "dense-8b-h800x64.yaml"), "--out", str(tmp_path / "ok")]) == 0
+    assert "will not submit" not in capsys.readouterr().err
+    assert "BLOCKED: " not in (tmp_path / "ok" / "launch" / "NOTES.txt").read_text()
+
+
 def test_a_local_output_dir_on_a_file_says_so(tmp_path: Path, capsys) -> None:
     """mkdir's EEXIST read 'File exists' for a file where the run's directory would be."""
     blocker = tmp_path / "a-file"
