@@ -266,7 +266,7 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
 
 def print_infeasible(console, exc: InfeasibleError, resolved: ResolvedSpec) -> None:
     """Say that nothing fits ``resolved``'s cluster, naming its file: the closest candidate and what to change."""
-    error(console, f"{resolved.file}: nothing fits — {exc}")
+    error(console, f"{resolved.file}: nothing fits — {exc.headline}")  # the closest candidate's detail follows
     if exc.closest is not None:
         console.print(f"  closest candidate: {exc.closest.what}\n  it lacks: {exc.closest.reason}",
                       markup=False, highlight=False)

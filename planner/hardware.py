@@ -224,6 +224,13 @@ _CATALOG: dict[str, Accelerator] = {
 ACCELERATORS: Mapping[str, Accelerator] = MappingProxyType(_CATALOG)
 
 
+def gib(nbytes: float, decimals: int = 1) -> str:
+    """``nbytes`` in GiB, at ``decimals`` decimals; in powers of ten from a million GiB on (a spec's architecture may
+    be absurd: its sizes are bounded only as config.json's are, and 5.4e+26 reads where 27 digits do not)."""
+    value = nbytes / _GIB
+    return f"{value:.{decimals}f}" if abs(value) < 1e6 else f"{value:.2e}"
+
+
 def get_accelerator(name: str) -> Accelerator:
     """Catalog entry by key; unknown names raise KeyError listing the valid ones."""
     try:

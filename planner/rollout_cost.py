@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 from planner.architecture import ModelArch
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
-from planner.hardware import Accelerator, all_to_all_s, group_link_bandwidth_bytes_per_s, ring_all_reduce_s
+from planner.hardware import (
+    Accelerator,
+    all_to_all_s,
+    gib,
+    group_link_bandwidth_bytes_per_s,
+    ring_all_reduce_s,
+)
 
 _GIB = 1024**3
 CPU_DECODE_INGEST_MAX_TOKENS = 8
@@ -158,10 +164,10 @@ def rollout_instance_memory(
         message = (f"fits: {seqs} concurrent sequences of {context_tokens} tokens "
                    f"({capacity} KV tokens per instance of {tp} x {acc.name})")
     else:
-        message = (f"does not fit: needs {needed / _GIB:.1f} GiB per device (weights {weights / _GIB:.1f}"
-                   f" + extra versions {extra / _GIB:.1f} + reserve {reserve / _GIB:.1f} + one "
-                   f"{context_tokens}-token sequence), has {usable / _GIB:.1f} GiB "
-                   f"({gpu_memory_utilization} x {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name}); "
+        message = (f"does not fit: needs {gib(needed)} GiB per device (weights {gib(weights)}"
+                   f" + extra versions {gib(extra)} + reserve {gib(reserve)} + one "
+                   f"{context_tokens}-token sequence), has {gib(usable)} GiB "
+                   f"({gpu_memory_utilization} x {gib(acc.hbm_bytes)} GiB on {acc.name}); "
                    f"raise tp or gpu_memory_utilization, or lower the context"
                    + (f" or max_num_seqs ({max_num_seqs}: the reserve holds a sampler pass over that many rows of "
                       f"logits)" if reserve > usable / 2 else ""))

@@ -37,6 +37,7 @@ from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import (
     Accelerator,
     all_to_all_s,
+    gib,
     group_link_bandwidth_bytes_per_s,
     ring_all_gather_s,
     ring_all_reduce_s,
@@ -379,7 +380,7 @@ def _adding_up_gib(total: float, parts: tuple[float, ...]) -> tuple[str, ...]:
     """``total`` and ``parts`` in GiB, at the fewest decimals (1 to 3) at which the printed parts add up to the printed
     total (157.4 printed beside parts that add up to 157.3 reads as an error)."""
     for decimals in (1, 2, 3):
-        shown = [f"{x / _GIB:.{decimals}f}" for x in (total, *parts)]
+        shown = [gib(x, decimals) for x in (total, *parts)]
         if round(sum(float(x) for x in shown[1:]), decimals) == float(shown[0]):
             break
     return tuple(shown)
@@ -432,12 +433,12 @@ def train_memory_per_device(
     total = params + grads + optimizer + activations + reserved
     fits = total <= acc.hbm_bytes
     if fits:
-        message = f"fits: {total / _GIB:.1f} of {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name}"
+        message = f"fits: {gib(total)} of {gib(acc.hbm_bytes)} GiB on {acc.name}"
     else:
         shown = _adding_up_gib(total, (params, grads, optimizer, activations, reserved))
         parts = " + ".join(f"{name} {value}" for name, value in zip(
             ("params", "grads", "optimizer", "activations", "reserve"), shown[1:], strict=True))
-        message = (f"does not fit: needs {shown[0]} GiB, has {acc.hbm_bytes / _GIB:.1f} GiB on {acc.name} "
+        message = (f"does not fit: needs {shown[0]} GiB, has {gib(acc.hbm_bytes)} GiB on {acc.name} "
                    f"({parts}); raise tp/pp/ep, shrink micro_batch_tokens or enable recompute")
     return TrainMemory(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
                        activations_bytes=activations, reserved_bytes=reserved, total_bytes=total,

@@ -46,9 +46,11 @@ MODE_PREFERENCE = ("streaming", "one-step-off", "bounded-async", "sync", "partia
 class InfeasibleError(Exception):
     """Nothing fits; carries the closest candidate and what it lacks."""
 
-    def __init__(self, message: str, closest: Rejection | None):
+    def __init__(self, message: str, closest: Rejection | None, headline: str | None = None):
         super().__init__(message)
         self.closest = closest
+        self.headline = message if headline is None else headline
+        """The message without the closest candidate's detail, for a caller that prints that detail itself."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -467,8 +469,8 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     if not screened:
         closest = rejections[0] if rejections else None
         detail = f"closest: {closest.what}: {closest.reason}" if closest else "no layout divides the accelerators"
-        raise InfeasibleError(f"no placement fits {inputs.arch.name} on {inputs.total_accelerators} x "
-                              f"{inputs.accelerator.name}; {detail}", closest)
+        headline = f"no placement fits {inputs.arch.name} on {inputs.total_accelerators} x {inputs.accelerator.name}"
+        raise InfeasibleError(f"{headline}; {detail}", closest, headline if closest else None)
     steps = sim_steps_for(inputs)
     per_sim = inputs.batch_samples * steps / min(DEFAULT_MAX_SCALE, max(1.0, inputs.batch_samples * steps
                                                                         / SIM_SAMPLES_BUDGET))

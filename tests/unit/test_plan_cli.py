@@ -447,6 +447,22 @@ def test_diff_of_a_spec_nothing_fits_says_so_like_plan(tmp_path: Path, capsys: p
         err = capsys.readouterr().err
         assert f"{spec}: nothing fits — no placement fits" in err and "closest candidate" in err
         assert "to fix: add accelerators" in err and "Traceback" not in err
+        assert err.count("does not fit: needs") == 1, err  # the closest candidate's detail, once (it was twice)
+
+
+def test_an_absurd_architecture_prints_its_needs_in_powers_of_ten(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Every size at config.json's bound, 2**40: the closest candidate needed
+    541598769781708730610483200.0 GiB per device."""
+    big = 2**40
+    spec = tmp_path / "absurd.yaml"
+    spec.write_text(re.sub(r"  preset: .*\n", f"  architecture: {{num_layers: {big}, hidden_size: {big}, "
+                           f"num_attention_heads: {big}, ffn_hidden_size: {big}, vocab_size: {big}}}\n",
+                           (SPECS / "dense-8b-h800x64.yaml").read_text()))
+    assert main(["plan", str(spec)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "nothing fits" in err and re.search(r"needs \d\.\d\de\+\d+ GiB per device \(weights \d\.\d\de\+\d+ ", err), err
+    assert not re.search(r"\d{8}", err), err
 
 
 def test_pins_nothing_fits_are_named_with_their_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
