@@ -35,7 +35,6 @@ from planner.hardware import (
     ring_all_reduce_s,
 )
 
-_GIB = 1024**3
 CPU_DECODE_INGEST_MAX_TOKENS = 8
 """dora's CPU (torch) rollout engine feeds prompts of at most this many tokens through the decode batch, one
 token per step, instead of a prefill forward (``RolloutConfig.decode_ingest_max_tokens``; a test keeps the two

@@ -44,7 +44,6 @@ from planner.hardware import (
 )
 
 Recompute = Literal["none", "selective", "full"]
-_GIB = 1024**3
 ADAM_BYTES_PER_PARAM = 30
 """Bytes an Adam step streams per local parameter: read fp32 master, m, v, grad (16), write master, m, v (12),
 write the bf16 copy (2)."""
