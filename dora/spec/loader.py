@@ -65,9 +65,13 @@ def arch_from_fields(a: ArchitectureSpec, name: str) -> ModelArch:
         mla = MLA(q_lora_rank=a.mla.q_lora_rank, kv_lora_rank=a.mla.kv_lora_rank,
                   qk_nope_head_dim=a.mla.qk_nope_head_dim, qk_rope_head_dim=a.mla.qk_rope_head_dim,
                   v_head_dim=a.mla.v_head_dim)
+    # an MLA model caches a latent, not KV heads, and its query/key head is nope + rope wide (as config.json reads)
+    kv_heads = heads if mla is not None else a.num_kv_heads or heads
+    head_dim = (mla.qk_nope_head_dim + mla.qk_rope_head_dim if mla is not None
+                else a.head_dim or a.hidden_size // heads)
     return ModelArch(
         name=name, num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=heads,
-        num_kv_heads=a.num_kv_heads or heads, head_dim=a.head_dim or a.hidden_size // heads,
+        num_kv_heads=kv_heads, head_dim=head_dim,
         ffn_hidden_size=a.ffn_hidden_size, vocab_size=a.vocab_size, tie_embeddings=a.tie_embeddings,
         qkv_bias=a.qkv_bias, qk_norm=a.qk_norm, rope_theta=a.rope_theta, norm_eps=a.norm_eps,
         num_experts=a.num_experts, experts_top_k=a.experts_top_k,
@@ -79,6 +83,24 @@ def arch_from_fields(a: ArchitectureSpec, name: str) -> ModelArch:
 def _architecture_checks(a: ArchitectureSpec) -> list[Diagnostic]:
     out = []
     base = ("model", "architecture")
+    if a.mla is not None:  # what an MLA model's own fields size: these would contradict them, or size nothing
+        mla_sized = {"num_kv_heads": "MLA caches one latent per token, not KV heads (every head reads it)",
+                     "head_dim": "MLA's query/key head is mla.qk_nope_head_dim + mla.qk_rope_head_dim wide, its "
+                                 "value head mla.v_head_dim",
+                     "qkv_bias": "MLA's projections have no biases in dora's cost model or its Megatron lowering",
+                     "qk_norm": "MLA normalises its latents, not per-head q and k"}
+        for field, why in mla_sized.items():
+            if getattr(a, field):
+                out.append(Diagnostic(path=(*base, field), message=f"{field} is set beside mla: {why}",
+                                      hint=f"remove {field} (the mla ranks size the attention)"))
+        if a.mla.qk_rope_head_dim % 2:
+            out.append(Diagnostic(path=(*base, "mla", "qk_rope_head_dim"), message=(
+                f"qk_rope_head_dim ({a.mla.qk_rope_head_dim}) is odd: RoPE rotates pairs of dimensions"),
+                hint="give an even qk_rope_head_dim (64 in DeepSeek-V3)"))
+        return out + _moe_checks(a, base)
+    if (a.head_dim or 0) % 2:
+        out.append(Diagnostic(path=(*base, "head_dim"), message=(
+            f"head_dim ({a.head_dim}) is odd: RoPE rotates pairs of dimensions"), hint="give an even head_dim"))
     if a.head_dim is None and a.hidden_size % a.num_attention_heads:
         out.append(Diagnostic(path=(*base, "head_dim"), message=(
             f"head_dim is unset and num_attention_heads ({a.num_attention_heads}) does not divide hidden_size "
@@ -89,6 +111,15 @@ def _architecture_checks(a: ArchitectureSpec) -> list[Diagnostic]:
         out.append(Diagnostic(path=(*base, "num_kv_heads"), message=(
             f"num_kv_heads ({kv}) does not divide num_attention_heads ({a.num_attention_heads})"),
             hint="GQA groups query heads evenly: choose a divisor of num_attention_heads"))
+    if a.head_dim is None and not a.hidden_size % a.num_attention_heads and (a.hidden_size // a.num_attention_heads) % 2:
+        out.append(Diagnostic(path=(*base, "head_dim"), message=(
+            f"head_dim is unset, and hidden_size / num_attention_heads = {a.hidden_size // a.num_attention_heads} is "
+            "odd: RoPE rotates pairs of dimensions"), hint="set an even head_dim explicitly"))
+    return out + _moe_checks(a, base)
+
+
+def _moe_checks(a: ArchitectureSpec, base: tuple[str, ...]) -> list[Diagnostic]:
+    out = []
     moe_fields = [name for name in ("experts_top_k", "num_shared_experts", "moe_ffn_hidden_size", "first_dense_layers")
                   if getattr(a, name)]
     if a.num_experts == 0 and moe_fields:

@@ -457,7 +457,7 @@ def test_an_absurd_architecture_prints_its_needs_in_powers_of_ten(tmp_path: Path
     big = 2**40
     spec = tmp_path / "absurd.yaml"
     spec.write_text(re.sub(r"  preset: .*\n", f"  architecture: {{num_layers: {big}, hidden_size: {big}, "
-                           f"num_attention_heads: {big}, ffn_hidden_size: {big}, vocab_size: {big}}}\n",
+                           f"num_attention_heads: {big}, head_dim: 128, ffn_hidden_size: {big}, vocab_size: {big}}}\n",
                            (SPECS / "dense-8b-h800x64.yaml").read_text()))
     assert main(["plan", str(spec)]) == 1
     err = " ".join(capsys.readouterr().err.split())
