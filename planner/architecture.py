@@ -302,6 +302,12 @@ class ModelArch:
         """KV-cache bytes per token for the whole model: L * A * kv_elements * b."""
         return self.num_attention_layers * self.kv_elements_per_token_per_layer * dtype_bytes
 
+    def tp_shards_kv_heads(self, tp: int) -> bool:
+        """Whether ``tp`` tensor-parallel ranks can hold the KV heads as vLLM's QKV projection lays them out: each
+        rank a whole share (tp divides them), or each head replicated on tp / n_kv ranks (they divide tp). MLA's
+        latent has no head axis: any tp."""
+        return self.mla is not None or self.num_kv_heads % tp == 0 or tp % self.num_kv_heads == 0
+
     def kv_bytes_per_token_per_device(self, dtype_bytes: float, *, tp: int) -> float:
         """KV bytes one of `tp` tensor-parallel devices stores per token.
 
@@ -585,6 +591,7 @@ def _check_rope_scaling(source: str, scaling: Mapping[str, Any]) -> None:
 def _rope_scaling(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The config's RoPE scaling: ``rope_scaling``, or transformers 5's ``rope_parameters``; None without one.
     Raises HFConfigError for one that is not an object or whose fields are unusable (``_check_rope_scaling``)."""
+    found: list[tuple[str, Mapping[str, Any]]] = []
     for key in ("rope_scaling", "rope_parameters"):
         value = config.get(key)
         if value is None:
@@ -592,8 +599,15 @@ def _rope_scaling(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
         if not isinstance(value, Mapping):
             raise HFConfigError(key, f"must be an object (or null), got {_short(value)}")
         _check_rope_scaling(key, value)
-        return value
-    return None
+        found.append((key, value))
+    scalings = [rope_scaling_items(value) for _, value in found]
+    if len(found) == 2 and all(scalings) and scalings[0] != scalings[1]:  # a default-type one carries a base only
+        # transformers 5 reads rope_parameters, older transformers and vLLM versions rope_scaling: each reader would
+        # place tokens differently
+        raise HFConfigError("rope_parameters", f"{_short(dict(found[1][1]))} scales RoPE differently from rope_scaling "
+                            f"{_short(dict(found[0][1]))}; readers differ on which one applies: make them agree, or "
+                            "keep one")
+    return found[0][1] if found else None
 
 
 def _positive_number(key: str, value: Any, most: float) -> float | None:
@@ -661,7 +675,7 @@ def _refuse_sliding_window(config: Mapping[str, Any], model_type: str, context: 
     attention (Qwen2.5's ``sliding_window: 131072`` is also off, ``use_sliding_window: false``)."""
     window = config.get("sliding_window")
     applies = (model_type in ("mistral", "mixtral") or (model_type in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
-                                                         and config.get("use_sliding_window") is True))
+                                                         and _bool(config, "use_sliding_window", False)))
     if not applies or window is None:
         return
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -699,11 +713,46 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
                             f"{model_type}, {defaults[exc.key]!r}, applies; write the key)") from None
 
 
+_SWIGLU_ACTIVATIONS = ("silu", "swish")
+"""``hidden_act`` values of a SwiGLU MLP (transformers' ACT2FN maps both to SiLU)."""
+
+_FAMILY_OF_CLASS = {
+    "LlamaForCausalLM": {"llama"}, "MistralForCausalLM": {"mistral"}, "Qwen2ForCausalLM": {"qwen2"},
+    "Qwen3ForCausalLM": {"qwen3"}, "Qwen3MoeForCausalLM": {"qwen3_moe"}, "Qwen2MoeForCausalLM": {"qwen2_moe"},
+    "MixtralForCausalLM": {"mixtral"}, "DeepseekV2ForCausalLM": {"deepseek_v2"},
+    "DeepseekV3ForCausalLM": {"deepseek_v3", "kimi_k2"}}  # Kimi K2's checkpoint names DeepSeek-V3's class
+"""``architectures`` classes -> the ``model_type`` values they go with. vLLM picks the model's code by the class,
+dora (as transformers' AutoConfig) by ``model_type``: a config whose two disagree would be planned as one model and
+served as another. A class not listed is not checked."""
+
+
+def _check_family(config: Mapping[str, Any], model_type: str) -> None:
+    classes = config.get("architectures")
+    if classes is None:
+        return
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise HFConfigError("architectures", f"must be a list of class names, got {_short(classes)}")
+    for name in classes:
+        family = _FAMILY_OF_CLASS.get(name)
+        if family is not None and model_type not in family:
+            raise HFConfigError("architectures", f"{name} is a {' or '.join(sorted(family))} model, but model_type "
+                                f"is {model_type!r}: vLLM would serve the class, dora plans the model_type; make them "
+                                "agree")
+
+
 def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: float | None) -> ModelArch:
     """``arch_from_hf_config`` of ``config`` with its absent keys filled in, but for ``rope_theta``: the config's
     own, else its ``rope_parameters``' (transformers 5), else ``default_theta``."""
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
+    _check_family(config, model_type)
+    act = config.get("hidden_act", "silu")
+    if act not in _SWIGLU_ACTIVATIONS:
+        raise HFConfigError("hidden_act", f"must be silu (a SwiGLU MLP: the cost model and the Megatron lowering's "
+                            f"--swiglu assume it), got {_short(act)}")
+    if _bool(config, "mlp_bias", False):
+        raise HFConfigError("mlp_bias", "must be false: the cost model and the Megatron lowering "
+                            "(--disable-bias-linear) assume MLP projections without biases")
     kw: dict[str, Any] = {
         "name": name,
         "num_layers": _int(config, "num_hidden_layers"),
@@ -720,6 +769,9 @@ def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: 
             qk_rope_head_dim=_int(config, "qk_rope_head_dim"),
             v_head_dim=_int(config, "v_head_dim"),
         )
+        if kw["mla"].qk_rope_head_dim % 2:
+            raise HFConfigError("qk_rope_head_dim", f"must be even (RoPE rotates pairs of dimensions), got "
+                                f"{kw['mla'].qk_rope_head_dim}")
         kw["head_dim"] = kw["mla"].qk_nope_head_dim + kw["mla"].qk_rope_head_dim
         kw["num_kv_heads"] = heads  # MLA caches a latent, not KV heads: num_key_value_heads sizes nothing
     else:
@@ -727,6 +779,9 @@ def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: 
         if hidden % heads and config.get("head_dim") is None:
             raise HFConfigError("head_dim", f"missing, and hidden_size {hidden} is not divisible by {heads} heads")
         kw["head_dim"] = _int(config, "head_dim", default=hidden // heads)
+        if kw["head_dim"] % 2:
+            raise HFConfigError("head_dim", f"must be even (RoPE rotates pairs of dimensions), got {kw['head_dim']}"
+                                + ("" if "head_dim" in config else " (hidden_size / num_attention_heads)"))
         # Qwen2 always has q/k/v biases (the config has no flag); Llama-family configs say attention_bias.
         kw["qkv_bias"] = True if model_type in {"qwen2", "qwen2_moe"} else _bool(config, "attention_bias", False)
         kw["qk_norm"] = model_type in {"qwen3", "qwen3_moe"}
@@ -747,6 +802,15 @@ def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: 
         kw["moe_ffn_hidden_size"] = (kw["ffn_hidden_size"] if model_type == "mixtral"
                                      else _int(config, "moe_intermediate_size"))
         kw.update(_router(config, model_type))
+        if "router_groups" in kw:  # scores reshape to [tokens, n_group, experts / n_group] (vLLM, megatron-core)
+            groups, experts = kw["router_groups"], kw["num_experts"]
+            if experts % groups:
+                raise HFConfigError("n_group", f"must divide {experts_key} ({experts}) into equal groups, got {groups}")
+            reachable = kw["router_group_topk"] * (experts // groups)
+            if kw["experts_top_k"] > reachable:
+                raise HFConfigError("num_experts_per_tok", f"must be at most the {reachable} experts the topk_group "
+                                    f"({kw['router_group_topk']}) chosen groups of {experts // groups} hold, got "
+                                    f"{kw['experts_top_k']}")
         if model_type in _MLA_TYPES:
             kw["num_shared_experts"] = _int(config, "n_shared_experts", default=0, minimum=0)
             kw["first_dense_layers"] = _int(config, "first_k_dense_replace", default=0, minimum=0)
@@ -768,6 +832,13 @@ def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: 
     _refuse_sliding_window(config, model_type, kw["max_context_tokens"])
     scaling = _rope_scaling(config)
     parameters = config.get("rope_parameters")  # transformers 5 keeps the base there, beside a rope_scaling or not
+    bases = {v for v in (config.get("rope_theta"), (scaling or {}).get("rope_theta"),
+                         parameters.get("rope_theta") if isinstance(parameters, Mapping) else None) if v is not None}
+    if len(bases) > 1:
+        shown = ", ".join(map(_short, sorted(bases, key=str)))
+        raise HFConfigError("rope_theta", f"the config gives several RoPE bases ({shown}: rope_theta and "
+                            "rope_parameters.rope_theta); readers differ on which one applies: make them agree, or "
+                            "keep one")
     theta = next((v for v in (config.get("rope_theta"), (scaling or {}).get("rope_theta"),
                               parameters.get("rope_theta") if isinstance(parameters, Mapping) else None)
                   if v is not None), default_theta)

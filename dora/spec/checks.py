@@ -327,6 +327,10 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
     if r.tp is not None:
         divides((*R, "tp"), "rollout tp", r.tp, "num_attention_heads", arch.num_attention_heads,
                 "choose a tp that divides the model's attention heads")
+        if not arch.tp_shards_kv_heads(r.tp):
+            out.append(_d((*R, "tp"), f"rollout tp ({r.tp}) neither divides nor is a multiple of num_kv_heads "
+                          f"({arch.num_kv_heads}): vLLM gives each tensor-parallel rank whole KV heads, or replicates "
+                          "each head over whole ranks", "choose a tp that divides num_kv_heads, or a multiple of it"))
     if r.ep is not None:
         if not moe:
             out.append(_d((*R, "ep"), "expert parallelism needs an MoE model; this model is dense",

@@ -163,7 +163,8 @@ class Space:
             version_counts = [1]
         heads = arch.num_attention_heads
         max_tp = min(inp.total_accelerators, 4 * inp.accelerators_per_node)
-        tps = [pins.rollout_tp] if pins.rollout_tp else [t for t in powers_of_two_upto(max_tp) if heads % t == 0]
+        tps = [pins.rollout_tp] if pins.rollout_tp else [t for t in powers_of_two_upto(max_tp)
+                                                         if heads % t == 0 and arch.tp_shards_kv_heads(t)]
         out: list[RolloutOption] = []
         if inp.accelerator.name == "cpu":
             # dora's CPU engine is one single-threaded process per replica: a second core serves a second replica.

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -272,7 +273,8 @@ def test_hf_config_router_fields():
     arch = arch_from_hf_config(ds, name="d")
     assert (arch.router_score, arch.router_scaling, arch.router_groups, arch.router_group_topk,
             arch.router_expert_bias, arch.router_normalizes_topk) == ("sigmoid", 2.5, 8, 4, True, True)
-    v2 = {**ds, "model_type": "deepseek_v2", "topk_method": "group_limited_greedy", "scoring_func": "softmax"}
+    v2 = {**ds, "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"],
+          "topk_method": "group_limited_greedy", "scoring_func": "softmax"}
     del v2["norm_topk_prob"]
     arch = arch_from_hf_config(v2, name="v2")
     assert (arch.router_normalizes_topk, arch.router_expert_bias, arch.router_groups) == (False, False, 8)
@@ -408,8 +410,8 @@ def test_hf_config_with_sliding_window_attention_is_refused():
     """Mistral-7B-v0.1 attends within 4096 tokens; the cost model and the Megatron lowering assume full attention,
     so the trainer would compute other log-probs than vLLM past the window. Qwen's switch off (or a window as long
     as the context) is full attention."""
-    mistral = _config("llama-3.1-8b") | {"model_type": "mistral", "sliding_window": 4096, "rope_scaling": None,
-                                         "max_position_embeddings": 32768}
+    mistral = _config("llama-3.1-8b") | {"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+                                         "sliding_window": 4096, "rope_scaling": None, "max_position_embeddings": 32768}
     with pytest.raises(HFConfigError, match="4096-token sliding-window attention is not supported") as info:
         arch_from_hf_config(mistral, name="m")
     assert info.value.key == "sliding_window"
@@ -431,3 +433,54 @@ def test_longcat_routes_as_its_checkpoint_does():
     assert (arch.router_score, arch.router_normalizes_topk, arch.router_expert_bias, arch.router_scaling) == (
         "softmax", False, True, 6.0)
     assert arch.max_context_tokens == 131072
+
+
+_LITE_V3 = {"model_type": "deepseek_v3", **_MINIMAL, "n_routed_experts": 64, "num_experts_per_tok": 6,
+            "moe_intermediate_size": 64, **_MLA_SHAPE}
+
+
+@pytest.mark.parametrize(("base", "change", "key", "says"), [
+    # a model other than the one the cost model prices and the Megatron lowering writes (--swiglu, no MLP biases)
+    ("llama-3.1-8b", {"hidden_act": "gelu"}, "hidden_act", "must be silu"),
+    ("llama-3.1-8b", {"mlp_bias": True}, "mlp_bias", "must be false"),
+    # vLLM picks the model's code by the class, dora by model_type
+    ("qwen3-8b", {"architectures": ["Qwen3MoeForCausalLM"]}, "architectures", "Qwen3MoeForCausalLM is a qwen3_moe"),
+    ("qwen3-8b", {"architectures": "Qwen3ForCausalLM"}, "architectures", "must be a list of class names"),
+    # RoPE rotates pairs of dimensions
+    ("qwen3-8b", {"head_dim": 127}, "head_dim", "must be even"),
+    (None, {**_LITE_V3, "qk_rope_head_dim": 15}, "qk_rope_head_dim", "must be even"),
+    # scores reshape to [tokens, n_group, experts / n_group]
+    (None, {**_LITE_V3, "n_group": 7, "topk_group": 4}, "n_group", "must divide n_routed_experts (64)"),
+    (None, {**_LITE_V3, "n_group": 32, "topk_group": 1}, "num_experts_per_tok", "at most the 2 experts"),
+    # transformers reads a non-empty string as true: the window would apply
+    ("qwen3-235b-a22b", {"use_sliding_window": "true", "sliding_window": 4096}, "use_sliding_window",
+     "must be true or false"),
+    # two RoPE sources that disagree: readers differ on which one applies
+    ("qwen3-8b", {"rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                  "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+     "rope_parameters", "scales RoPE differently from rope_scaling"),
+    ("qwen3-8b", {"rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                  "rope_parameters": {"rope_type": "yarn", "factor": -4.0}}, "rope_parameters.factor", "must be a number"),
+    ("qwen3-8b", {"rope_theta": 1e6, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, "rope_theta",
+     "several RoPE bases"),
+])
+def test_hf_config_that_would_run_another_model_is_refused(base, change, key, says):
+    """Keys that change the model were read past or resolved silently (a fuzzing pass): a GELU MLP planned and
+    lowered as SwiGLU, a qwen3_moe class planned as dense, groups that do not divide the experts, a string switching
+    a sliding window on, a second RoPE scaling never checked."""
+    config = (_config(base) if base else {}) | change
+    with pytest.raises(HFConfigError, match=re.escape(says)) as info:
+        arch_from_hf_config(config, name="x")
+    assert info.value.key == key
+
+
+def test_hf_config_rope_sources_that_agree_are_accepted():
+    """rope_scaling and rope_parameters with the same scaling, or a default-type rope_parameters carrying the base
+    only beside a rope_scaling, are one RoPE: accepted."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    config = {k: v for k, v in _config("qwen3-8b").items() if k != "rope_theta"}
+    arch = arch_from_hf_config(config | {"rope_scaling": yarn, "rope_parameters": {**yarn, "rope_theta": 1e6}}, name="q")
+    assert dict(arch.rope_scaling)["rope_type"] == "yarn" and arch.rope_theta == 1e6
+    assert arch_from_hf_config(config | {"rope_theta": 1e6, "rope_parameters": {"rope_theta": 1e6}},
+                               name="q").rope_theta == 1e6
+    assert arch_from_hf_config(_config("qwen3-235b-a22b") | {"use_sliding_window": False}, name="q").num_experts == 128

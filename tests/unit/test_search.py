@@ -562,3 +562,18 @@ def test_a_large_staleness_budget_is_searched_on_a_ladder_of_k() -> None:
     ks = {m: sorted(k for mm, k in mode_ks(inputs, colocated=False) if mm == m) for m, _ in mode_ks(inputs, False)}
     assert ks["streaming"] == ks["bounded-async"] == staleness_ladder(64) and ks["one-step-off"] == [1]
     assert ks["sync"] == [0]
+
+
+def test_rollout_tp_gives_vllm_whole_kv_heads() -> None:
+    """48 query heads over 6 KV heads: tp 4 divides the heads but not the KV heads (nor do they divide it), a QKV
+    split vLLM does not build; the search chose it (a fuzzing pass). Every rollout option now holds whole KV heads
+    per rank or replicates each over whole ranks."""
+    import dataclasses
+
+    from planner.search.space import Space
+
+    inputs = search_inputs(load_spec(str(SPECS / "dense-8b-h800x64.yaml")))
+    arch = dataclasses.replace(inputs.arch, num_attention_heads=48, num_kv_heads=6, hidden_size=6144, head_dim=128)
+    tps = {o.tp for o in Space(dataclasses.replace(inputs, arch=arch)).rollout_options}
+    assert tps == {1, 2}  # the powers of two dividing 48 that hold 6 KV heads whole: not 4, 8 or 16
+    assert not arch.tp_shards_kv_heads(4) and arch.tp_shards_kv_heads(2) and arch.tp_shards_kv_heads(12)
