@@ -187,6 +187,9 @@ def _positions(resolved: ResolvedSpec, max_len: int) -> tuple[dict[str, Any], di
             transformer["rotary_base"] = base
         if not scaling:
             transformer["rope_type"] = "rope"
+        elif kind == "yarn" and "original_max_position_embeddings" not in scaling:
+            limits.append(f"{described}: no original_max_position_embeddings (vLLM requires it; megatron-core would "
+                          f"assume {MLA_YARN_FIELDS_DEFAULTS['original_max_position_embeddings']})")
         elif kind == "yarn":
             transformer["rope_type"] = "yarn"
             for key, field in _MLA_YARN_FIELDS.items():
@@ -220,7 +223,8 @@ def _positions(resolved: ResolvedSpec, max_len: int) -> tuple[dict[str, Any], di
             # for unpacked ones); Megatron-LM turns the fusion off for yarn itself
             transformer["apply_rope_fusion"] = False
     elif scaling:
-        limits.append(f"{described} with {', '.join(f'{k}={v}' for k, v in sorted(scaling.items()))}: "
+        rest = ", ".join(f"{k}={v}" for k, v in sorted(scaling.items()) if k not in ("rope_type", "factor"))
+        limits.append(f"{described}{f' with {rest}' if rest else ''}: "
                       "megatron-core's GPTModel takes llama3 scaling (low/high frequency factors 1/4, original "
                       "8192 positions), linear interpolation and yarn only")
     return transformer, attributes, gpt, limits, notes

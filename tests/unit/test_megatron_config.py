@@ -215,6 +215,17 @@ def test_mla_yarn_scaling_builds_megatron_cores_mla_config(preset: str, beta_fas
     assert noted == ([] if beta_fast == 32 else [noted[0]]) and config["limitations"] == []  # ... so it is noted
 
 
+def test_an_mla_yarn_without_its_original_context_blocks_the_launch() -> None:
+    """The dense path blocked a YaRN without original_max_position_embeddings; the MLA path wrote megatron-core's
+    4096 without a word (a fuzzing pass)."""
+    arch = get_preset("deepseek-v3")
+    scaling = tuple((k, v) for k, v in arch.rope_scaling if k != "original_max_position_embeddings")
+    resolved, plan = _one_device("dense-8b-h800x64", arch=dataclasses.replace(arch, rope_scaling=scaling))
+    (limit,) = megatron_config(resolved, plan)["limitations"]
+    assert limit == ("RoPE scaling 'yarn' (factor 40): no original_max_position_embeddings (vLLM requires it; "
+                     "megatron-core would assume 4096)")
+
+
 def test_the_mla_yarn_defaults_dora_assumes_are_megatron_cores() -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(MLATransformerConfig)}
     assert {k: defaults[k] for k in MLA_YARN_FIELDS_DEFAULTS} == MLA_YARN_FIELDS_DEFAULTS
