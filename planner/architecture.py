@@ -776,6 +776,9 @@ def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: 
         kw["num_kv_heads"] = heads  # MLA caches a latent, not KV heads: num_key_value_heads sizes nothing
     else:
         kw["num_kv_heads"] = _int(config, "num_key_value_heads", default=heads)
+        if heads % kw["num_kv_heads"]:
+            raise HFConfigError("num_key_value_heads", f"must divide num_attention_heads ({heads}) into equal query "
+                                f"groups, got {kw['num_kv_heads']}")
         if hidden % heads and config.get("head_dim") is None:
             raise HFConfigError("head_dim", f"missing, and hidden_size {hidden} is not divisible by {heads} heads")
         kw["head_dim"] = _int(config, "head_dim", default=hidden // heads)

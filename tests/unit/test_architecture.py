@@ -189,8 +189,10 @@ def test_hf_config_errors_name_the_key():
     assert info.value.key == "mlp_only_layers"
 
     uneven = _config("qwen3-8b") | {"num_key_value_heads": 5}
-    with pytest.raises(HFConfigError, match="multiple of num_kv_heads"):
+    with pytest.raises(HFConfigError, match=r"'num_key_value_heads': must divide num_attention_heads \(32\) into "
+                       r"equal query groups, got 5$") as info:  # the config's key, not the cost model's field
         arch_from_hf_config(uneven, name="x")
+    assert info.value.key == "num_key_value_heads"
 
     # odd values a hand-edited config may hold: each names its key instead of failing inside the cost model
     for key, value, message in (("model_type", ["qwen3"], r"unsupported value \['qwen3'\]"),
