@@ -256,10 +256,39 @@ def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, 
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' must hold a JSON object",
                                        hint="point at a Hugging Face config.json")]
     try:
-        return arch_from_hf_config(config, name=FsPath(m.hf_config).parent.name or spec.name), config, []
+        arch = arch_from_hf_config(config, name=_hf_model_name(base_dir, m.hf_config, spec.name))
     except HFConfigError as exc:
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}': key '{exc.key}': {exc.reason}",
                                        hint="fix the config file or use model.architecture")]
+    quant = config.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        if method != "fp8":
+            return None, None, [Diagnostic(path=path, message=(
+                f"'{m.hf_config}' quantizes the checkpoint ({_short_text(method if method else quant)} "
+                "quantization_config): the cost model prices bf16, fp16 or fp8 weights, and the trainer cannot train "
+                "quantized ones"), hint="point at the unquantized checkpoint's config.json")]
+        if m.dtype != "fp8":
+            return None, None, [Diagnostic(path=path, message=(
+                f"'{m.hf_config}' quantizes the checkpoint to fp8 (quantization_config), so vLLM would serve fp8 "
+                f"weights, but model.dtype is {m.dtype}: the plan would price {m.dtype} ones"),
+                hint="set model.dtype: fp8, or point at the unquantized checkpoint's config.json")]
+    return arch, config, []
+
+
+def _hf_model_name(base_dir: FsPath, rel: str, spec_name: str) -> str:
+    """The model's name for reports: the folder of a ``config.json`` (a checkpoint's directory), else the file's
+    stem (``qwen3-8b.json``); the spec's name where neither names anything (``../config.json`` from the root)."""
+    file = FsPath(rel)
+    if file.name != "config.json":
+        return file.stem or spec_name
+    folder = (base_dir / file).resolve().parent.name
+    return folder or spec_name
+
+
+def _short_text(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _not_a_json_number(name: str) -> Any:

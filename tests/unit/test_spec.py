@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import jsonschema
 import pytest
 from ruamel.yaml import YAML
 
-from dora.spec import load_spec, load_spec_text
+from dora.spec import SpecError, load_spec, load_spec_text
+from dora.spec.diagnostics import format_path
 from dora.spec.models import AcceleratorName, ModelPresetName, Spec
 from dora.spec.schema import spec_json_schema
 from planner.architecture import MODEL_PRESETS
@@ -107,6 +109,37 @@ def test_hf_config_gives_the_preset_architecture(tmp_path: Path) -> None:
     preset = MODEL_PRESETS["qwen3-8b"]
     assert from_hf.total_params == preset.total_params
     assert from_hf.kv_bytes_per_token(2) == preset.kv_bytes_per_token(2)
+
+
+def test_a_quantized_checkpoint_must_be_planned_as_it_is_served(tmp_path: Path) -> None:
+    """A config.json with an fp8 quantization_config is served by vLLM in fp8: planned as bf16 it priced weights
+    twice their size; an AWQ or GPTQ one is in no dtype the cost model prices (a fuzzing pass)."""
+    config = json.loads((REPO / "tests" / "data" / "hf_configs" / "qwen3-8b.json").read_text())
+    text = (REPO / "specs" / "dense-8b-h800x64.yaml").read_text().replace("preset: qwen3-8b", "hf_config: q.json")
+    for quant, dtype, says in (({"quant_method": "fp8"}, "bf16", "quantizes the checkpoint to fp8 (quantization_config)"
+                                ", so vLLM would serve fp8 weights, but model.dtype is bf16"),
+                               ({"quant_method": "awq", "bits": 4}, "fp8", "quantizes the checkpoint ('awq' "
+                                "quantization_config)")):
+        (tmp_path / "q.json").write_text(json.dumps(config | {"quantization_config": quant}))
+        with pytest.raises(SpecError, match=re.escape(says)) as info:
+            load_spec_text(text.replace("dtype: bf16", f"dtype: {dtype}"), "x.yaml", tmp_path)
+        assert [format_path(d.path) for d in info.value.diagnostics] == ["model.hf_config"]
+    (tmp_path / "q.json").write_text(json.dumps(config | {"quantization_config": {"quant_method": "fp8"}}))
+    resolved = load_spec_text(text.replace("dtype: bf16", "dtype: fp8"), "x.yaml", tmp_path)
+    assert resolved.spec.model.dtype == "fp8"
+
+
+def test_an_hf_model_is_named_by_its_checkpoint_folder_or_its_file(tmp_path: Path) -> None:
+    """`hf_config: ../qwen3-8b.json` named the model '..' in every report."""
+    config = (REPO / "tests" / "data" / "hf_configs" / "qwen3-8b.json").read_text()
+    (tmp_path / "Qwen3-8B").mkdir()
+    (tmp_path / "Qwen3-8B" / "config.json").write_text(config)
+    (tmp_path / "qwen3-8b.json").write_text(config)
+    (tmp_path / "specs").mkdir()
+    text = (REPO / "specs" / "dense-8b-h800x64.yaml").read_text()
+    for rel, name in (("../Qwen3-8B/config.json", "Qwen3-8B"), ("../qwen3-8b.json", "qwen3-8b")):
+        resolved = load_spec_text(text.replace("preset: qwen3-8b", f"hf_config: {rel}"), "x.yaml", tmp_path / "specs")
+        assert resolved.arch.name == name
 
 
 def test_histogram_file_distribution(tmp_path: Path) -> None:
