@@ -395,6 +395,22 @@ def _with_keys_meant(data: Any, stray: list[Path]) -> tuple[Spec, dict[Path, Pat
         return None
 
 
+MODEL_SOURCES = ("preset", "hf_config", "architecture")
+
+
+def _one_model_source(data: Any, diags: list[Diagnostic]) -> list[Diagnostic]:
+    """``diags`` of a spec whose model gives several sources: what validation says inside them is moot until one is
+    chosen (an empty ``architecture: {}`` beside an hf_config read as five missing fields), so it is replaced by that
+    (``check_spec`` says it of a spec that validates)."""
+    model = data.get("model") if isinstance(data, dict) else None
+    sources = [k for k in MODEL_SOURCES if isinstance(model, dict) and model.get(k) is not None]
+    if len(sources) < 2:
+        return diags
+    kept = [d for d in diags if not any(d.path[:2] == ("model", k) for k in sources)]
+    return [Diagnostic(path=("model",), message=f"give exactly one model source, got {' and '.join(sources)}",
+                       hint="set one of model.preset, model.hf_config or model.architecture"), *kept]
+
+
 def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
     renamed: dict[Path, Path] = {}  # a field read from a misspelt key (meant -> written): its line is the key's
 
@@ -421,6 +437,7 @@ def _resolve(doc: YamlDoc, file: str, base_dir: FsPath) -> ResolvedSpec:
         spec = Spec.model_validate(doc.data)
     except ValidationError as exc:
         diags += diagnostics_from_validation(exc, doc, file, [d.path for d in diags])
+        diags = located(_one_model_source(doc.data, diags))
         # when misspelt keys are all that validation refused, the spec with each read as the field it is closest to
         # is checked too, so that a typo does not hide every other problem until it is fixed
         stray = stray_keys(exc) or []
