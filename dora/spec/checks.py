@@ -296,6 +296,9 @@ def check_context(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
     if limit is None or longest <= limit:
         return []
     context = "max_position_embeddings" + (" with its RoPE scaling" if arch.rope_scaling else "")
+    if limit < 2:  # no caps fit: the config is what is wrong
+        return [_d(("model", "hf_config"), f"the model's context of {limit:,} token ({context}) holds no prompt and "
+                   "response (at least one token each)", "check max_position_embeddings in the config.json")]
     message = (f"prompt max ({prompt:,}) + response max ({response:,}) = {longest:,} tokens exceeds the model's "
                f"context of {limit:,} ({context})")
     longer = ("give model.hf_config a config.json whose rope_scaling extends the context" if not arch.rope_scaling

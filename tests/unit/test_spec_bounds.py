@@ -123,6 +123,17 @@ def test_a_prompt_cap_beyond_the_context_is_reported_at_the_prompt_cap(tmp_path:
     assert "at most 24,576" in diag.hint  # 40,960 - 16,384: the response cap kept
 
 
+def test_a_context_too_short_for_any_caps_is_reported_at_the_config(tmp_path: Path) -> None:
+    """max_position_embeddings 1: the hint asked for caps adding up to at most 1, which no two caps of at least one
+    token each do."""
+    qwen = json.loads((REPO / "tests" / "data" / "hf_configs" / "qwen3-8b.json").read_text())
+    (tmp_path / "one.json").write_text(json.dumps(qwen | {"max_position_embeddings": 1}))
+    diag = _context_diag(tmp_path, "{hf_config: one.json}", 2048)
+    assert format_path(diag.path) == "model.hf_config"
+    assert diag.message.startswith("the model's context of 1 token (max_position_embeddings) holds no prompt")
+    assert "max_position_embeddings" in diag.hint
+
+
 def test_a_response_cap_beyond_the_context_names_rope_scaling_only_when_there_is_some(tmp_path: Path) -> None:
     plain = _context_diag(tmp_path, "{preset: qwen3-8b}", 30_000)
     assert format_path(plain.path) == "workload.response_length.max_tokens"
