@@ -835,16 +835,14 @@ def _arch(config: Mapping[str, Any], model_type: str, name: str, default_theta: 
     _refuse_sliding_window(config, model_type, kw["max_context_tokens"])
     scaling = _rope_scaling(config)
     parameters = config.get("rope_parameters")  # transformers 5 keeps the base there, beside a rope_scaling or not
-    bases = {v for v in (config.get("rope_theta"), (scaling or {}).get("rope_theta"),
-                         parameters.get("rope_theta") if isinstance(parameters, Mapping) else None) if v is not None}
-    if len(bases) > 1:
-        shown = ", ".join(map(_short, sorted(bases, key=str)))
+    bases = [v for v in (config.get("rope_theta"), (scaling or {}).get("rope_theta"),
+                         parameters.get("rope_theta") if isinstance(parameters, Mapping) else None) if v is not None]
+    if len(set(bases)) > 1:
+        shown = ", ".join(map(_short, sorted(set(bases), key=str)))
         raise HFConfigError("rope_theta", f"the config gives several RoPE bases ({shown}: rope_theta and "
                             "rope_parameters.rope_theta); readers differ on which one applies: make them agree, or "
                             "keep one")
-    theta = next((v for v in (config.get("rope_theta"), (scaling or {}).get("rope_theta"),
-                              parameters.get("rope_theta") if isinstance(parameters, Mapping) else None)
-                  if v is not None), default_theta)
+    theta = bases[0] if bases else default_theta
     kw["rope_theta"] = _positive_number("rope_theta", theta, MAX_ROPE_THETA)
     kw["norm_eps"] = _positive_number("rms_norm_eps", config.get("rms_norm_eps"), MAX_NORM_EPS)
     kw["rope_scaling"] = rope_scaling_items(scaling) if scaling is not None else ()

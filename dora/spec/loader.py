@@ -265,7 +265,7 @@ def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, 
         method = quant.get("quant_method") if isinstance(quant, dict) else None
         if method != "fp8":
             return None, None, [Diagnostic(path=path, message=(
-                f"'{m.hf_config}' quantizes the checkpoint ({_short_text(method if method else quant)} "
+                f"'{m.hf_config}' quantizes the checkpoint ({repr(method) if isinstance(method, str) else 'an'} "
                 "quantization_config): the cost model prices bf16, fp16 or fp8 weights, and the trainer cannot train "
                 "quantized ones"), hint="point at the unquantized checkpoint's config.json")]
         if m.dtype != "fp8":
@@ -284,11 +284,6 @@ def _hf_model_name(base_dir: FsPath, rel: str, spec_name: str) -> str:
         return file.stem or spec_name
     folder = (base_dir / file).resolve().parent.name
     return folder or spec_name
-
-
-def _short_text(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _not_a_json_number(name: str) -> Any:
