@@ -24,7 +24,7 @@ from dora.runtime.checkpoint import CheckpointError, check_resumable, resume_hin
 from dora.runtime.config import RuntimeConfig, RuntimeConfigError, check_engines
 from dora.spec.checks import path_problem
 from dora.spec.models import MAX_STEPS
-from dora.terminal import error, interrupted_exit_code, say
+from dora.terminal import error, interrupted_exit_code, make_console, say
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -341,13 +341,11 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
     With ``address`` (a Ray dashboard URL) the lowered job is submitted to that cluster instead of run
     here (``dora.cluster``). Re-running a command whose output directory holds a checkpoint resumes it.
     """
-    from rich.console import Console
-
     from dora.planning import InfeasibleError
     from dora.spec import SpecError
     from dora.spec.checks import ADDRESS_FORMS, address_problem
 
-    console = console or Console(stderr=True, highlight=False)
+    console = console or make_console(stderr=True, highlight=False)
     if address is not None and (problem := address_problem(address)):  # before planning: it can take seconds
         error(console, f"--address {address!r} {problem}: write it as {ADDRESS_FORMS}")
         return EXIT_INVALID

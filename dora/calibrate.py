@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dora.terminal import error, say
+from dora.terminal import error, make_console, say
 from planner.calibration import DEFAULT_CALIBRATION, Calibration
 
 FORMAT = "dora-calibration/1"
@@ -523,15 +523,13 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
                   grid: Grid | None = None, from_runs: Sequence[str] = ()) -> int:
     """Implementation of `dora calibrate SPEC --out FILE [--quick]`: returns the exit code, never raises on bad
     input."""
-    from rich.console import Console
-
     from dora.apply import ApplyOverrides, runtime_config_for
     from dora.planning import search_inputs
     from dora.runtime.config import RuntimeConfigError
     from dora.runtime.driver import controller_config
     from dora.spec import SpecError, load_spec
 
-    console = console or Console(stderr=True, highlight=False)
+    console = console or make_console(stderr=True, highlight=False)
     if from_runs and (quick or grid is not None):
         error(console, "--quick and --from-run do not go together: --quick runs a smaller grid of micro-benchmarks, "
                        "--from-run fits to finished runs instead of running any; give one or the other")

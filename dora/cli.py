@@ -42,15 +42,15 @@ EXIT_OK, EXIT_ERROR, EXIT_INVALID = 0, 1, 2
 
 
 def _err_console():
-    from rich.console import Console
+    from dora.terminal import make_console
 
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return make_console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _out_console():
-    from rich.console import Console
+    from dora.terminal import make_console
 
-    return Console(highlight=False, soft_wrap=True)
+    return make_console(highlight=False, soft_wrap=True)
 
 
 def _error(message: str, *, label: str = "error") -> None:
@@ -334,8 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err_console().print("interrupted")
         return interrupted_exit_code(exc)
     except BrokenPipeError:
+        from dora.terminal import EXIT_CLOSED_PIPE
+
         _drop_stdout(stdout)
-        return EXIT_ERROR
+        return EXIT_CLOSED_PIPE
     except StdoutWriteError as exc:
         _drop_stdout(stdout)
         full = exc.cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

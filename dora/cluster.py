@@ -16,7 +16,8 @@ submitted. A directory another run writes is refused: one whose run lock a run h
 one whose ``job.json`` names a job the cluster says is not over (or that cannot be asked): a second job would write the
 same trace and checkpoints. A head whose job agent has not registered yet (one started moments ago) is tried again for up to a minute. A job that stays PENDING (waiting for resources) is said to, with Ray's message; losing the
 cluster while following a job ends the command with exit 1 (the job may still run: `dora status`), and so does a job
-the cluster no longer knows; a closed standard output stops the following, not the job. The job's working directory,
+the cluster no longer knows; a closed standard output stops the following, not the job (exit 141, as for every
+command whose reader went away). The job's working directory,
 made here, is removed once the submission is over, whatever its outcome.
 """
 
@@ -38,7 +39,7 @@ from typing import Any, TypeVar
 from dora.runtime.config import RuntimeConfig
 from dora.runtime.trace import write_json_atomic
 from dora.spec.files import loads_json
-from dora.terminal import error
+from dora.terminal import EXIT_CLOSED_PIPE, error
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 JOB_FILE = "job.json"
@@ -202,7 +203,7 @@ def submit_and_follow(address: str, resolved: Any, plan: Any, rc: RuntimeConfig,
     except BrokenPipeError:  # the reader of the logs went away (`| head`): stop following, not the job
         console.print(f"standard output closed: stopped following {submission_id}; the job keeps running: "
                       f"`dora status {out}` / `dora stop {out}`", markup=False, highlight=False)
-        return EXIT_FAILED
+        return EXIT_CLOSED_PIPE
     except JobNotFound as exc:
         error(console, f"{address} has no job {submission_id} any more ({exc}): it was deleted, or the cluster "
                        f"restarted; what it wrote is in {out}/")

@@ -8,6 +8,7 @@ other string with markup off.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 from typing import Any
 
@@ -23,6 +24,19 @@ def named(what: str) -> Any:
         return value
 
     return check
+
+
+def make_console(*, stderr: bool = False, **options: Any) -> Any:
+    """A rich ``Console`` whose write to a closed pipe raises ``BrokenPipeError`` for ``dora.cli.main`` to end the
+    command with ``EXIT_CLOSED_PIPE``. rich's own reaction is ``SystemExit(1)``: the status of a spec error."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more from this console; the caller decides what the command does
+            raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
+
+    return _Console(stderr=stderr, **options)
 
 
 def error(console: Any, message: str, *, label: str = "error") -> None:
@@ -52,6 +66,12 @@ def note_signal(signum: int | None) -> None:
         _signals.clear()
     else:
         _signals.append(signum)
+
+
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
+"""141: standard output's reader went away (`dora validate specs/*.yaml | head -2`). The status of a process the
+SIGPIPE killed, as `cat` or `git log` give it: not 1, the status of a spec error or an infeasible plan, and not 0,
+since the command stopped before its work was done."""
 
 
 def interrupted_exit_code(exc: KeyboardInterrupt) -> int:

@@ -472,6 +472,24 @@ def test_standard_output_on_a_full_disk_is_an_error_not_a_bug(command: list[str]
     assert "bug" not in proc.stderr and "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
 
 
+def test_a_reader_that_goes_away_ends_the_command_as_sigpipe_would() -> None:
+    """`dora validate specs/*.yaml | head -2` exited 1, the status of a spec error, after validating only the specs
+    whose lines fit before head left; 141 is what `cat` or `git log` give there."""
+    import subprocess
+    import sys
+
+    specs = sorted(str(p.relative_to(REPO)) for p in (REPO / "specs").glob("*.yaml"))
+    assert len(specs) > 2
+    proc = subprocess.Popen([sys.executable, "-m", "dora.cli", "validate", *specs], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves after one line, before the process has written all of them
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "bug" not in err
+
+
 def test_an_os_error_not_from_standard_output_is_still_reported_as_a_bug(capsys, monkeypatch) -> None:
     import dora.cli
 
@@ -876,7 +894,7 @@ def test_what_is_not_the_cluster_s_fault_is_not_reported_as_lost_contact(tmp_pat
         patch.setattr(sys, "stdout", Closed())
         code = _submit(tmp_path, monkeypatch, _FakeJobs(logs=["step 1/2\n"]), "--output-dir", str(tmp_path / "pipe"))
     err = " ".join(capsys.readouterr().err.split())
-    assert code == 1 and "lost contact" not in err
+    assert code == 141 and "lost contact" not in err
     assert (f"standard output closed: stopped following raysubmit_fake; the job keeps running: `dora status "
             f"{tmp_path / 'pipe'}`") in err
 
