@@ -702,6 +702,13 @@ def arch_from_hf_config(config: Mapping[str, Any], *, name: str) -> ModelArch:
             raise HFConfigError(key, "is required for model_type 'kimi_k2' but missing: transformers has no Kimi K2 "
                                 "class to default it as the checkpoint's code does; write the checkpoint's value")
     defaults = dict(_TRANSFORMERS_DEFAULTS[model_type])
+    if "max_position_embeddings" in config and config["max_position_embeddings"] is None:
+        # not "left out": transformers keeps the null (its default does not apply) and vLLM then finds no context
+        # to hold --max-model-len to, so the plan's context check would rest on a default neither reader uses
+        default = defaults.get("max_position_embeddings")
+        raise HFConfigError("max_position_embeddings", "is null: transformers keeps the null" + (
+            f" (not its default for {model_type}, {default})" if default is not None else "") + " and vLLM then holds "
+            "--max-model-len to no context length; write the checkpoint's context length")
     default_theta = defaults.pop("rope_theta", None)  # after rope_parameters' (transformers 5): see _arch
     given = {k: v for k, v in config.items() if v is not None or k in _NULL_IS_A_VALUE}
     try:

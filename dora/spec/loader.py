@@ -245,16 +245,22 @@ def _resolve_arch(spec: Spec, base_dir: FsPath) -> tuple[ModelArch | None, Any, 
     if text is None:
         return None, None, diags
     try:
-        config = loads_json(text, parse_constant=_not_a_json_number, parse_float=_finite)
+        config = loads_json(text, parse_constant=_NotANumber, parse_float=_float_or_not)
     except json.JSONDecodeError as exc:
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' is not JSON: {exc.msg} at line {exc.lineno}",
                                        hint="point at a Hugging Face config.json")]
-    except ValueError as exc:  # NaN, a float out of range, nesting too deep, an integer beyond any float
+    except ValueError as exc:  # nesting too deep, an integer beyond any float, a key given twice
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' is not standard JSON: {exc}",
                                        hint="point at a Hugging Face config.json")]
     if not isinstance(config, dict):
         return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}' must hold a JSON object",
                                        hint="point at a Hugging Face config.json")]
+    if (found := _first_not_a_number(config)) is not None:
+        key, value = found
+        what = (f"{value}, not a JSON number" if value in ("NaN", "Infinity", "-Infinity") else
+                f"{value if len(value) <= 24 else value[:12] + '...'}, out of a float's range")
+        return None, None, [Diagnostic(path=path, message=f"'{m.hf_config}': key '{key}' is {what}",
+                                       hint="write the checkpoint's value as a finite number")]
     try:
         arch = arch_from_hf_config(config, name=_hf_model_name(base_dir, m.hf_config, spec.name))
     except HFConfigError as exc:
@@ -286,15 +292,33 @@ def _hf_model_name(base_dir: FsPath, rel: str, spec_name: str) -> str:
     return folder or spec_name
 
 
-def _not_a_json_number(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+class _NotANumber(str):
+    """A config.json value no finite float holds (NaN, Infinity, 1e999), kept as its text so that the key holding
+    it can be named (``_first_not_a_number``); Python's reader takes them, transformers' and vLLM's arithmetic
+    would carry them into every figure."""
 
 
-def _finite(text: str) -> float:
+def _float_or_not(text: str) -> float | _NotANumber:
     value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text if len(text) <= 24 else text[:12] + '...'} is out of a float's range")
-    return value
+    return value if math.isfinite(value) else _NotANumber(text)
+
+
+def _first_not_a_number(config: Any) -> tuple[str, str] | None:
+    """The dotted key (``rope_scaling.short_factor[3]``) and text of the first ``_NotANumber`` in ``config``, in
+    the file's order (iterative: a config nested as deeply as the reader allows is walked too)."""
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, _NotANumber):
+            return key, str(value)
+        if isinstance(value, dict):
+            inner = [(f"{key}.{name}" if key else name, v) for name, v in value.items()]
+        elif isinstance(value, list):
+            inner = [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            continue
+        stack.extend(reversed(inner))
+    return None
 
 
 def _canonical(value: Any) -> str:

@@ -326,6 +326,16 @@ def test_hf_config_null_head_dim_and_kv_heads_are_derived_as_transformers_does()
     assert info.value.key == "hidden_size"
 
 
+@pytest.mark.parametrize(("config", "says"), [(_config("qwen3-8b"), "(not its default for qwen3, 32768) and vLLM"),
+                                             ({"model_type": "qwen2_moe"}, "keeps the null and vLLM")])  # no default
+def test_hf_config_null_context_is_refused_not_read_as_the_default(config: dict, says: str):
+    """A null max_position_embeddings planned against transformers' default (32768 for qwen3), a context neither
+    reader would hold --max-model-len to."""
+    with pytest.raises(HFConfigError, match="is null: transformers keeps the null") as info:
+        arch_from_hf_config(config | {"max_position_embeddings": None}, name="x")
+    assert info.value.key == "max_position_embeddings" and says in info.value.reason
+
+
 _MINIMAL = {"hidden_size": 1024, "num_attention_heads": 32, "num_hidden_layers": 5, "vocab_size": 1000}
 _MLA_SHAPE = {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
 
