@@ -22,6 +22,15 @@ from dora.runtime.trace import SPEED_PREFIXES, RunStats, speed_key
 _BARS = "▁▂▃▄▅▆▇█"
 
 
+def share(fraction: float) -> str:
+    """A fraction as a percentage with two decimals, or to one significant digit where those would print a non-zero
+    share as 0.00% (a TIS cap that truncated 5 tokens in 100,000: 0.005%, beside an IS weight max above the cap)."""
+    text = f"{fraction:.2%}"
+    if fraction <= 0 or float(text[:-1]) != 0:
+        return text
+    return f"{100 * fraction:.1g}%" if 100 * fraction >= 1e-3 else "<0.001%"
+
+
 def sparkline(values: list[float], *, low: float = 0.0, high: float = 1.0, width: int = 40) -> str:
     """The whole series in at most ``width`` characters, scaled between ``low`` and ``high``: one per value, or, for a
     longer series, one per run of consecutive values (their mean; the runs' lengths differ by at most one)."""
@@ -56,10 +65,10 @@ def render(stats: RunStats, title: str) -> Panel:
         table.add_row("reward", f"{last.reward_mean:.3f} (exact {last.exact_fraction:.0%})  {sparkline(rewards)}")
         table.add_row("staleness", f"mean {last.mean_staleness:.2f}  max {last.max_staleness}   "
                                    f"IS weight mean {last.is_weight_mean:.3f} max {last.is_weight_max:.2f} "
-                                   f"clipped {last.is_weight_clip_frac:.1%}")
+                                   f"clipped {share(last.is_weight_clip_frac)}")
         table.add_row("throughput", f"generated {last.generated_tokens / last.step_time_s:7.0f} tok/s   "
                                     f"trained {last.forward_tokens / last.step_time_s:7.0f} tok/s   "
-                                    f"step {last.step_time_s:.2f}s (rollout share {last.rollout_share:.0%})")
+                                    f"step {last.step_time_s:.2f}s (rollout under way {last.rollout_share:.0%} of it)")
     versions = ", ".join(f"v{v}" for v in stats.live_versions)
     engines = " ".join(f"v{v}" for v in stats.engine_versions)
     table.add_row("versions", f"live {versions}   workers serve {engines}")
@@ -141,8 +150,8 @@ def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
             t.add_row("speed", "one step, no steady state: these figures include the pipeline fill")
         t.add_row(f"trained tokens/s ({what})", f"{summary[speed_key(prefix, 'trained_tokens_per_s')]:.0f}")
         t.add_row(f"generated tokens/s ({what})", f"{summary[speed_key(prefix, 'generated_tokens_per_s')]:.0f}")
-        t.add_row(f"step time ({what})", f"{summary[speed_key(prefix, 'step_time_s')]:.2f}s, rollout share "
-                                         f"{summary[speed_key(prefix, 'rollout_share')]:.0%}")
+        t.add_row(f"step time ({what})", f"{summary[speed_key(prefix, 'step_time_s')]:.2f}s, rollout under way "
+                                         f"{summary[speed_key(prefix, 'rollout_share')]:.0%} of it")
         t.add_row("rollout slot occupancy" + (attempt if prefix == "steady" else f" ({what})"),
                   f"{summary[speed_key(prefix, 'rollout_occupancy')]:.0%}")
     if "mean_staleness" in summary:
@@ -152,7 +161,7 @@ def render_summary(summary: dict[str, Any], audit: dict[str, Any]) -> Group:
         t.add_row("reward", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}  "
                             f"{sparkline(summary['reward_curve'])}")
         t.add_row("IS weights", f"mean {summary['is_weight_mean']:.3f}, max {summary['is_weight_max']:.2f}, "
-                                f"truncated {summary['is_weight_clip_frac']:.2%}")
+                                f"truncated {share(summary['is_weight_clip_frac'])}")
     if "migrated_trajectories" in summary and "weight_loads" in summary:
         t.add_row("migrations / weight loads", f"{summary['migrated_trajectories']} trajectories / "
                                                f"{summary['weight_loads']} loads")

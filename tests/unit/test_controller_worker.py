@@ -443,6 +443,14 @@ def test_live_panel_and_summary_render_the_figures_a_user_watches():
     assert "1 VIOLATION(S)" in console.export_text()
 
 
+def test_a_small_truncated_share_does_not_print_as_none():
+    """The summary read "IS weights: mean 0.939, max 3.36, truncated 0.00%" with a cap of 2: 4.6e-05 of the tokens."""
+    from dora.runtime.display import share
+
+    assert share(4.6e-05) == "0.005%" and share(0.0) == "0.00%" and share(0.1234) == "12.34%"
+    assert share(3e-9) == "<0.001%"
+
+
 def test_the_reward_sparkline_shows_the_whole_run_however_long():
     from dora.runtime.display import sparkline
 
