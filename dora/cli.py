@@ -19,7 +19,7 @@ from dora import __version__
 
 EXAMPLES = """\
 examples:
-  dora validate specs/*.yaml            check specs; every problem with its YAML path and line
+  dora validate specs/*.yaml            check specs; each problem with its YAML path and line
   dora plan specs/dense-32b-h800x128.yaml
                                         dry run: chosen placement, mode, predicted cost, considered plans
   dora plan SPEC --out plans/x          write plan.json, report, timeline, schedule graph, launch/ artifacts
@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dora {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("validate", help="check spec files and report every problem")
+    p = sub.add_parser("validate", help="check spec files and report their problems (every field's at once; the checks "
+                                        "across fields once the fields are valid)")
     p.add_argument("specs", nargs="+", metavar="SPEC")
     p.add_argument("--json", action="store_true", help="machine-readable results")
     p.set_defaults(func=cmd_validate)

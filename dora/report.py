@@ -102,21 +102,33 @@ def _recomputes(p: Predictions) -> str:
             + f"), re-prefilling {format_rate(p.kv_recomputed_tokens_per_step)} tokens")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('ch') else 's'}"
+
+
+def _staleness(plan: Plan) -> str:
+    """The k the plan runs under, against the spec's staleness budget (``plan.max_version_lag`` is the former)."""
+    k = plan.max_version_lag
+    budget = plan.inputs.get("spec", {}).get("staleness", {}).get("max_version_lag")
+    if not isinstance(budget, int) or budget == k:
+        return f"k={k}, the spec's staleness budget"
+    return f"k={k}, chosen within the spec's staleness budget of {budget}"
+
+
 def placement_lines(plan: Plan) -> list[str]:
     r, t = plan.rollout, plan.train
     kind = "colocated (rollout and training time-share every accelerator)" if plan.colocated else \
-        f"disaggregated: {r.accelerators} rollout + {t.accelerators} training accelerators"
+        f"disaggregated: {r.accelerators} rollout + {_count(t.accelerators, 'training accelerator')}"
     train = f"tp={t.tp} pp={t.pp} dp={t.dp}" + (f" ep={t.ep}" if t.ep > 1 else "") + (f" cp={t.cp}" if t.cp > 1 else "")
     return [
-        f"mode          {plan.mode} (staleness budget used k={plan.max_version_lag}"
-        f"{', version mixing allowed' if plan.allow_version_mixing else ''})",
+        f"mode          {plan.mode} ({_staleness(plan)}{', version mixing allowed' if plan.allow_version_mixing else ''})",
         f"placement     {kind}",
-        f"rollout       {r.replicas} engine replicas x {r.accelerators_per_replica} accelerators "
+        f"rollout       {_count(r.replicas, 'engine replica')} x {_count(r.accelerators_per_replica, 'accelerator')} "
         f"(tp={r.tp}{f' ep={r.ep}' if r.ep > 1 else ''}), {r.max_num_seqs} sequences each, "
-        f"max_model_len {r.max_model_len}, {r.versions_per_engine} version(s) per engine"
+        f"max_model_len {r.max_model_len}, {_count(r.versions_per_engine, 'version')} per engine"
         + (f"; an older version is packed up to {r.consolidation_batch} sequences per engine"
            if r.consolidation_batch is not None else ""),
-        f"training      {t.accelerators} accelerators: {train}, {t.num_microbatches} microbatches of "
+        f"training      {_count(t.accelerators, 'accelerator')}: {train}, {_count(t.num_microbatches, 'microbatch')} of "
         f"{t.micro_batch_tokens} tokens{', full recompute' if t.recompute else ''}",
     ]
 

@@ -318,7 +318,8 @@ class RuntimeSpec(StrictModel):
     """Trainer: `torch` (CPU, embedded) or `megatron` (megatron-core, GPU). On the cpu accelerator `megatron` is a
     rehearsal of the Megatron path: megatron-core trains the lowered config in fp32 beside the torch engines."""
     output_dir: str | None = None
-    """Where runs write traces, metrics and checkpoints; defaults to runs/<name>."""
+    """Where runs write traces, metrics and checkpoints; defaults to runs/<slug of the name>: lower-case ASCII letters
+    and digits, every other run of characters one '-', at most 48 characters (qwen2.5-32b... -> runs/qwen2-5-32b...)."""
     seed: Annotated[int, Field(ge=0, le=2**64 - 1)] = 0
     """Seed for data order, sampling and the simulator (an unsigned 64-bit integer, as torch takes it)."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9

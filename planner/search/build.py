@@ -6,6 +6,7 @@ from typing import Any
 
 from planner import architecture, hardware
 from planner.calibration import DEFAULT_CALIBRATION
+from planner.hardware import gib
 from planner.plan import (
     FORMAT_VERSION,
     Candidate,
@@ -18,6 +19,9 @@ from planner.plan import (
 )
 from planner.search.core import (
     MODE_PREFERENCE,
+    REFINE_MARGIN,
+    REFINE_SAMPLES_BUDGET,
+    REFINE_STEPS,
     STALL_FRACTION,
     TIE_FRACTION,
     SearchOutcome,
@@ -79,7 +83,8 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs,
                          rollout_accelerators=p.rollout_accelerators, train_accelerators=p.train.accelerators,
                          stage=stage, trained_tokens_per_s=tps, status=status, reason=reason)  # type: ignore[arg-type]
 
-    for s in outcome.finalists:
+    # the longer runs first: a short run's figure still holds the pipeline filling, so it ranks only among its like
+    for s in sorted(outcome.finalists, key=lambda s: -s.sim_steps):
         if s is chosen:
             why = (f"highest simulated {'trained tokens/s' if not measure else 'samples/s over the whole run'} "
                    f"({s.sim_steps} steps)" if rate(s) >= top else
@@ -92,6 +97,10 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs,
         elif rate(s) >= top * (1 - TIE_FRACTION) and s.screened.mode != chosen.screened.mode:
             reason = (f"ties within 1% ({100 * -slower:+.1f}%) at the same staleness; {chosen.screened.mode} is "
                       f"preferred (order: {', '.join(MODE_PREFERENCE)})")
+        elif s.sim_steps < chosen.sim_steps:
+            reason = (f"slower by {100 * slower:.1f}% on a {s.sim_steps}-step run{measure}, still filling its "
+                      f"pipeline, against the chosen plan's {chosen.sim_steps} steps; only plans near the lead run "
+                      "longer")
         else:
             reason = f"slower by {100 * slower:.1f}% (simulated, {s.sim_steps} steps{measure})"
         rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))
@@ -200,20 +209,40 @@ def _stall_warning(outcome: SearchOutcome, share: float) -> str:
             "side, not the staleness budget, limits this plan")
 
 
+TIGHT_MEMORY_FRACTION = 0.02
+"""A chosen plan whose training side leaves less than this share of accelerator memory beyond its modelled need (the
+reserve included) is warned about: 1.6 GiB on an 80 GB accelerator, less than one long packed row's activations."""
+
+
+def _how_to_calibrate(inputs: SearchInputs) -> str:
+    """What fits the constants on the spec's accelerator: `dora calibrate` measures dora's CPU engines only; on a GPU,
+    dora measures the Megatron trainer's MFU, and the rest are written into the file by hand."""
+    if inputs.accelerator.name == "cpu":
+        return "run `dora calibrate` on this machine"
+    return (f"on the target machines ({inputs.accelerator.name}), fit the trainer's MFU with `python "
+            "bench/megatron_train.py --spec ONE_GPU_SPEC --calibration-out FILE` (a spec of the model cut to one GPU, "
+            "as in bench/specs/), add what you measured of the others to FILE, and plan with `--calibration FILE` "
+            "(`dora calibrate` measures the cpu engines only)")
+
+
 def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) -> tuple[str, ...]:
     out = []
     c = outcome.chosen
     defaults = catalog_defaults_that_matter(outcome, inputs)
     if inputs.calibration.source == "catalog defaults":
         out.append(f"uncalibrated: the constants this plan depends on are catalog defaults ({', '.join(defaults)}); "
-                   "published planners see 10-25% error before calibration; run `dora calibrate` on the target "
-                   "machines")
+                   f"published planners see 10-25% error before calibration; {_how_to_calibrate(inputs)}")
     elif defaults and len(defaults) == len(_fields_that_matter(outcome, inputs)):
         out.append(f"calibrated, but not for this plan: the file ({inputs.calibration.source}) sets none of the "
-                   f"constants it depends on ({', '.join(defaults)}), which stay catalog defaults; run `dora "
-                   f"calibrate` on the target machines ({inputs.accelerator.name})")
+                   f"constants it depends on ({', '.join(defaults)}), which stay catalog defaults; "
+                   f"{_how_to_calibrate(inputs)}")
     elif defaults:
         out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
+    if c.sim_steps < min(inputs.steps, REFINE_STEPS):
+        out.append(f"chosen on {c.sim_steps}-step simulations, not {min(inputs.steps, REFINE_STEPS)}: at this batch "
+                   f"size a longer run passes the planner's budget of {REFINE_SAMPLES_BUDGET:,} simulated "
+                   "trajectories; a short run still holds the pipeline filling, and finalists within "
+                   f"{100 * REFINE_MARGIN:.0f}% could order differently over more steps")
     stall, step = tail_stall(c)
     if c.screened.mode in ("streaming", "bounded-async") and c.sim.steps and not c.screened.placement.colocated:
         wait = trainer_wait(c)
@@ -301,6 +330,14 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
                              "activations": tm.activations_bytes, "reserved": tm.reserved_bytes}),
     )
     warnings = list(_warnings(outcome, inputs, preds))
+    if tm.total_bytes > (1 - TIGHT_MEMORY_FRACTION) * tm.capacity_bytes and inputs.accelerator.name != "cpu":
+        left = 1 - tm.total_bytes / tm.capacity_bytes
+        warnings.append(f"training memory is planned at {gib(tm.total_bytes)} of {gib(tm.capacity_bytes)} GiB per "
+                        f"accelerator ({100 * left:.2f}% left): the model's {gib(tm.reserved_bytes)} GiB reserve "
+                        "(CUDA context, NCCL buffers, allocator fragmentation) is the whole margin. dora's Megatron "
+                        "trainer peaked 3-17% below this model in five runs on an H100 (README), but if a run runs "
+                        "out of memory, pin placement.train.pp higher" + ("" if p.colocated else
+                                                                           " or placement.train.accelerators larger"))
     if used < n:
         warnings.append(f"the placement uses {used} of the cluster's {n} accelerators; the other {n - used} stay idle "
                         "and are still paid for (accelerator-hours, cost and the bubble fraction count them): pin "

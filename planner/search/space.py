@@ -14,7 +14,8 @@ version's tails up to the batching knee at a tail's context, within the KV cache
     pack     = min(slots, knee(ctx_tail), floor(kv_capacity_tokens / ctx_tail))
 
 Training: ``tp * pp * cp * dp = T`` with tp dividing the KV heads (GQA; attention heads for MLA) and at most one
-node, pp dividing the layers, cp > 1 only for long contexts, ep dividing the experts and ``tp * dp * cp``.
+node, pp splitting the layers as Megatron does (equal middle stages, the rest on the first and last:
+``train_cost.pipeline_stage_layers``), cp > 1 only for long contexts, ep dividing the experts and ``tp * dp * cp``.
 """
 
 from __future__ import annotations

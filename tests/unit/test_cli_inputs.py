@@ -294,7 +294,8 @@ def test_an_empty_output_dir_and_a_hand_written_calibration_say_what_they_are(tm
     assert main(["plan", str(REPO / "specs" / "dense-8b-h800x64.yaml"), "--calibration", str(calibration)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "calibrated, but not for this plan" in out and "partly calibrated" not in out
-    assert "run `dora calibrate` on the target machines (h800)" in out
+    assert "on the target machines (h800), fit the trainer's MFU with `python bench/megatron_train.py" in out
+    assert "`dora calibrate` measures the cpu engines only" in out
 
 
 @pytest.mark.parametrize("address, problem", [
