@@ -270,6 +270,9 @@ def print_infeasible(console, exc: InfeasibleError, resolved: ResolvedSpec) -> N
     if exc.closest is not None:
         console.print(f"  closest candidate: {exc.closest.what}\n  it lacks: {exc.closest.reason}",
                       markup=False, highlight=False)
+    for other in exc.also:  # the other side has nothing that fits either
+        console.print(f"  and on the other side: {other.what}\n  it lacks: {other.reason}", markup=False,
+                      highlight=False)
     low_memory = resolved.spec.runtime.gpu_memory_utilization < 0.5
     pinned = resolved.spec.placement != "auto"
     if pinned:

@@ -46,9 +46,13 @@ MODE_PREFERENCE = ("streaming", "one-step-off", "bounded-async", "sync", "partia
 class InfeasibleError(Exception):
     """Nothing fits; carries the closest candidate and what it lacks."""
 
-    def __init__(self, message: str, closest: Rejection | None, headline: str | None = None):
+    def __init__(self, message: str, closest: Rejection | None, headline: str | None = None,
+                 also: tuple[Rejection, ...] = ()):
         super().__init__(message)
         self.closest = closest
+        self.also = also
+        """The closest candidate of each other side that has no layout either (training, when the rollout is short
+        too)."""
         self.headline = message if headline is None else headline
         """The message without the closest candidate's detail, for a caller that prints that detail itself."""
 
@@ -467,10 +471,19 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
                       key=lambda c: (-c.trained_tokens_per_s, -c.k, c.label))
     rejections = tuple(sorted(space.rejections, key=lambda r: (r.need_over_have, r.what)))
     if not screened:
-        closest = rejections[0] if rejections else None
+        # the closest rejection of each side that has no layout at all (rollout tp1 short of slots and training out
+        # of memory on one accelerator: both stop it, and the rollout's shortfall alone read as the blocker)
+        if inputs.pins.colocated is not False:
+            space.best_train(inputs.total_accelerators)  # tried even with no rollout layout: colocated, it has them all
+            rejections = tuple(sorted(space.rejections, key=lambda r: (r.need_over_have, r.what)))
+        sides = space.blocked_sides()
+        by_side = [next((r for r in rejections if r.what.startswith(side)), None) for side in sides]
+        blockers = sorted((r for r in by_side if r is not None), key=lambda r: (r.need_over_have, r.what))
+        closest = blockers[0] if blockers else rejections[0] if rejections else None
         detail = f"closest: {closest.what}: {closest.reason}" if closest else "no layout divides the accelerators"
         headline = f"no placement fits {inputs.arch.name} on {inputs.total_accelerators} x {inputs.accelerator.name}"
-        raise InfeasibleError(f"{headline}; {detail}", closest, headline if closest else None)
+        raise InfeasibleError(f"{headline}; {detail}", closest, headline if closest else None,
+                              also=tuple(blockers[1:]))
     steps = sim_steps_for(inputs)
     per_sim = inputs.batch_samples * steps / min(DEFAULT_MAX_SCALE, max(1.0, inputs.batch_samples * steps
                                                                         / SIM_SAMPLES_BUDGET))

@@ -254,6 +254,13 @@ class Space:
                     out.extend((tp, pp, cp, dp, ep) for ep in eps)
         return out
 
+    def blocked_sides(self) -> tuple[str, ...]:
+        """The sides ("rollout", "train") with no layout that fits, among those tried so far: where an infeasible
+        spec's rejections that matter are."""
+        out = () if self.rollout_options else ("rollout",)
+        tried = self._train_cache.values()
+        return out + (("train",) if tried and all(t is None for t in tried) else ())
+
     def best_train(self, accelerators: int) -> TrainOption | None:
         """Fastest training layout on ``accelerators`` that fits in memory (cached per size)."""
         if accelerators in self._train_cache:

@@ -450,6 +450,24 @@ def test_diff_of_a_spec_nothing_fits_says_so_like_plan(tmp_path: Path, capsys: p
         assert err.count("does not fit: needs") == 1, err  # the closest candidate's detail, once (it was twice)
 
 
+def test_nothing_fits_names_each_side_that_has_no_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """dense 32B on one H800 named only the rollout's shortfall (16 slots needed, 7 held), the closest by ratio: the
+    trainer's 617 GiB on an 80 GB accelerator stops it too, and it was never said."""
+    spec = tmp_path / "one.yaml"
+    spec.write_text((SPECS / "dense-32b-h800x128.yaml").read_text().replace("nodes: 16", "nodes: 1").replace(
+        "accelerators_per_node: 8", "accelerators_per_node: 1"))
+    assert main(["plan", str(spec)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "closest candidate: rollout tp1 it lacks: does not fit: a prompt group of 16 samples" in err, err
+    assert "and on the other side: train on 1 it lacks: train 1 (tp=1 pp=1 dp=1 ep=1 cp=1): does not fit: needs" in err
+    # one side fitting: only the other is named
+    spec.write_text((SPECS / "dense-8b-h800x64.yaml").read_text().replace("nodes: 8", "nodes: 1").replace(
+        "accelerators_per_node: 8", "accelerators_per_node: 1"))
+    assert main(["plan", str(spec)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "nothing fits" in err and "and on the other side" not in err
+
+
 def test_an_absurd_architecture_prints_its_needs_in_powers_of_ten(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """Every size at config.json's bound, 2**40: the closest candidate needed
