@@ -391,13 +391,26 @@ def render_diff(changes: list[tuple[str, str, Any, Any]], old_name: str, new_nam
     return lines
 
 
+def _is_bytes(path: str) -> bool:
+    """A plan field that holds bytes: ``*_bytes`` (``memory[train].need_bytes``) and a memory breakdown's parts
+    (``memory[train].detail.grads``)."""
+    return path.endswith("_bytes") or (path.startswith("memory[") and ".detail." in path)
+
+
+def _shown(path: str, value: Any) -> str:
+    """``format_value``, with bytes in GiB as the report prints memory (``9.28 GiB``, not ``9.96968e+09``)."""
+    if _is_bytes(path) and isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return f"{value / _GIB:,.2f} GiB"
+    return format_value(value)
+
+
 def _change_lines(changes: Sequence[tuple[str, str, Any, Any]]) -> list[str]:
     lines = []
     for sym, path, a, b in changes:
         if sym == "~":
-            lines.append(f"  ~ {path}: {format_value(a)} -> {format_value(b)}{relative_change(a, b)}")
+            lines.append(f"  ~ {path}: {_shown(path, a)} -> {_shown(path, b)}{relative_change(a, b)}")
         elif sym == "+":
-            lines.append(f"  + {path}: {format_value(b)}")
+            lines.append(f"  + {path}: {_shown(path, b)}")
         else:
-            lines.append(f"  - {path}: {format_value(a)}")
+            lines.append(f"  - {path}: {_shown(path, a)}")
     return lines

@@ -538,3 +538,11 @@ def test_memory_entries_are_compared_by_side(tmp_path: Path, capsys: pytest.Capt
     assert "+ memory" not in out and "memory[0]" not in out and "memory[rollout].side" not in out
     assert "  - memory[rollout].need_bytes: " in out and "  - memory[train].need_bytes: " in out
     assert "Plan: 0 to add, 0 to change, " in out
+    # bytes print in GiB, as the report's memory table does (they printed as 9.96968e+09)
+    need = plan["memory"][1]["need_bytes"]
+    doubled = [m | {"need_bytes": 2 * m["need_bytes"]} if m["side"] == "train" else m for m in plan["memory"]]
+    emptied.write_text(json.dumps(plan | {"memory": doubled}))
+    assert main(["diff", str(golden), str(emptied)]) == 0
+    out = capsys.readouterr().out
+    assert f"  ~ memory[train].need_bytes: {need / 2**30:,.2f} GiB -> {2 * need / 2**30:,.2f} GiB  (+100.0%)" in out
+    assert "e+0" not in out
