@@ -102,6 +102,12 @@ def _recomputes(p: Predictions) -> str:
             + f"), re-prefilling {format_rate(p.kv_recomputed_tokens_per_step)} tokens")
 
 
+def _attention_dp(r: Any) -> str:
+    """' attention-dp=N' for a replica of N attention data-parallel ranks, '' for one."""
+    dp = r.accelerators_per_replica // r.tp
+    return f" attention-dp={dp}" if dp > 1 else ""
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('ch') else 's'}"
 
@@ -124,7 +130,7 @@ def placement_lines(plan: Plan) -> list[str]:
         f"mode          {plan.mode} ({_staleness(plan)}{', version mixing allowed' if plan.allow_version_mixing else ''})",
         f"placement     {kind}",
         f"rollout       {_count(r.replicas, 'engine replica')} x {_count(r.accelerators_per_replica, 'accelerator')} "
-        f"(tp={r.tp}{f' ep={r.ep}' if r.ep > 1 else ''}), {r.max_num_seqs} sequences each, "
+        f"(tp={r.tp}{_attention_dp(r)}{f' ep={r.ep}' if r.ep > 1 else ''}), {r.max_num_seqs} sequences each, "
         f"max_model_len {r.max_model_len}, {_count(r.versions_per_engine, 'version')} per engine"
         + (f"; an older version is packed up to {r.consolidation_batch} sequences per engine"
            if r.consolidation_batch is not None else ""),

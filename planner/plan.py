@@ -65,7 +65,8 @@ class RolloutPlan:
     """Engine replicas (rollout groups): accelerators / accelerators_per_replica."""
     accelerators_per_replica: int
     max_num_seqs: int
-    """Concurrent sequences per replica (continuous-batching slots)."""
+    """Concurrent sequences per replica (continuous-batching slots), over all its attention data-parallel ranks
+    (``accelerators_per_replica / tp``; vLLM's ``max_num_seqs`` is one rank's)."""
     max_model_len: int
     """Prompt cap + response cap, tokens."""
     versions_per_engine: int

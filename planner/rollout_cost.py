@@ -1,7 +1,9 @@
 """Rollout cost model: one vLLM-like inference instance with continuous batching.
 
 An instance is `tp` accelerators holding one copy of the weights (experts split over the same devices, either
-inside each expert (ep = 1) or as whole experts per device (ep = tp)).  The simulator calls
+inside each expert (ep = 1) or as whole experts per device (ep = tp)), or, with attention data parallelism, `dp`
+ranks of one device each that attend to their own sequences, with whole experts over all of them (ep = dp; see
+`rollout_instance_memory` and `make_rollout_cost_model`).  The simulator calls
 `RolloutCostModel.decode_step_s` up to ~10^6 times, so everything that does not depend on the batch is
 precomputed by `make_rollout_cost_model`.
 
@@ -51,10 +53,15 @@ DEFAULT_MAX_NUM_SEQS = 256
 """The engine's ``max_num_seqs`` where a caller does not give one (dora's cap on a GPU engine's slots)."""
 
 
-def _check_parallel(arch: ModelArch, tp: int, ep: int) -> None:
-    if tp < 1:
-        raise ValueError(f"tp must be >= 1, got {tp}")
-    if ep not in (1, tp):
+def _check_parallel(arch: ModelArch, tp: int, ep: int, dp: int = 1) -> None:
+    if tp < 1 or dp < 1:
+        raise ValueError(f"tp and dp must be >= 1, got tp={tp}, dp={dp}")
+    if dp > 1 and tp > 1:
+        raise ValueError(f"attention data parallelism is priced with one device per rank (tp 1), got tp={tp}, dp={dp}")
+    if dp > 1 and ep != tp * dp:
+        raise ValueError(f"attention data parallelism (dp={dp}) runs the experts over every device of the instance: "
+                         f"ep must be tp x dp = {tp * dp}, got {ep}")
+    if ep not in (1, tp * dp):
         raise ValueError(f"ep ({ep}) must be 1 (experts split by TP) or equal to tp ({tp}) in a rollout instance")
     if ep > 1 and not arch.is_moe:
         raise ValueError(f"ep={ep} needs an MoE model; {arch.name} is dense")
@@ -64,7 +71,7 @@ def _check_parallel(arch: ModelArch, tp: int, ep: int) -> None:
 
 def vllm_reserved_bytes(arch: ModelArch, *, tp: int, ep: int = 1, max_num_seqs: int,
                         max_num_batched_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS,
-                        calib: Calibration = DEFAULT_CALIBRATION) -> float:
+                        calib: Calibration = DEFAULT_CALIBRATION, dp: int = 1) -> float:
     """Per-device memory a vLLM engine takes before its KV cache, beyond the weights (bytes): what its start-up
     profiling run measures (activation peak) plus the memory outside torch (CUDA context, NCCL):
 
@@ -79,10 +86,13 @@ def vllm_reserved_bytes(arch: ModelArch, *, tp: int, ep: int = 1, max_num_seqs: 
     receives 1/e of the copies. On vLLM 0.19.0 logs (the calibration fields' source) it accounts for the MoE models'
     activation peak above the dense fit: Qwen3-30B-A3B +0.44 GiB (measured +0.44), DeepSeek-V2-Lite +0.45 (+0.34),
     Mixtral-8x7B at TP 2 +0.56 (+0.55).
+
+    With attention data parallelism (``dp`` ranks of ``tp`` devices each) every rank is an engine core of its own:
+    ``max_num_seqs`` is a rank's, and the communication buffers are the expert all-to-all's.
     """
     c = calib
     reserve = c.rollout_reserved_bytes_per_device + c.rollout_sampler_bytes_per_logit * max_num_seqs * arch.vocab_size
-    if tp > 1:
+    if tp * dp > 1:
         reserve += c.rollout_tp_comm_bytes_per_device
     if arch.is_moe:
         shard = max(1, tp // ep)  # TP shards of each expert's intermediate dimension
@@ -128,6 +138,7 @@ def rollout_instance_memory(
     context_tokens: int = 4096,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     calib: Calibration = DEFAULT_CALIBRATION,
+    dp: int = 1,
 ) -> RolloutMemory:
     """Per-device memory of an instance and its KV capacity.
 
@@ -140,8 +151,15 @@ def rollout_instance_memory(
     kv_bytes = usable - weights - extra - reserve
     capacity = floor(kv_bytes / kv_tok_dev) tokens;  seqs = floor(capacity/16 / ceil(ctx/16)) (16-token pages)
     Bytes throughout; kv_tok_dev from `ModelArch.kv_bytes_per_token_per_device`.
+
+    Attention data parallelism (``dp`` > 1, vLLM's ``data_parallel_size`` with expert parallelism over all t * dp
+    devices, as DeepSeek-style MoE models are served): each of the dp ranks holds the non-expert weights (split over
+    its t devices) and 1/(t dp) of the experts, and the KV cache of its own sequences only, so the instance's KV
+    capacity is dp times a device's (an MLA latent is not copied onto every device, as under TP alone):
+        weights = (N_nonexpert / t + N_experts / (t dp)) * b_w;   kv_tok_dev = kv_tok(t) / dp
+    ``max_num_seqs`` is one rank's.
     """
-    _check_parallel(arch, tp, ep)
+    _check_parallel(arch, tp, ep, dp)
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {gpu_memory_utilization}")
     if extra_versions < 0 or context_tokens < 1:
@@ -149,10 +167,12 @@ def rollout_instance_memory(
     calib = calib.resolved_for(acc.name)
     kv_b = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     usable = gpu_memory_utilization * acc.hbm_bytes
-    weights = arch.total_params * (dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes) / tp
+    experts = arch.total_params - arch.non_expert_params
+    weights = ((arch.non_expert_params / tp + experts / (tp * dp))
+               * (dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes))
     extra = extra_versions * weights
-    reserve = vllm_reserved_bytes(arch, tp=tp, ep=ep, max_num_seqs=max_num_seqs, calib=calib)
-    kv_tok = arch.kv_bytes_per_token_per_device(kv_b, tp=tp)
+    reserve = vllm_reserved_bytes(arch, tp=tp, ep=ep, max_num_seqs=max_num_seqs, calib=calib, dp=dp)
+    kv_tok = arch.kv_bytes_per_token_per_device(kv_b, tp=tp) / dp
     kv_bytes = max(0.0, usable - weights - extra - reserve)
     capacity = int(kv_bytes // kv_tok)
     pages_per_seq = math.ceil(context_tokens / VLLM_BLOCK_SIZE_TOKENS)
@@ -161,7 +181,7 @@ def rollout_instance_memory(
     fits = seqs >= 1
     if fits:
         message = (f"fits: {seqs} concurrent sequences of {context_tokens} tokens "
-                   f"({capacity} KV tokens per instance of {tp} x {acc.name})")
+                   f"({capacity} KV tokens per instance of {tp * dp} x {acc.name})")
     else:
         message = (f"does not fit: needs {gib(needed)} GiB per device (weights {gib(weights)}"
                    f" + extra versions {gib(extra)} + reserve {gib(reserve)} + one "
@@ -171,7 +191,7 @@ def rollout_instance_memory(
                    + (f" or max_num_seqs ({max_num_seqs}: the reserve holds a sampler pass over that many rows of "
                       f"logits)" if reserve > usable / 2 else ""))
     return RolloutMemory(
-        devices=tp, usable_bytes_per_device=usable, weights_bytes_per_device=weights,
+        devices=tp * dp, usable_bytes_per_device=usable, weights_bytes_per_device=weights,
         extra_version_bytes_per_device=extra, reserved_bytes_per_device=reserve, kv_bytes_per_device=kv_bytes,
         kv_bytes_per_token_per_device=kv_tok, kv_capacity_tokens=capacity, context_tokens=context_tokens,
         max_concurrent_seqs=seqs, needed_bytes_per_device=needed, fits=fits, message=message,
@@ -209,6 +229,21 @@ class RolloutCostModel:
     collective_latency_s: float
     expert_slots_per_token: float
     step_overhead_s: float
+    dp: int = 1
+    """Attention data-parallel ranks: each decodes its own sequences, in lockstep with the others."""
+
+    def rank_share(self, batch_size: int) -> float:
+        """How much more than an even 1/dp of a decode batch's sequences the busiest rank holds: ceil(B/dp) dp / B
+        (1 without attention data parallelism, or when dp divides B). Its attention, KV reads and dense layers
+        set the step; the experts' tokens come from every rank alike."""
+        if self.dp == 1 or batch_size <= 0:
+            return 1.0
+        return -(-batch_size // self.dp) * self.dp / batch_size
+
+    def decode_flops(self, batch_size: int) -> float:
+        """The batch-only FLOPs of a decode step on the busiest device (``rank_share``)."""
+        expert = self.expert_flops_per_token_per_device * (self.imbalance if self.ep > 1 else 1.0)
+        return batch_size * (self.dense_flops_per_token_per_device * self.rank_share(batch_size) + expert)
 
     def experts_touched_per_layer(self, num_tokens: float) -> float:
         """U(n) = E * (1 - (1 - k/(E+Z))^n): expected distinct routed experts hit by n tokens."""
@@ -239,10 +274,6 @@ class RolloutCostModel:
                 efficiency=self.link_efficiency, latency_s=self.collective_latency_s)
         return t
 
-    def _matmul_flops(self, num_tokens: float) -> float:
-        expert = self.expert_flops_per_token_per_device * (self.imbalance if self.ep > 1 else 1.0)
-        return num_tokens * (self.dense_flops_per_token_per_device + expert)
-
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
         """One decode step for `batch_size` sequences holding `total_context_tokens` in all (s).
 
@@ -250,10 +281,11 @@ class RolloutCostModel:
         """
         if batch_size <= 0:
             return 0.0
+        share = self.rank_share(batch_size)
         bytes_moved = (self.nonexpert_weight_bytes_per_device + self._expert_bytes(batch_size)
-                       + total_context_tokens * self.kv_bytes_per_token_per_device)
-        flops = (self._matmul_flops(batch_size)
-                 + total_context_tokens * self.decode_attn_flops_per_ctx_token_per_device)
+                       + total_context_tokens * self.kv_bytes_per_token_per_device * share)
+        flops = (self.decode_flops(batch_size)
+                 + total_context_tokens * self.decode_attn_flops_per_ctx_token_per_device * share)
         roofline = max(bytes_moved / self.memory_rate_bytes_per_s, flops / self.decode_flops_per_s)
         return roofline + self._comm_s(batch_size) + self.step_overhead_s
 
@@ -279,7 +311,7 @@ class RolloutCostModel:
             prev = nxt
         return max(1, max_batch)
 
-    def prefill_s(self, num_tokens: int, sum_sq_tokens: float | None = None) -> float:
+    def prefill_s(self, num_tokens: int, sum_sq_tokens: float | None = None, sequences: int = 1) -> float:
         """Prefill of `num_tokens` prompt tokens in one batch (s); `sum_sq_tokens` = sum of squared prompt
         lengths (default: one prompt, num_tokens^2).
 
@@ -290,13 +322,19 @@ class RolloutCostModel:
             small share of a rollout step)
         bytes = weights touched by P tokens + P * kv_tok_dev (KV written)
         t = max(bytes / (eta_mem BW), flops / (eta_pre F)) + t_comm(P) + t_step
+        With attention data parallelism the tokens of ``sequences`` sequences spread over the ranks as the sequences
+        do, and the busiest rank sets the time (``rank_share``): one prompt's prefill is one rank's attention, dense
+        layers and KV writes; the re-prefill of many preempted or migrated sequences spreads over all of them.
         """
         if num_tokens <= 0:
             return 0.0
         s2 = float(num_tokens) ** 2 if sum_sq_tokens is None else sum_sq_tokens
-        flops = self._matmul_flops(num_tokens) + self.prefill_attn_flops_per_pair_per_device * (s2 + num_tokens) / 2
+        share = self.rank_share(sequences)
+        expert = self.expert_flops_per_token_per_device * (self.imbalance if self.ep > 1 else 1.0)
+        flops = (num_tokens * (self.dense_flops_per_token_per_device * share + expert)
+                 + self.prefill_attn_flops_per_pair_per_device * share * (s2 + num_tokens) / 2)
         bytes_moved = (self.nonexpert_weight_bytes_per_device + self._expert_bytes(num_tokens)
-                       + num_tokens * self.kv_bytes_per_token_per_device)
+                       + num_tokens * self.kv_bytes_per_token_per_device * share)
         roofline = max(bytes_moved / self.memory_rate_bytes_per_s, flops / self.prefill_flops_per_s)
         return roofline + self._comm_s(num_tokens) + self.step_overhead_s
 
@@ -312,12 +350,20 @@ def make_rollout_cost_model(
     weight_dtype_bytes: float | None = None,
     calib: Calibration = DEFAULT_CALIBRATION,
     accelerators_per_node: int | None = None,
+    dp: int = 1,
 ) -> RolloutCostModel:
     """Precompute the batch-independent constants of one instance (see module docstring).
 
     ``dtype_bytes`` sizes activations and messages, and the KV cache unless ``kv_dtype_bytes`` is given;
-    ``weight_dtype_bytes`` (default ``dtype_bytes``) sizes the weights read each step (1 for fp8 weights)."""
-    _check_parallel(arch, tp, ep)
+    ``weight_dtype_bytes`` (default ``dtype_bytes``) sizes the weights read each step (1 for fp8 weights).
+
+    With attention data parallelism (``dp`` > 1; ep = t * dp) the instance's B sequences spread over its dp ranks:
+    a device computes and reads the KV of B/dp of them and runs their dense layers in full (its rank's non-expert
+    weights are read every step), the experts as under ep, and the tokens reach their experts by all-to-all over
+    all t * dp devices (no all-reduce at t = 1). The per-device constants below carry the 1/dp; the scheduler is
+    taken to spread sequences and context evenly over the ranks (vLLM's DP load balancing)."""
+    _check_parallel(arch, tp, ep, dp)
+    devices = tp * dp
     calib = calib.resolved_for(acc.name)
     kv_b = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     w_b = dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes
@@ -325,6 +371,7 @@ def make_rollout_cost_model(
     lookup_params = 0 if arch.tie_embeddings else arch.vocab_size * arch.hidden_size
     nonexpert = (arch.non_expert_params - lookup_params) * w_b / tp
     expert_on_device = arch.expert_params * w_b / (1 if ep > 1 else tp)
+    # B/dp of the sequences per rank, each rank's work split over its t devices: per-token figures over t * dp
     expert_matmul = arch.num_moe_layers * arch.expected_routed_experts_per_token * arch.expert_params
     num_allreduces = arch.num_attention_layers + arch.num_dense_ffns + (arch.num_moe_layers if ep == 1 else 0)
     return RolloutCostModel(
@@ -336,11 +383,11 @@ def make_rollout_cost_model(
         num_moe_layers=arch.num_moe_layers,
         ep=ep,
         imbalance=calib.moe_imbalance_factor,
-        kv_bytes_per_token_per_device=arch.kv_bytes_per_token_per_device(kv_b, tp=tp),
-        dense_flops_per_token_per_device=2 * (arch.matmul_params_per_token - expert_matmul) / tp,
-        expert_flops_per_token_per_device=2 * expert_matmul / tp,
-        decode_attn_flops_per_ctx_token_per_device=arch.attention_flops_per_query_key(absorbed_mla=True) / tp,
-        prefill_attn_flops_per_pair_per_device=arch.attention_flops_per_query_key() / tp,
+        kv_bytes_per_token_per_device=arch.kv_bytes_per_token_per_device(kv_b, tp=tp) / dp,
+        dense_flops_per_token_per_device=2 * (arch.matmul_params_per_token - expert_matmul) / devices,
+        expert_flops_per_token_per_device=2 * expert_matmul / devices,
+        decode_attn_flops_per_ctx_token_per_device=arch.attention_flops_per_query_key(absorbed_mla=True) / devices,
+        prefill_attn_flops_per_pair_per_device=arch.attention_flops_per_query_key() / devices,
         memory_rate_bytes_per_s=calib.hbm_bandwidth_efficiency * acc.hbm_bandwidth_bytes_per_s,
         decode_flops_per_s=calib.decode_compute_efficiency * acc.bf16_flops,
         prefill_flops_per_s=calib.prefill_compute_efficiency * acc.bf16_flops,
@@ -348,13 +395,14 @@ def make_rollout_cost_model(
         hidden_bytes_per_token=arch.hidden_size * dtype_bytes,
         tp=tp,
         link_bandwidth_bytes_per_s=group_link_bandwidth_bytes_per_s(
-            acc, group_size=tp, accelerators_per_node=accelerators_per_node),
-        link_efficiency=calib.scale_up_efficiency if tp <= (accelerators_per_node
-                                                           or acc.default_accelerators_per_node)
+            acc, group_size=devices, accelerators_per_node=accelerators_per_node),
+        link_efficiency=calib.scale_up_efficiency if devices <= (accelerators_per_node
+                                                                or acc.default_accelerators_per_node)
         else calib.scale_out_efficiency,
         collective_latency_s=calib.collective_latency_s,
         expert_slots_per_token=arch.expected_routed_experts_per_token,
         step_overhead_s=calib.decode_step_overhead_s,
+        dp=dp,
     )
 
 

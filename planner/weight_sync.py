@@ -20,7 +20,10 @@ t_sync = t_gather + t_convert + t_transfer + t_buckets + t_reload, with
                byte leaves the trainer once and rollout ranks forward it) or R with point-to-point writes
     t_buckets  ceil(W_d / bucket) * per-bucket overhead (p2p: bytes of the busiest device / bucket)
     t_reload   fixed engine pause/resume + per-tensor load cost * named tensors (every rank walks all of them)
-Seconds throughout.
+Seconds throughout. A rollout instance with attention data parallelism (d_d ranks, experts over all t_d * d_d
+devices) holds W_d/t_d of the non-expert weights and W_d/(t_d d_d) of the experts per device
+(``rollout_weight_bytes_per_device``): that, not W_d/t_d, is what a device receives and copies; R = dst_devices /
+(t_d d_d).
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ class WeightSyncTime:
     total_s: float
 
 
+def rollout_weight_bytes_per_device(arch: ModelArch, *, tp: int, dtype_bytes: float, dp: int = 1) -> float:
+    """Weight bytes one device of a rollout instance holds: the non-expert weights split over its rank's ``tp``
+    devices, the experts over all ``tp * dp`` (``N b / t`` without attention data parallelism)."""
+    experts = arch.total_params - arch.non_expert_params
+    return (arch.non_expert_params / tp + experts / (tp * dp)) * dtype_bytes
+
+
 def weight_sync_time_s(
     arch: ModelArch,
     *,
@@ -69,21 +79,24 @@ def weight_sync_time_s(
     broadcast: bool = True,
     include_reload: bool = True,
     calib: Calibration = DEFAULT_CALIBRATION,
+    dst_dp: int = 1,
 ) -> WeightSyncTime:
     """Time to publish one version (see module docstring for every term)."""
     dst_acc = dst_acc or src_acc
-    if min(src_devices, dst_devices, dst_tp, src_tp, src_pp, src_ep, dst_ep) < 1 or bucket_bytes <= 0:
+    if min(src_devices, dst_devices, dst_tp, src_tp, src_pp, src_ep, dst_ep, dst_dp) < 1 or bucket_bytes <= 0:
         raise ValueError("device counts and parallel sizes must be >= 1 and bucket_bytes > 0")
-    if dst_devices % dst_tp:
-        raise ValueError(f"dst_devices ({dst_devices}) must be a multiple of dst_tp ({dst_tp})")
+    if dst_devices % (dst_tp * dst_dp):
+        raise ValueError(f"dst_devices ({dst_devices}) must be a multiple of an instance's devices "
+                         f"({dst_tp * dst_dp})")
     if colocated and src_devices != dst_devices:
         raise ValueError(f"colocated sync needs src_devices == dst_devices, got {src_devices} != {dst_devices}")
     calib = calib.resolved_for(src_acc.name)
-    replicas = dst_devices // dst_tp
+    replicas = dst_devices // (dst_tp * dst_dp)
     w_src = arch.total_params * src_dtype_bytes
     w_dst = arch.total_params * dst_dtype_bytes
+    w_dst_device = rollout_weight_bytes_per_device(arch, tp=dst_tp, dp=dst_dp, dtype_bytes=dst_dtype_bytes)
 
-    same_layout = colocated and src_tp == dst_tp and src_ep == dst_ep and src_pp == 1
+    same_layout = colocated and src_tp == dst_tp and src_ep == dst_ep and src_pp == 1 and dst_dp == 1
     gather = 0.0
     if not same_layout:
         expert_bytes = arch.routed_expert_params_total * src_dtype_bytes
@@ -100,9 +113,9 @@ def weight_sync_time_s(
     convert = (w_src + w_dst) / src_devices / memory_rate if src_dtype_bytes != dst_dtype_bytes else 0.0
 
     if colocated:
-        transfer = 2 * w_dst / dst_tp / (calib.hbm_bandwidth_efficiency * dst_acc.hbm_bandwidth_bytes_per_s)
+        transfer = 2 * w_dst_device / (calib.hbm_bandwidth_efficiency * dst_acc.hbm_bandwidth_bytes_per_s)
     else:
-        recv = w_dst / dst_tp / (calib.scale_out_efficiency * dst_acc.scale_out_bandwidth_bytes_per_s)
+        recv = w_dst_device / (calib.scale_out_efficiency * dst_acc.scale_out_bandwidth_bytes_per_s)
         fan = 1 if broadcast else replicas
         send = w_dst * fan / src_devices / (calib.scale_out_efficiency * src_acc.scale_out_bandwidth_bytes_per_s)
         transfer = max(recv, send)
@@ -111,7 +124,7 @@ def weight_sync_time_s(
         buckets = math.ceil(w_dst / bucket_bytes)
     else:
         # Point-to-point: devices stream their own buckets in parallel; the busiest device sets the count.
-        buckets = math.ceil(max(w_dst / dst_tp, w_dst * replicas / src_devices) / bucket_bytes)
+        buckets = math.ceil(max(w_dst_device, w_dst * replicas / src_devices) / bucket_bytes)
     bucket_overhead = buckets * calib.weight_sync_bucket_overhead_s
     reload = 0.0
     if include_reload:

@@ -52,7 +52,9 @@ def engine_args(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
         "tensor_parallel_size": r.tp,
         "max_model_len": r.max_model_len,
         "gpu_memory_utilization": r.gpu_memory_utilization,
-        "max_num_seqs": r.max_num_seqs,
+        # each attention data-parallel rank is an engine core with a scheduler of its own: the plan's slots are the
+        # replica's, over its dp ranks
+        "max_num_seqs": -(-r.max_num_seqs // dp),
         # the profiling forward's size, which the planner's memory model assumes (rollout_cost.vllm_reserved_bytes)
         "max_num_batched_tokens": VLLM_MAX_NUM_BATCHED_TOKENS,
     }

@@ -174,7 +174,7 @@ def _fields_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -> list[st
                   "train_mfu_moe" if inputs.arch.is_moe else "train_mfu_dense", "decode_step_overhead_s",
                   "train_step_overhead_s", "weight_reload_fixed_s"]
         tr = p.train
-        if p.rollout.tp > 1 or tr.tp > 1 or tr.ep > 1:
+        if p.rollout.devices > 1 or tr.tp > 1 or tr.ep > 1:
             fields.append("scale_up_efficiency")
         if not p.colocated or inputs.nodes > 1:
             fields.append("scale_out_efficiency")
@@ -311,7 +311,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
     )
     ro, tr = p.rollout, p.train
     rollout = RolloutPlan(
-        accelerators=p.rollout_accelerators, tp=ro.tp, ep=ro.ep, replicas=p.replicas, accelerators_per_replica=ro.tp,
+        accelerators=p.rollout_accelerators, tp=ro.tp, ep=ro.ep, replicas=p.replicas, accelerators_per_replica=ro.devices,
         max_num_seqs=ro.slots, max_model_len=inputs.max_context_tokens,
         versions_per_engine=versions_per_engine(c.screened),
         consolidation_batch=consolidation_batch(c.screened),

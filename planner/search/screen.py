@@ -56,7 +56,7 @@ class Placement:
 
     @property
     def replicas(self) -> int:
-        return self.rollout_accelerators // self.rollout.tp
+        return self.rollout_accelerators // self.rollout.devices
 
     @property
     def label(self) -> str:
@@ -96,27 +96,29 @@ class Screen:
 
     def __init__(self, space: Space):
         self.space = space
-        self._rollout: dict[tuple[int, int], RolloutCostModel] = {}
+        self._rollout: dict[tuple[int, int, int], RolloutCostModel] = {}
         self._sync: dict[tuple, WeightSyncTime] = {}
 
     def rollout_model(self, opt: RolloutOption) -> RolloutCostModel:
-        key = (opt.tp, opt.ep)
+        key = (opt.tp, opt.ep, opt.dp)
         if key not in self._rollout:
             inp = self.space.inp
             self._rollout[key] = make_rollout_cost_model(
-                inp.arch, inp.accelerator, tp=opt.tp, ep=opt.ep, dtype_bytes=inp.dtype_bytes,
+                inp.arch, inp.accelerator, tp=opt.tp, ep=opt.ep, dp=opt.dp, dtype_bytes=inp.dtype_bytes,
                 weight_dtype_bytes=inp.rollout_weight_bytes,
                 calib=inp.calibration, accelerators_per_node=inp.accelerators_per_node)
         return self._rollout[key]
 
     def weight_sync(self, p: Placement) -> WeightSyncTime:
         t = p.train
-        key = (p.colocated, p.rollout.tp, p.rollout.ep, p.rollout_accelerators, t.accelerators, t.tp, t.pp, t.ep)
+        key = (p.colocated, p.rollout.tp, p.rollout.ep, p.rollout.dp, p.rollout_accelerators, t.accelerators, t.tp,
+               t.pp, t.ep)
         if key not in self._sync:
             inp = self.space.inp
             self._sync[key] = weight_sync_time_s(
                 inp.arch, src_acc=inp.accelerator, dst_acc=inp.accelerator, src_devices=t.accelerators,
-                dst_devices=p.rollout_accelerators, dst_tp=p.rollout.tp, colocated=p.colocated, src_tp=t.tp,
+                dst_devices=p.rollout_accelerators, dst_tp=p.rollout.tp, dst_dp=p.rollout.dp, colocated=p.colocated,
+                src_tp=t.tp,
                 src_pp=t.pp, src_ep=t.ep, dst_ep=p.rollout.ep, src_dtype_bytes=inp.dtype_bytes,
                 dst_dtype_bytes=inp.rollout_weight_bytes, calib=inp.calibration)
         return self._sync[key]

@@ -46,6 +46,7 @@ class RolloutOption:
     tp: int
     ep: int
     slots: int
+    """Sequences the whole replica runs at once (over all its attention data-parallel ranks)."""
     memory: RolloutMemory
     consolidation_batch: int
     """streaming: the most requests a replica takes in when an older version is consolidated (``PolicyConfig.
@@ -56,10 +57,19 @@ class RolloutOption:
     searched over 1..k+1 on ``cpu``), with ``memory`` sized for them."""
     versions_searched: bool = False
     """True when ``versions`` is one of several the search tries (not a pin)."""
+    dp: int = 1
+    """Attention data-parallel ranks (vLLM's ``data_parallel_size``; the experts then run over all ``tp * dp``
+    devices, ep = tp * dp): each rank attends to its own sequences and keeps only their KV cache."""
+
+    @property
+    def devices(self) -> int:
+        """Accelerators of one replica."""
+        return self.tp * self.dp
 
     @property
     def label(self) -> str:
-        return f"tp{self.tp}" + (f"ep{self.ep}" if self.ep > 1 else "") + (f"v{self.versions}" if self.versions > 1 else "")
+        return (f"tp{self.tp}" + (f"dp{self.dp}" if self.dp > 1 else "") + (f"ep{self.ep}" if self.ep > 1 else "")
+                + (f"v{self.versions}" if self.versions > 1 else ""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,49 +185,53 @@ class Space:
                     "the CPU engine runs one thread per replica: pin rollout tp 1 (more replicas use more cores)"),
                     need_over_have=float(pins.rollout_tp)))
             tps = [t for t in tps if t == 1]
-        for tp in tps:
-            eps = [1, tp] if arch.is_moe and tp > 1 else [1]
-            if pins.rollout_ep:
-                eps = [pins.rollout_ep] if pins.rollout_ep in eps else []
-            for ep in eps:
-                if arch.is_moe and ep > 1 and arch.num_experts % ep:
+        layouts = [(tp, ep, 1) for tp in tps for ep in ([1, tp] if arch.is_moe and tp > 1 else [1])]
+        if arch.is_moe and not pins.rollout_tp and inp.accelerator.name != "cpu":
+            # attention data parallelism with the experts over every device (tp 1 per rank): how DeepSeek-style MoE
+            # models are served at scale, and the only layout where an MLA latent is not copied onto every device
+            layouts += [(1, dp, dp) for dp in powers_of_two_upto(max_tp) if dp > 1]
+        for tp, ep, dp in layouts:
+            if pins.rollout_ep and ep != pins.rollout_ep:
+                continue
+            if arch.is_moe and ep > 1 and arch.num_experts % ep:
+                continue
+            name = f"rollout tp{tp}" + (f"dp{dp}" if dp > 1 else "") + (f"ep{ep}" if ep > 1 else "")
+            knee: int | None = None  # the engine's batching knee at a tail's context, computed once per layout
+            for versions in version_counts:
+                mem = rollout_instance_memory(
+                    arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
+                    weight_dtype_bytes=inp.rollout_weight_bytes,
+                    gpu_memory_utilization=inp.gpu_memory_utilization, extra_versions=versions - 1,
+                    context_tokens=inp.max_context_tokens, max_num_seqs=inp.max_num_seqs_cap,
+                    calib=inp.calibration, dp=dp)
+                if not mem.fits:
+                    ratio = mem.needed_bytes_per_device / max(mem.usable_bytes_per_device, 1.0)
+                    self.rejections.append(Rejection(what=name, reason=mem.message, need_over_have=ratio))
                     continue
-                knee: int | None = None  # the engine's batching knee at a tail's context, computed once per layout
-                for versions in version_counts:
-                    mem = rollout_instance_memory(
-                        arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
-                        weight_dtype_bytes=inp.rollout_weight_bytes,
-                        gpu_memory_utilization=inp.gpu_memory_utilization, extra_versions=versions - 1,
-                        context_tokens=inp.max_context_tokens, max_num_seqs=inp.max_num_seqs_cap,
-                        calib=inp.calibration)
-                    if not mem.fits:
-                        ratio = mem.needed_bytes_per_device / max(mem.usable_bytes_per_device, 1.0)
-                        self.rejections.append(Rejection(what=f"rollout tp{tp}" + (f"ep{ep}" if ep > 1 else ""),
-                                                         reason=mem.message, need_over_have=ratio))
-                        continue
-                    slots = min(inp.max_num_seqs_cap, int(mem.kv_capacity_tokens // self.ctx_avg))
-                    slots = max(slots, 1)
-                    if slots < inp.samples_per_prompt:
-                        self.rejections.append(Rejection(
-                            what=f"rollout tp{tp}", need_over_have=inp.samples_per_prompt / slots,
-                            reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples "
-                                    f"(workload.samples_per_prompt) needs {inp.samples_per_prompt} slots on one "
-                                    f"engine, which holds {slots} (its KV cache at the mean context "
-                                    f"{self.ctx_avg:.0f} tokens, at most {inp.max_num_seqs_cap} sequences: "
-                                    f"placement.rollout.max_num_seqs or the engine's default)")))
-                        continue
-                    pack = pins.consolidation_batch
-                    if pack is None:
-                        if knee is None:
-                            knee = make_rollout_cost_model(
-                                arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
-                                weight_dtype_bytes=inp.rollout_weight_bytes,
-                                calib=inp.calibration, accelerators_per_node=inp.accelerators_per_node,
-                            ).batching_knee(self.ctx_tail, inp.max_num_seqs_cap)
-                        pack = max(1, min(knee, int(mem.kv_capacity_tokens // self.ctx_tail)))
-                    out.append(RolloutOption(tp=tp, ep=ep, slots=slots, memory=mem, versions=versions,
-                                             versions_searched=len(version_counts) > 1,
-                                             consolidation_batch=min(slots, pack)))
+                # max_num_seqs is each data-parallel rank's (each is an engine core of its own)
+                slots = min(dp * inp.max_num_seqs_cap, int(mem.kv_capacity_tokens // self.ctx_avg))
+                slots = max(slots, 1)
+                if slots < inp.samples_per_prompt:
+                    self.rejections.append(Rejection(
+                        what=name, need_over_have=inp.samples_per_prompt / slots,
+                        reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples "
+                                f"(workload.samples_per_prompt) needs {inp.samples_per_prompt} slots on one "
+                                f"engine, which holds {slots} (its KV cache at the mean context "
+                                f"{self.ctx_avg:.0f} tokens, at most {inp.max_num_seqs_cap} sequences: "
+                                f"placement.rollout.max_num_seqs or the engine's default)")))
+                    continue
+                pack = pins.consolidation_batch
+                if pack is None:
+                    if knee is None:
+                        knee = make_rollout_cost_model(
+                            arch, inp.accelerator, tp=tp, ep=ep, dtype_bytes=inp.dtype_bytes,
+                            weight_dtype_bytes=inp.rollout_weight_bytes,
+                            calib=inp.calibration, accelerators_per_node=inp.accelerators_per_node, dp=dp,
+                        ).batching_knee(self.ctx_tail, dp * inp.max_num_seqs_cap)
+                    pack = max(1, min(knee, int(mem.kv_capacity_tokens // self.ctx_tail)))
+                out.append(RolloutOption(tp=tp, ep=ep, dp=dp, slots=slots, memory=mem, versions=versions,
+                                         versions_searched=len(version_counts) > 1,
+                                         consolidation_batch=min(slots, pack)))
         return tuple(out)
 
     # ------------------------------------------------------------------ training

@@ -26,7 +26,12 @@ from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import Accelerator
 from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS, RolloutCostModel, make_rollout_cost_model
 from planner.train_cost import TrainCostModel
-from planner.weight_sync import host_swap_s, trainer_swap_s, weight_sync_time_s
+from planner.weight_sync import (
+    host_swap_s,
+    rollout_weight_bytes_per_device,
+    trainer_swap_s,
+    weight_sync_time_s,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,17 +81,20 @@ class CostModelTiming:
             if batch_size <= 0:
                 return 0.0
             r = self.rollout
-            terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size), r._matmul_flops(batch_size),
-                     r._comm_s(batch_size) + r.step_overhead_s, r.kv_bytes_per_token_per_device,
-                     r.decode_attn_flops_per_ctx_token_per_device, r.memory_rate_bytes_per_s, r.decode_flops_per_s)
+            share = r.rank_share(batch_size)
+            terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size), r.decode_flops(batch_size),
+                     r._comm_s(batch_size) + r.step_overhead_s, r.kv_bytes_per_token_per_device * share,
+                     r.decode_attn_flops_per_ctx_token_per_device * share, r.memory_rate_bytes_per_s,
+                     r.decode_flops_per_s)
             self._per_batch[batch_size] = terms
         bytes_moved, flops, fixed_s, kv_bytes_per_token, attn_flops_per_token, memory_rate, flops_rate = terms
         memory_s = (bytes_moved + total_context_tokens * kv_bytes_per_token) / memory_rate
         compute_s = (flops + total_context_tokens * attn_flops_per_token) / flops_rate
         return (compute_s if compute_s > memory_s else memory_s) + fixed_s  # max(memory_s, compute_s)
 
-    def prefill_s(self, num_tokens: int) -> float:
-        return self.rollout.prefill_s(num_tokens) if num_tokens > 0 else 0.0
+    def prefill_s(self, num_tokens: int, sequences: int = 1) -> float:
+        """The prefill of ``num_tokens`` tokens of ``sequences`` sequences (``RolloutCostModel.prefill_s``)."""
+        return self.rollout.prefill_s(num_tokens, None, sequences) if num_tokens > 0 else 0.0
 
     def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:
         return self.train.train_step_s(num_tokens, sum_sq_seq_len, num_seqs) + self.train_swap_s
@@ -116,8 +124,10 @@ def cost_model_timing(
     calib: Calibration = DEFAULT_CALIBRATION,
     accelerators_per_node: int | None = None,
     train_state_bytes_per_device: float = 0.0,
+    rollout_dp: int = 1,
 ) -> CostModelTiming:
-    """Timing for ``num_rollout_groups`` replicas of ``rollout_tp`` devices and a ``tp x pp x dp`` trainer.
+    """Timing for ``num_rollout_groups`` replicas of ``rollout_tp x rollout_dp`` devices (``rollout_dp`` attention
+    data-parallel ranks, ``rollout_cost.make_rollout_cost_model``) and a ``tp x pp x dp`` trainer.
 
     ``extra_forward_passes=1`` charges the old-logprob forward pass of GRPO-style training. Colocated, every training
     step also moves ``train_state_bytes_per_device`` (parameters, gradients, optimizer state) to host memory and back.
@@ -125,7 +135,7 @@ def cost_model_timing(
     rollout_w = dtype_bytes if rollout_weight_bytes is None else rollout_weight_bytes
     rollout = make_rollout_cost_model(arch, rollout_acc, tp=rollout_tp, ep=rollout_ep, dtype_bytes=dtype_bytes,
                                       weight_dtype_bytes=rollout_w, calib=calib,
-                                      accelerators_per_node=accelerators_per_node)
+                                      accelerators_per_node=accelerators_per_node, dp=rollout_dp)
     train = TrainCostModel(arch=arch, acc=train_acc, tp=train_tp, pp=train_pp, dp=train_dp, ep=train_ep,
                            cp=train_cp, micro_batch_tokens=micro_batch_tokens,
                            extra_forward_passes=extra_forward_passes, recompute=train_recompute,  # type: ignore[arg-type]
@@ -134,13 +144,13 @@ def cost_model_timing(
                            accelerators_per_node=accelerators_per_node)
     sync = weight_sync_time_s(
         arch, src_acc=train_acc, dst_acc=rollout_acc, src_devices=train_tp * train_pp * train_dp * train_cp,
-        dst_devices=num_rollout_groups * rollout_tp, dst_tp=rollout_tp, colocated=colocated, src_tp=train_tp,
-        src_pp=train_pp, src_ep=train_ep, dst_ep=rollout_ep, src_dtype_bytes=dtype_bytes,
-        dst_dtype_bytes=rollout_w, calib=calib,
+        dst_devices=num_rollout_groups * rollout_tp * rollout_dp, dst_tp=rollout_tp, colocated=colocated,
+        src_tp=train_tp, src_pp=train_pp, src_ep=train_ep, dst_ep=rollout_ep, src_dtype_bytes=dtype_bytes,
+        dst_dtype_bytes=rollout_w, calib=calib, dst_dp=rollout_dp,
     )
     calib_r = calib.resolved_for(rollout_acc.name)
     nic = calib_r.scale_out_efficiency * rollout_acc.scale_out_bandwidth_bytes_per_s
-    bytes_per_device = sync.bytes_per_replica / rollout_tp
+    bytes_per_device = rollout_weight_bytes_per_device(arch, tp=rollout_tp, dp=rollout_dp, dtype_bytes=rollout_w)
     extra_version = (rollout.nonexpert_weight_bytes_per_device / rollout.memory_rate_bytes_per_s
                      + calib.extra_version_step_s(rollout_acc.name))
     shared_host = rollout_acc.name == train_acc.name
@@ -156,7 +166,8 @@ def cost_model_timing(
         weight_publish_s=sync.gather_s + sync.convert_s + calib.publish_fixed_s(train_acc.name),
         weight_load_trainer_s=sync.transfer_s + sync.bucket_overhead_s + sync.reload_s,
         weight_load_peer_s=bytes_per_device / nic + sync.reload_s,
-        kv_migration_s_per_token=rollout.kv_bytes_per_token_per_device / nic,
+        # a request's KV lives on one rank: its t devices send their shares in parallel (not 1/dp of it)
+        kv_migration_s_per_token=rollout.kv_bytes_per_token_per_device * rollout_dp / nic,
         weight_bytes_per_group=sync.bytes_per_replica,
         extra_version_step_s=extra_version,
         rollout_contention=rollout_contention,

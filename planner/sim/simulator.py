@@ -591,6 +591,7 @@ class Simulator:
         vcount = self.e_vcount[r] if self.multi else None
         kv_limited, prompt = self.kv_limited, self.prompt
         refill = 0.0
+        refilled = 0
         while waiting and len(h) < cap:
             idx, generated = waiting[0]
             if kv_limited:
@@ -600,6 +601,7 @@ class Simulator:
                 if idx in self.recompute:
                     self.recompute.discard(idx)
                     refill += prompt + generated
+                    refilled += 1
                     self.recomputed_sequences += 1
             waiting.popleft()
             start = pos - generated if generated else pos + self.ingest_steps
@@ -613,7 +615,7 @@ class Simulator:
             self.recomputed_tokens += refill
             now = self.now
             begin = max(self.e_t[r], now)
-            duration = self.timing.prefill_s(round(refill))
+            duration = self.timing.prefill_s(round(refill), refilled)
             self.e_t[r] = begin + duration
             self.m.engine_busy(r, begin, duration, now)
 
@@ -825,7 +827,7 @@ class Simulator:
                     spans = self.t_spans[idx] = [(self.policy.group_version[gid], 0)]
                 spans.append((act.version, round(first)))
                 ctx += self.prompt + first
-            duration += self.timing.prefill_s(round(ctx))  # recompute KV on the new weights
+            duration += self.timing.prefill_s(round(ctx), len(h))  # recompute KV on the new weights
         for idx, generated in self.e_wait[r]:  # preempted (KV-limited): they continue on the new weights too
             spans = self.t_spans.get(idx)
             if spans is None:

@@ -77,7 +77,10 @@ class StepTiming(Protocol):
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
 
-    def prefill_s(self, num_tokens: int) -> float: ...
+    def prefill_s(self, num_tokens: int, sequences: int = 1) -> float:
+        """The prefill of ``num_tokens`` tokens, of ``sequences`` sequences (which an engine with attention data
+        parallelism spreads over its ranks)."""
+        ...
 
     def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float: ...
 
@@ -128,7 +131,7 @@ class LinearTiming:
             + self.decode_per_context_token_s * total_context_tokens
         )
 
-    def prefill_s(self, num_tokens: int) -> float:
+    def prefill_s(self, num_tokens: int, sequences: int = 1) -> float:
         return self.prefill_per_token_s * num_tokens
 
     def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:

@@ -131,7 +131,10 @@ def test_vllm_engine_args_follow_the_plan() -> None:
     assert args.get("data_parallel_size", 1) == max(1, plan.rollout.ep // plan.rollout.tp)
     assert bool(args.get("enable_expert_parallel", False)) == (plan.rollout.ep > 1)
     assert args["max_model_len"] == 2048 + 32768
-    assert args["max_num_seqs"] == plan.rollout.max_num_seqs and args["dtype"] == "bfloat16"
+    # vLLM's max_num_seqs is one data-parallel rank's; the plan's slots are the replica's
+    dp = plan.rollout.accelerators_per_replica // plan.rollout.tp
+    assert args["max_num_seqs"] == -(-plan.rollout.max_num_seqs // dp) and args["dtype"] == "bfloat16"
+    assert dp > 1 and plan.rollout.ep == plan.rollout.accelerators_per_replica  # the 235B example's engines
     argv = shlex.split(files["launch/vllm/serve.args"])
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-235B-A22B"]
     assert argv[argv.index("--max-model-len") + 1] == "34816"

@@ -217,3 +217,45 @@ def test_lone_sequence_decode_matches_published_vllm_runs():
         model = make_rollout_cost_model(arch, get_accelerator("h100"), tp=tp, dtype_bytes=2, accelerators_per_node=8)
         predicted = model.prefill_s(1024) + sum(model.decode_step_s(1, 1024 + i) for i in range(1, 1024))
         assert predicted == pytest.approx(published_s, rel=0.10), arch.name
+
+
+def test_attention_data_parallelism_keeps_each_sequence_s_kv_on_its_own_rank():
+    """DeepSeek-V3's MLA latent has no head axis: under TP 16 every device holds all of it, so the instance's KV cache
+    is one device's; with 16 attention data-parallel ranks (experts over all 16) each rank holds only its own
+    sequences'."""
+    ds, h800 = get_preset("deepseek-v3"), get_accelerator("h800")
+    tp = rollout_instance_memory(ds, h800, tp=16, ep=16, dtype_bytes=1, kv_dtype_bytes=2, context_tokens=8192)
+    dp = rollout_instance_memory(ds, h800, tp=1, ep=16, dp=16, dtype_bytes=1, kv_dtype_bytes=2, context_tokens=8192)
+    assert dp.devices == tp.devices == 16 and tp.fits and dp.fits
+    assert dp.kv_bytes_per_token_per_device == pytest.approx(tp.kv_bytes_per_token_per_device / 16)
+    # each rank holds the non-expert weights whole and 1/16 of the routed experts (fp8: a byte each)
+    assert dp.weights_bytes_per_device == pytest.approx(ds.non_expert_params + ds.routed_expert_params_total / 16)
+    assert tp.weights_bytes_per_device == pytest.approx(ds.total_params / 16)
+    # less room per device for the cache, but every token of it counted once, not 16 times
+    assert dp.kv_bytes_per_device < tp.kv_bytes_per_device
+    assert dp.kv_capacity_tokens == pytest.approx(
+        16 * tp.kv_capacity_tokens * dp.kv_bytes_per_device / tp.kv_bytes_per_device, rel=1e-4)
+    assert dp.kv_capacity_tokens > 4 * tp.kv_capacity_tokens
+
+
+def test_attention_data_parallel_decode_is_set_by_the_busiest_rank():
+    moe = get_preset("qwen3-235b-a22b")
+    model = make_rollout_cost_model(moe, DEV, tp=1, ep=8, dp=8, dtype_bytes=2, calib=IDEAL)
+    single = make_rollout_cost_model(moe, DEV, tp=1, dtype_bytes=2, calib=IDEAL)
+    assert model.allreduces_per_pass == 0  # no tensor parallelism: the experts' all-to-all only
+    assert model.kv_bytes_per_token_per_device == pytest.approx(single.kv_bytes_per_token_per_device / 8)
+    assert model.dense_flops_per_token_per_device == pytest.approx(single.dense_flops_per_token_per_device / 8)
+    assert model.nonexpert_weight_bytes_per_device == pytest.approx(single.nonexpert_weight_bytes_per_device)
+    # 16 sequences: 2 on every rank; 9: the busiest rank holds 2, as for 16
+    assert model.rank_share(16) == 1.0 and model.rank_share(9) == pytest.approx(16 / 9)
+    ctx = 1000.0
+    assert model.decode_step_s(9, 9 * ctx) - model._comm_s(9) == pytest.approx(
+        model.decode_step_s(16, 16 * ctx) - model._comm_s(16)
+        - (model._expert_bytes(16) - model._expert_bytes(9)) / model.memory_rate_bytes_per_s, rel=1e-6)
+    # one prompt is one rank's prefill; eight sequences' re-prefill spreads over the eight ranks
+    one, spread = model.prefill_s(8000, 8000.0 ** 2, sequences=1), model.prefill_s(8000, 8000.0 ** 2, sequences=8)
+    assert one > 2 * spread  # the weights read are the same either way; the compute is not
+    assert spread == pytest.approx(model.prefill_s(8000, 8000.0 ** 2, sequences=16))
+    for bad in ({"tp": 2, "ep": 16, "dp": 8}, {"tp": 1, "ep": 1, "dp": 8}):
+        with pytest.raises(ValueError, match="attention data parallelism"):
+            make_rollout_cost_model(moe, DEV, dtype_bytes=2, **bad)

@@ -88,7 +88,7 @@ def test_moe_tensor_count_dominates_reload():
 
 
 def test_rejects_bad_layouts():
-    with pytest.raises(ValueError, match="multiple of dst_tp"):
+    with pytest.raises(ValueError, match="multiple of an instance's devices"):
         weight_sync_time_s(TOY, src_acc=DEV, src_devices=2, dst_devices=3, dst_tp=2, colocated=False)
     with pytest.raises(ValueError, match="colocated sync needs src_devices == dst_devices"):
         weight_sync_time_s(TOY, src_acc=DEV, src_devices=2, dst_devices=4, dst_tp=2, colocated=True)
@@ -129,3 +129,21 @@ def test_host_moves_go_over_the_host_link_and_cost_nothing_where_device_memory_i
     # every GPU entry has a host link: PCIe Gen5 x16 (Gen4 on A100), one direction
     assert get_accelerator("h800").host_link_bandwidth_bytes_per_s == 64e9
     assert get_accelerator("a100-80g").host_link_bandwidth_bytes_per_s == 32e9
+
+
+def test_an_attention_data_parallel_rank_receives_its_experts_only():
+    """A rollout device of a dp-attention instance holds the non-expert weights and 1/(t dp) of the routed experts:
+    that is what it receives, not the whole model as one tp-1 instance would."""
+    from planner.weight_sync import rollout_weight_bytes_per_device
+
+    moe = get_preset("qwen3-235b-a22b")
+    acc = get_accelerator("h800")
+    per_device = rollout_weight_bytes_per_device(moe, tp=1, dp=32, dtype_bytes=2)
+    assert per_device == pytest.approx((moe.non_expert_params + moe.routed_expert_params_total / 32) * 2)
+    assert rollout_weight_bytes_per_device(moe, tp=16, dtype_bytes=2) == pytest.approx(moe.total_params * 2 / 16)
+    dp = weight_sync_time_s(moe, src_acc=acc, src_devices=64, dst_devices=64, dst_tp=1, dst_dp=32, dst_ep=32,
+                            colocated=False, calib=IDEAL)
+    whole = weight_sync_time_s(moe, src_acc=acc, src_devices=64, dst_devices=64, dst_tp=1, colocated=False,
+                               calib=IDEAL)
+    assert dp.num_replicas == 2 and whole.num_replicas == 64
+    assert dp.transfer_s < whole.transfer_s / 4
