@@ -186,9 +186,10 @@ class Space:
                     need_over_have=float(pins.rollout_tp)))
             tps = [t for t in tps if t == 1]
         layouts = [(tp, ep, 1) for tp in tps for ep in ([1, tp] if arch.is_moe and tp > 1 else [1])]
-        if arch.is_moe and not pins.rollout_tp and inp.accelerator.name != "cpu":
+        if arch.is_moe and pins.rollout_tp in (None, 1) and inp.accelerator.name != "cpu":
             # attention data parallelism with the experts over every device (tp 1 per rank): how DeepSeek-style MoE
-            # models are served at scale, and the only layout where an MLA latent is not copied onto every device
+            # models are served at scale, and the only layout where an MLA latent is not copied onto every device.
+            # The spec pins one as tp 1 with ep = the ranks (a replica spans ep = tp x attention-dp accelerators).
             layouts += [(1, dp, dp) for dp in powers_of_two_upto(max_tp) if dp > 1]
         for tp, ep, dp in layouts:
             if pins.rollout_ep and ep != pins.rollout_ep:

@@ -577,3 +577,18 @@ def test_rollout_tp_gives_vllm_whole_kv_heads() -> None:
     tps = {o.tp for o in Space(dataclasses.replace(inputs, arch=arch)).rollout_options}
     assert tps == {1, 2}  # the powers of two dividing 48 that hold 6 KV heads whole: not 4, 8 or 16
     assert not arch.tp_shards_kv_heads(4) and arch.tp_shards_kv_heads(2) and arch.tp_shards_kv_heads(12)
+
+
+def test_moe_rollout_engines_may_run_attention_data_parallel_and_a_spec_pins_them_as_tp1_with_ep() -> None:
+    """Qwen3-235B's 4 KV heads are copied onto every rank of a tp16 engine; 32 attention data-parallel ranks keep one
+    sequence's KV on one device. The search finds them for the 235B example, a spec pins them as tp 1 with ep 32,
+    and a pinned tp 16 leaves them out."""
+    text = (SPECS / "moe-235b-h800x512.yaml").read_text()
+    free = make_plan(_resolved(text)).plan
+    assert (free.rollout.tp, free.rollout.ep, free.rollout.accelerators_per_replica) == (1, 32, 32)
+    assert free.rollout.max_num_seqs > 256  # over 32 ranks, each with vLLM's 256 (less where the KV cache holds less)
+    pinned = make_plan(_resolved(text + "placement:\n  colocated: false\n  rollout: {tp: 1, ep: 16}\n")).plan
+    assert (pinned.rollout.tp, pinned.rollout.ep, pinned.rollout.accelerators_per_replica) == (1, 16, 16)
+    tp16 = make_plan(_resolved(text + "placement:\n  rollout: {tp: 16}\n")).plan
+    assert tp16.rollout.accelerators_per_replica == 16 and tp16.rollout.tp == 16
+    assert free.predictions.trained_tokens_per_s > tp16.predictions.trained_tokens_per_s
