@@ -65,7 +65,8 @@ def _per_sequence_cost(seconds: float) -> Iterator[None]:
     def prefill(self: RolloutCostModel, num_tokens: int, sum_sq_tokens: float | None = None) -> float:
         return prefill_s(self, num_tokens, sum_sq_tokens) - seconds * (num_tokens - 1)
 
-    with mock.patch.object(RolloutCostModel, "_comm_s", lambda self, b: comm_s(self, b) + seconds * b), \
+    with mock.patch.object(RolloutCostModel, "_comm_s",
+                           lambda self, b, share=1.0: comm_s(self, b, share) + seconds * b), \
             mock.patch.object(RolloutCostModel, "prefill_s", prefill):
         yield
 

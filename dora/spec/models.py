@@ -256,8 +256,9 @@ class RolloutPlacement(StrictModel):
     versions_per_engine: Annotated[int, Field(gt=0, le=MAX_VERSION_LAG + 1)] | None = None
     """Policy versions one engine replica may hold at once (1 on GPUs; at most k + 1)."""
     max_num_seqs: BatchSize | None = None
-    """The most sequences one engine replica runs at once (vLLM's ``max_num_seqs``), fewer where its KV cache holds
-    fewer. Unset: 256 on GPUs (vLLM's default), 64 on the `cpu` accelerator. Fewer slots than the rollout could fill
+    """The most sequences one engine replica runs at once (vLLM's ``max_num_seqs``; each attention data-parallel rank's
+    of a replica that has several), fewer where its KV cache holds fewer. Unset: 256 on GPUs (vLLM's default), 64 on
+    the `cpu` accelerator. Fewer slots than the rollout could fill
     keep a trainer-bound run's staleness down and its slots busy."""
     consolidation_batch: BatchSize | None = None
     """Streaming: the most sequences an engine takes in when an older version's requests are packed onto fewer

@@ -190,7 +190,8 @@ class Space:
             # attention data parallelism with the experts over every device (tp 1 per rank): how DeepSeek-style MoE
             # models are served at scale, and the only layout where an MLA latent is not copied onto every device.
             # The spec pins one as tp 1 with ep = the ranks (a replica spans ep = tp x attention-dp accelerators).
-            layouts += [(1, dp, dp) for dp in powers_of_two_upto(max_tp) if dp > 1]
+            ranks = set(powers_of_two_upto(max_tp)) | ({pins.rollout_ep} if pins.rollout_ep else set())
+            layouts += [(1, dp, dp) for dp in sorted(ranks) if dp > 1]
         for tp, ep, dp in layouts:
             if pins.rollout_ep and ep != pins.rollout_ep:
                 continue
@@ -218,7 +219,8 @@ class Space:
                         reason=(f"does not fit: a prompt group of {inp.samples_per_prompt} samples "
                                 f"(workload.samples_per_prompt) needs {inp.samples_per_prompt} slots on one "
                                 f"engine, which holds {slots} (its KV cache at the mean context "
-                                f"{self.ctx_avg:.0f} tokens, at most {inp.max_num_seqs_cap} sequences: "
+                                f"{self.ctx_avg:.0f} tokens, at most {inp.max_num_seqs_cap} sequences"
+                                f"{f' on each of its {dp} ranks' if dp > 1 else ''}: "
                                 f"placement.rollout.max_num_seqs or the engine's default)")))
                     continue
                 pack = pins.consolidation_batch

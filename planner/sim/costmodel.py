@@ -83,7 +83,7 @@ class CostModelTiming:
             r = self.rollout
             share = r.rank_share(batch_size)
             terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size), r.decode_flops(batch_size),
-                     r._comm_s(batch_size) + r.step_overhead_s, r.kv_bytes_per_token_per_device * share,
+                     r._comm_s(batch_size, share) + r.step_overhead_s, r.kv_bytes_per_token_per_device * share,
                      r.decode_attn_flops_per_ctx_token_per_device * share, r.memory_rate_bytes_per_s,
                      r.decode_flops_per_s)
             self._per_batch[batch_size] = terms
@@ -166,8 +166,8 @@ def cost_model_timing(
         weight_publish_s=sync.gather_s + sync.convert_s + calib.publish_fixed_s(train_acc.name),
         weight_load_trainer_s=sync.transfer_s + sync.bucket_overhead_s + sync.reload_s,
         weight_load_peer_s=bytes_per_device / nic + sync.reload_s,
-        # a request's KV lives on one rank: its t devices send their shares in parallel (not 1/dp of it)
-        kv_migration_s_per_token=rollout.kv_bytes_per_token_per_device * rollout_dp / nic,
+        # a migration moves an engine's requests, spread over its ranks, which send in parallel
+        kv_migration_s_per_token=rollout.kv_bytes_per_token_per_device / nic,
         weight_bytes_per_group=sync.bytes_per_replica,
         extra_version_step_s=extra_version,
         rollout_contention=rollout_contention,

@@ -249,8 +249,9 @@ def test_attention_data_parallel_decode_is_set_by_the_busiest_rank():
     # 16 sequences: 2 on every rank; 9: the busiest rank holds 2, as for 16
     assert model.rank_share(16) == 1.0 and model.rank_share(9) == pytest.approx(16 / 9)
     ctx = 1000.0
-    assert model.decode_step_s(9, 9 * ctx) - model._comm_s(9) == pytest.approx(
-        model.decode_step_s(16, 16 * ctx) - model._comm_s(16)
+    assert model._comm_s(9, model.rank_share(9)) == pytest.approx(model._comm_s(16))  # the busiest rank sends 2
+    assert model.decode_step_s(9, 9 * ctx) == pytest.approx(
+        model.decode_step_s(16, 16 * ctx)
         - (model._expert_bytes(16) - model._expert_bytes(9)) / model.memory_rate_bytes_per_s, rel=1e-6)
     # one prompt is one rank's prefill; eight sequences' re-prefill spreads over the eight ranks
     one, spread = model.prefill_s(8000, 8000.0 ** 2, sequences=1), model.prefill_s(8000, 8000.0 ** 2, sequences=8)
@@ -259,3 +260,27 @@ def test_attention_data_parallel_decode_is_set_by_the_busiest_rank():
     for bad in ({"tp": 2, "ep": 16, "dp": 8}, {"tp": 1, "ep": 1, "dp": 8}):
         with pytest.raises(ValueError, match="attention data parallelism"):
             make_rollout_cost_model(moe, DEV, dtype_bytes=2, **bad)
+
+
+def test_an_attention_data_parallel_engine_fits_only_when_one_rank_holds_a_whole_sequence():
+    """A sequence's KV cache lives on one rank. LongCat-Flash's 19.5B non-expert weights sit on every rank of a dp32
+    engine and leave too little for one 69,632-token sequence there; the engine-wide pool read as 537,872 tokens and 7
+    sequences, and the search simulated an engine vLLM could not start."""
+    longcat, qwen, h800 = get_preset("longcat-flash"), get_preset("qwen3-235b-a22b"), get_accelerator("h800")
+    mem = rollout_instance_memory(longcat, h800, tp=1, ep=32, dp=32, dtype_bytes=2, context_tokens=69632)
+    assert not mem.fits and mem.max_concurrent_seqs == 0
+    rank = rollout_instance_memory(qwen, h800, tp=1, ep=32, dp=32, dtype_bytes=2, context_tokens=34816)
+    one = qwen.kv_bytes_per_token_per_device(2, tp=1)  # a token of one sequence, on its rank's device
+    assert rank.fits and rank.kv_capacity_tokens == 32 * int(rank.kv_bytes_per_device // one)
+    assert rank.max_concurrent_seqs % 32 == 0  # whole sequences on every rank
+    assert rank.max_concurrent_seqs == 32 * (int(rank.kv_bytes_per_device // one) // 16 // (34816 // 16))
+
+
+def test_an_attention_data_parallel_knee_is_one_sequence_per_rank():
+    """The step time is a staircase in the batch: the sequence after one per rank doubles a rank's attention and KV
+    reads, and raises the engine's tokens/s by far less than half in proportion."""
+    moe, h800 = get_preset("qwen3-235b-a22b"), get_accelerator("h800")
+    for dp in (16, 32):
+        model = make_rollout_cost_model(moe, h800, tp=1, ep=dp, dp=dp, dtype_bytes=2, accelerators_per_node=8)
+        assert model.batching_knee(5000, 256 * dp) == dp
+        assert model.decode_step_s(dp + 1, (dp + 1) * 5000) > 1.03 * model.decode_step_s(dp, dp * 5000)

@@ -587,8 +587,13 @@ def test_moe_rollout_engines_may_run_attention_data_parallel_and_a_spec_pins_the
     free = make_plan(_resolved(text)).plan
     assert (free.rollout.tp, free.rollout.ep, free.rollout.accelerators_per_replica) == (1, 32, 32)
     assert free.rollout.max_num_seqs > 256  # over 32 ranks, each with vLLM's 256 (less where the KV cache holds less)
-    pinned = make_plan(_resolved(text + "placement:\n  colocated: false\n  rollout: {tp: 1, ep: 16}\n")).plan
+    resolved = _resolved(text + "placement:\n  colocated: false\n  rollout: {tp: 1, ep: 16, max_num_seqs: 16}\n")
+    pinned = make_plan(resolved).plan
     assert (pinned.rollout.tp, pinned.rollout.ep, pinned.rollout.accelerators_per_replica) == (1, 16, 16)
+    # max_num_seqs is vLLM's, one rank's: 16 ranks of 16; a saved plan of it is not read as breaking its pin
+    from dora.apply import _outside_spec
+
+    assert pinned.rollout.max_num_seqs == 16 * 16 and _outside_spec(pinned, resolved.spec) == []
     tp16 = make_plan(_resolved(text + "placement:\n  rollout: {tp: 16}\n")).plan
     assert tp16.rollout.accelerators_per_replica == 16 and tp16.rollout.tp == 16
     assert free.predictions.trained_tokens_per_s > tp16.predictions.trained_tokens_per_s
