@@ -311,7 +311,7 @@ class RolloutCostModel:
         the sequence after B = dp doubles one rank's attention and KV reads, and the knee is dp, one sequence per
         rank. Over whole rounds of dp the elasticity stays above 1/2 much longer (15 per rank on the 235B example's
         dp32 engines at a tail's context); packed that full, its colocated streaming plan simulates 132.6K trained
-        tokens/s, against 140.8K at one per rank.
+        tokens/s, against 138.6K at one per rank.
         """
         prev = self.decode_step_s(1, context_tokens_per_seq)
         for b in range(1, max(1, max_batch)):
