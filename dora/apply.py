@@ -192,7 +192,7 @@ def _outside_spec(plan: Any, spec: Any) -> list[str]:
 
     in_flight = (plan.max_version_lag + 1) * w.prompts_per_step * w.samples_per_prompt  # `--max-num-seqs`' bound
     cap = CPU_MAX_NUM_SEQS if spec.cluster.accelerator == "cpu" else VLLM_MAX_NUM_SEQS  # the planner's, a small batch
-    if r.max_num_seqs > max(in_flight, cap * max(1, r.accelerators_per_replica // max(1, r.tp))):  # cap: a rank's
+    if r.max_num_seqs > max(in_flight, cap * r.attention_dp):  # the cap is one rank's
         out.append(f"rollout.max_num_seqs {r.max_num_seqs:,} is more than the {in_flight:,} trajectories the plan can "
                    f"ever have in flight ((k + 1) x prompts x samples = {plan.max_version_lag + 1} x "
                    f"{w.prompts_per_step} x {w.samples_per_prompt}) and than the engine's cap of {cap} slots that "
@@ -224,7 +224,7 @@ def _outside_pins(plan: Any, spec: Any) -> list[str]:
         for name, pinned in pins.model_dump(exclude_none=True).items():
             have = getattr(planned, name)
             if side == "rollout" and name == "max_num_seqs":  # the pin is vLLM's, one attention-dp rank's
-                have = -(-have // max(1, planned.accelerators_per_replica // max(1, planned.tp)))
+                have = -(-have // planned.attention_dp)
             capped = name in ("max_num_seqs", "versions_per_engine", "consolidation_batch")
             if have is not None and (have > pinned if capped else have != pinned):  # None: no packing planned
                 out.append(f"{side}.{name} {have}, but placement.{side}.{name} pins "

@@ -104,8 +104,7 @@ def _recomputes(p: Predictions) -> str:
 
 def _attention_dp(r: Any) -> str:
     """' attention-dp=N' for a replica of N attention data-parallel ranks, '' for one."""
-    dp = r.accelerators_per_replica // r.tp
-    return f" attention-dp={dp}" if dp > 1 else ""
+    return f" attention-dp={r.attention_dp}" if r.attention_dp > 1 else ""
 
 
 def _count(n: int, noun: str) -> str:

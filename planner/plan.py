@@ -78,6 +78,12 @@ class RolloutPlan:
     kv_capacity_tokens: int
     """KV-cache capacity of one replica, tokens."""
 
+    @property
+    def attention_dp(self) -> int:
+        """Attention data-parallel ranks of one replica, accelerators_per_replica / tp (at least 1, also for a plan
+        file whose sizes do not divide: the checks that read it report that)."""
+        return max(1, self.accelerators_per_replica // max(1, self.tp))
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainPlan:

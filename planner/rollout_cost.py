@@ -36,6 +36,7 @@ from planner.hardware import (
     group_link_bandwidth_bytes_per_s,
     ring_all_reduce_s,
 )
+from planner.weight_sync import rollout_weight_bytes_per_device
 
 CPU_DECODE_INGEST_MAX_TOKENS = 8
 """dora's CPU (torch) rollout engine feeds prompts of at most this many tokens through the decode batch, one
@@ -168,9 +169,8 @@ def rollout_instance_memory(
     calib = calib.resolved_for(acc.name)
     kv_b = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     usable = gpu_memory_utilization * acc.hbm_bytes
-    experts = arch.total_params - arch.non_expert_params
-    weights = ((arch.non_expert_params / tp + experts / (tp * dp))
-               * (dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes))
+    weights = rollout_weight_bytes_per_device(
+        arch, tp=tp, dp=dp, dtype_bytes=dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes)
     extra = extra_versions * weights
     reserve = vllm_reserved_bytes(arch, tp=tp, ep=ep, max_num_seqs=max_num_seqs, calib=calib, dp=dp)
     kv_tok_rank = arch.kv_bytes_per_token_per_device(kv_b, tp=tp)  # a sequence's KV on each device of its rank
@@ -244,10 +244,11 @@ class RolloutCostModel:
             return 1.0
         return -(-batch_size // self.dp) * self.dp / batch_size
 
-    def decode_flops(self, batch_size: int) -> float:
-        """The batch-only FLOPs of a decode step on the busiest device (``rank_share``)."""
+    def matmul_flops(self, num_tokens: float, share: float = 1.0) -> float:
+        """The weight matmuls' FLOPs of ``num_tokens`` tokens on the busiest device: the dense layers ``share`` times
+        an even split (``rank_share``), the experts' over every rank's tokens."""
         expert = self.expert_flops_per_token_per_device * (self.imbalance if self.ep > 1 else 1.0)
-        return batch_size * (self.dense_flops_per_token_per_device * self.rank_share(batch_size) + expert)
+        return num_tokens * (self.dense_flops_per_token_per_device * share + expert)
 
     def experts_touched_per_layer(self, num_tokens: float) -> float:
         """U(n) = E * (1 - (1 - k/(E+Z))^n): expected distinct routed experts hit by n tokens."""
@@ -288,7 +289,7 @@ class RolloutCostModel:
         share = self.rank_share(batch_size)
         bytes_moved = (self.nonexpert_weight_bytes_per_device + self._expert_bytes(batch_size)
                        + total_context_tokens * self.kv_bytes_per_token_per_device * share)
-        flops = (self.decode_flops(batch_size)
+        flops = (self.matmul_flops(batch_size, share)
                  + total_context_tokens * self.decode_attn_flops_per_ctx_token_per_device * share)
         roofline = max(bytes_moved / self.memory_rate_bytes_per_s, flops / self.decode_flops_per_s)
         return roofline + self._comm_s(batch_size, share) + self.step_overhead_s
@@ -340,8 +341,7 @@ class RolloutCostModel:
             return 0.0
         s2 = float(num_tokens) ** 2 if sum_sq_tokens is None else sum_sq_tokens
         share = self.rank_share(sequences)
-        expert = self.expert_flops_per_token_per_device * (self.imbalance if self.ep > 1 else 1.0)
-        flops = (num_tokens * (self.dense_flops_per_token_per_device * share + expert)
+        flops = (self.matmul_flops(num_tokens, share)
                  + self.prefill_attn_flops_per_pair_per_device * share * (s2 + num_tokens) / 2)
         bytes_moved = (self.nonexpert_weight_bytes_per_device + self._expert_bytes(num_tokens)
                        + num_tokens * self.kv_bytes_per_token_per_device * share)

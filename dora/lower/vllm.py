@@ -34,7 +34,7 @@ def engine_args(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
     if r.accelerators_per_replica % r.tp:
         raise LoweringError(f"plan.rollout: accelerators_per_replica ({r.accelerators_per_replica}) is not a "
                             f"multiple of tp ({r.tp})")
-    dp = r.accelerators_per_replica // r.tp
+    dp = r.attention_dp
     if r.ep > 1 and r.ep != r.accelerators_per_replica:
         raise LoweringError(f"plan.rollout: vLLM's expert-parallel size is tp x dp = {r.tp} x {dp} = "
                             f"{r.accelerators_per_replica}, but the plan says ep = {r.ep}")

@@ -82,7 +82,7 @@ class CostModelTiming:
                 return 0.0
             r = self.rollout
             share = r.rank_share(batch_size)
-            terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size), r.decode_flops(batch_size),
+            terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size), r.matmul_flops(batch_size, share),
                      r._comm_s(batch_size, share) + r.step_overhead_s, r.kv_bytes_per_token_per_device * share,
                      r.decode_attn_flops_per_ctx_token_per_device * share, r.memory_rate_bytes_per_s,
                      r.decode_flops_per_s)
