@@ -2,8 +2,8 @@
 
 An instance is `tp` accelerators holding one copy of the weights (experts split over the same devices, either
 inside each expert (ep = 1) or as whole experts per device (ep = tp)), or, with attention data parallelism, `dp`
-ranks of one device each that attend to their own sequences, with whole experts over all of them (ep = dp; see
-`rollout_instance_memory` and `make_rollout_cost_model`).  The simulator calls
+ranks of `tp` devices each that attend to their own sequences, with whole experts over all of them (ep = tp x dp;
+see `rollout_instance_memory` and `make_rollout_cost_model`).  The simulator calls
 `RolloutCostModel.decode_step_s` up to ~10^6 times, so everything that does not depend on the batch is
 precomputed by `make_rollout_cost_model`.
 
@@ -57,8 +57,6 @@ DEFAULT_MAX_NUM_SEQS = 256
 def _check_parallel(arch: ModelArch, tp: int, ep: int, dp: int = 1) -> None:
     if tp < 1 or dp < 1:
         raise ValueError(f"tp and dp must be >= 1, got tp={tp}, dp={dp}")
-    if dp > 1 and tp > 1:
-        raise ValueError(f"attention data parallelism is priced with one device per rank (tp 1), got tp={tp}, dp={dp}")
     if dp > 1 and ep != tp * dp:
         raise ValueError(f"attention data parallelism (dp={dp}) runs the experts over every device of the instance: "
                          f"ep must be tp x dp = {tp * dp}, got {ep}")
@@ -229,7 +227,11 @@ class RolloutCostModel:
     """h * b: one token's activation as exchanged by TP / EP collectives."""
     tp: int
     link_bandwidth_bytes_per_s: float
+    """Per device, over the tensor-parallel group (a rank's tp devices)."""
     link_efficiency: float
+    ep_link_bandwidth_bytes_per_s: float
+    """Per device, over the expert-parallel group (all tp x dp devices; the TP group's when dp = 1)."""
+    ep_link_efficiency: float
     collective_latency_s: float
     expert_slots_per_token: float
     step_overhead_s: float
@@ -266,17 +268,19 @@ class RolloutCostModel:
         return self.num_moe_layers * touched * self.expert_bytes_on_device
 
     def _comm_s(self, num_tokens: float, share: float = 1.0) -> float:
-        payload = num_tokens * self.hidden_bytes_per_token
+        # the all-reduces run inside each rank, over its tp devices, on its share of the tokens (all of them, dp = 1)
+        payload = num_tokens * share / self.dp * self.hidden_bytes_per_token
         t = self.allreduces_per_pass * ring_all_reduce_s(
             payload, group_size=self.tp, bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
             efficiency=self.link_efficiency, latency_s=self.collective_latency_s)
         if self.ep > 1:
-            # Dispatch and combine: each rank scatters its 1/e of the tokens' k routed copies (with attention data
-            # parallelism the busiest rank's, ``share`` times that); the busiest rank receives imbalance x the mean.
+            # Dispatch and combine: each device scatters its 1/e of the tokens' k routed copies (with attention data
+            # parallelism, 1/tp of its rank's: ``share`` times an even split on the busiest rank); the busiest device
+            # receives imbalance x the mean.
             per_rank = num_tokens / self.ep * self.expert_slots_per_token * self.hidden_bytes_per_token * share
             t += 2 * self.num_moe_layers * all_to_all_s(
-                per_rank * self.imbalance, group_size=self.ep, bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
-                efficiency=self.link_efficiency, latency_s=self.collective_latency_s)
+                per_rank * self.imbalance, group_size=self.ep, bandwidth_bytes_per_s=self.ep_link_bandwidth_bytes_per_s,
+                efficiency=self.ep_link_efficiency, latency_s=self.collective_latency_s)
         return t
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
@@ -368,12 +372,15 @@ def make_rollout_cost_model(
     ``weight_dtype_bytes`` (default ``dtype_bytes``) sizes the weights read each step (1 for fp8 weights).
 
     With attention data parallelism (``dp`` > 1; ep = t * dp) the instance's B sequences spread over its dp ranks:
-    a device computes and reads the KV of B/dp of them and runs their dense layers in full (its rank's non-expert
-    weights are read every step), the experts as under ep, and the tokens reach their experts by all-to-all over
-    all t * dp devices (no all-reduce at t = 1). The per-device constants below carry the 1/dp; the scheduler is
-    taken to spread sequences and context evenly over the ranks (vLLM's DP load balancing)."""
+    a rank's t devices compute the attention of B/dp of them, read their KV and run their dense layers, split t ways
+    as under TP (its non-expert weights, 1/t on each device, are read every step; the all-reduces run over the t
+    devices on the rank's B/dp tokens, none at t = 1), the experts run as under ep, and the tokens reach their
+    experts by all-to-all over all t * dp devices (each device sends 1/t of its rank's). The per-device constants
+    below carry the 1/dp; the scheduler is taken to spread sequences and context evenly over the ranks (vLLM's DP
+    load balancing)."""
     _check_parallel(arch, tp, ep, dp)
     devices = tp * dp
+    per_node = accelerators_per_node or acc.default_accelerators_per_node
     calib = calib.resolved_for(acc.name)
     kv_b = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     w_b = dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes
@@ -405,10 +412,11 @@ def make_rollout_cost_model(
         hidden_bytes_per_token=arch.hidden_size * dtype_bytes,
         tp=tp,
         link_bandwidth_bytes_per_s=group_link_bandwidth_bytes_per_s(
+            acc, group_size=tp, accelerators_per_node=accelerators_per_node),
+        link_efficiency=calib.scale_up_efficiency if tp <= per_node else calib.scale_out_efficiency,
+        ep_link_bandwidth_bytes_per_s=group_link_bandwidth_bytes_per_s(
             acc, group_size=devices, accelerators_per_node=accelerators_per_node),
-        link_efficiency=calib.scale_up_efficiency if devices <= (accelerators_per_node
-                                                                or acc.default_accelerators_per_node)
-        else calib.scale_out_efficiency,
+        ep_link_efficiency=calib.scale_up_efficiency if devices <= per_node else calib.scale_out_efficiency,
         collective_latency_s=calib.collective_latency_s,
         expert_slots_per_token=arch.expected_routed_experts_per_token,
         step_overhead_s=calib.decode_step_overhead_s,

@@ -3,7 +3,8 @@
 Everything here is enumeration plus the memory checks that prune it; nothing is timed yet.
 
 Rollout replica: ``tp`` accelerators, experts split by TP (``ep = 1``) or one whole expert set per rank
-(``ep = tp``, vLLM's expert parallel). Slots per replica (continuous-batching sequences) are bounded by the KV
+(``ep = tp``, vLLM's expert parallel), or for MoE models ``dp`` attention data-parallel ranks of ``tp`` (at most a
+node) with whole experts over all of them (``ep = tp * dp``). Slots per replica (continuous-batching sequences) are bounded by the KV
 capacity at the time-averaged context of a sequence:
     ctx_avg = P + E[L^2] / (2 E[L])     (a sequence of length L spends time proportional to L, during which its
                                          context grows from P to P + L: the length-biased mean of P + l/2)
@@ -186,12 +187,13 @@ class Space:
                     need_over_have=float(pins.rollout_tp)))
             tps = [t for t in tps if t == 1]
         layouts = [(tp, ep, 1) for tp in tps for ep in ([1, tp] if arch.is_moe and tp > 1 else [1])]
-        if arch.is_moe and pins.rollout_tp in (None, 1) and inp.accelerator.name != "cpu":
-            # attention data parallelism with the experts over every device (tp 1 per rank): how DeepSeek-style MoE
-            # models are served at scale, and the only layout where an MLA latent is not copied onto every device.
-            # The spec pins one as tp 1 with ep = the ranks (a replica spans ep = tp x attention-dp accelerators).
-            ranks = set(powers_of_two_upto(max_tp)) | ({pins.rollout_ep} if pins.rollout_ep else set())
-            layouts += [(1, dp, dp) for dp in sorted(ranks) if dp > 1]
+        if arch.is_moe and inp.accelerator.name != "cpu":
+            # attention data parallelism: dp ranks of tp devices (at most a node), the experts over all tp x dp: how
+            # DeepSeek-style MoE models are served at scale, and with tp 1 the only layout where an MLA latent is not
+            # copied onto every device. A spec pins one as tp and ep = tp x dp (a replica spans ep accelerators).
+            eps = sorted(set(powers_of_two_upto(max_tp)) | ({pins.rollout_ep} if pins.rollout_ep else set()))
+            layouts += [(tp, ep, ep // tp) for tp in tps if tp <= inp.accelerators_per_node
+                        for ep in eps if ep > tp and ep % tp == 0]
         for tp, ep, dp in layouts:
             if pins.rollout_ep and ep != pins.rollout_ep:
                 continue

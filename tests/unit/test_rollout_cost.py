@@ -257,9 +257,62 @@ def test_attention_data_parallel_decode_is_set_by_the_busiest_rank():
     one, spread = model.prefill_s(8000, 8000.0 ** 2, sequences=1), model.prefill_s(8000, 8000.0 ** 2, sequences=8)
     assert one > 2 * spread  # the weights read are the same either way; the compute is not
     assert spread == pytest.approx(model.prefill_s(8000, 8000.0 ** 2, sequences=16))
-    for bad in ({"tp": 2, "ep": 16, "dp": 8}, {"tp": 1, "ep": 1, "dp": 8}):
+    for bad in ({"tp": 2, "ep": 8, "dp": 8}, {"tp": 1, "ep": 1, "dp": 8}):
         with pytest.raises(ValueError, match="attention data parallelism"):
             make_rollout_cost_model(moe, DEV, dtype_bytes=2, **bad)
+
+
+def test_attention_data_parallel_ranks_of_several_devices_split_each_rank_s_work_as_tp_does():
+    """dp ranks of tp devices (vLLM's tensor_parallel_size x data_parallel_size, EP over all): a rank's attention,
+    KV and dense layers split tp ways, with all-reduces over its tp devices on its own tokens only; the experts and
+    their all-to-all are those of the whole tp x dp group."""
+    moe, h800 = get_preset("qwen3-235b-a22b"), get_accelerator("h800")
+    kw = {"dtype_bytes": 2, "accelerators_per_node": 8}
+    both = make_rollout_cost_model(moe, h800, tp=4, ep=32, dp=8, **kw)
+    ranks = make_rollout_cost_model(moe, h800, tp=1, ep=32, dp=32, **kw)
+    rank_tp = make_rollout_cost_model(moe, h800, tp=4, ep=4, **kw)  # one rank alone: the same TP group
+    assert both.nonexpert_weight_bytes_per_device == pytest.approx(ranks.nonexpert_weight_bytes_per_device / 4)
+    assert both.nonexpert_weight_bytes_per_device == rank_tp.nonexpert_weight_bytes_per_device
+    assert both.expert_bytes_on_device == ranks.expert_bytes_on_device  # whole experts, 1/32 of them each
+    # 4 KV heads over tp 4: a head per device, a sequence's KV over its rank's 4 devices; per device and token of
+    # the engine's context, the same as 32 ranks of one device
+    assert both.kv_bytes_per_token_per_device == pytest.approx(ranks.kv_bytes_per_token_per_device)
+    assert both.dense_flops_per_token_per_device == pytest.approx(ranks.dense_flops_per_token_per_device)
+    assert both.allreduces_per_pass == rank_tp.allreduces_per_pass > 0 and ranks.allreduces_per_pass == 0
+    # the TP group is one node's NVLink; the 32-device expert group crosses nodes
+    assert both.link_bandwidth_bytes_per_s == h800.scale_up_bandwidth_bytes_per_s
+    assert both.ep_link_bandwidth_bytes_per_s == h800.scale_out_bandwidth_bytes_per_s
+    # the rank's all-reduces carry its own tokens: 64 sequences over 8 ranks are 8 per rank, as one rank alone
+    # decoding 8; the all-to-all is the 32-device group's, as the one-device ranks'
+    assert _all_reduces(ranks, 64) == 0.0 < _all_reduces(rank_tp, 8)
+    assert both._comm_s(64) == pytest.approx(_all_reduces(rank_tp, 8) + ranks._comm_s(64))
+    # a busiest rank with 2 sequences of 9 (8 ranks) carries 2 sequences' all-reduces
+    assert both._comm_s(9, both.rank_share(9)) == pytest.approx(both._comm_s(16))
+    # the step: fewer weight bytes per device than one-device ranks, at the cost of the all-reduces
+    step_both, step_ranks = both.decode_step_s(64, 64 * 5000), ranks.decode_step_s(64, 64 * 5000)
+    memory_gap = ((ranks.nonexpert_weight_bytes_per_device - both.nonexpert_weight_bytes_per_device)
+                  / both.memory_rate_bytes_per_s)
+    assert step_ranks - step_both == pytest.approx(memory_gap - (both._comm_s(64) - ranks._comm_s(64)), rel=1e-6)
+
+
+def _all_reduces(model, batch: int) -> float:
+    """The all-reduces' share of ``model._comm_s(batch)`` (the experts' all-to-all taken out)."""
+    return dataclasses.replace(model, ep=1)._comm_s(batch)
+
+
+def test_attention_data_parallel_memory_with_tensor_parallel_ranks():
+    """Each rank of tp devices holds the non-expert weights split tp ways and 1/(tp dp) of the experts; a sequence's
+    KV lives on its rank, split over the rank's devices as TP splits the KV heads."""
+    moe, h800 = get_preset("qwen3-235b-a22b"), get_accelerator("h800")
+    both = rollout_instance_memory(moe, h800, tp=4, ep=32, dp=8, dtype_bytes=2, context_tokens=34816)
+    ranks = rollout_instance_memory(moe, h800, tp=1, ep=32, dp=32, dtype_bytes=2, context_tokens=34816)
+    assert both.devices == 32 and both.fits
+    assert both.weights_bytes_per_device == pytest.approx(
+        2 * (moe.non_expert_params / 4 + (moe.total_params - moe.non_expert_params) / 32))
+    assert both.weights_bytes_per_device < ranks.weights_bytes_per_device
+    one = moe.kv_bytes_per_token_per_device(2, tp=4)  # a token of one sequence on each of its rank's devices
+    assert both.kv_capacity_tokens == 8 * int(both.kv_bytes_per_device // one)
+    assert both.kv_capacity_tokens > ranks.kv_capacity_tokens  # the weights no longer copied 4 times more
 
 
 def test_an_attention_data_parallel_engine_fits_only_when_one_rank_holds_a_whole_sequence():

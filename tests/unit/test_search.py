@@ -579,14 +579,19 @@ def test_rollout_tp_gives_vllm_whole_kv_heads() -> None:
     assert not arch.tp_shards_kv_heads(4) and arch.tp_shards_kv_heads(2) and arch.tp_shards_kv_heads(12)
 
 
-def test_moe_rollout_engines_may_run_attention_data_parallel_and_a_spec_pins_them_as_tp1_with_ep() -> None:
-    """Qwen3-235B's 4 KV heads are copied onto every rank of a tp16 engine; 32 attention data-parallel ranks keep one
-    sequence's KV on one device. The search finds them for the 235B example, a spec pins them as tp 1 with ep 32,
-    and a pinned tp 16 leaves them out."""
+def test_moe_rollout_engines_may_run_attention_data_parallel_and_a_spec_pins_them_as_tp_with_ep() -> None:
+    """Qwen3-235B's 4 KV heads are copied onto every rank of a tp16 engine; attention data-parallel ranks of 4 devices
+    (a KV head each) keep one sequence's KV on one rank and read a quarter of its non-expert weights per device. The
+    search finds 8 such ranks for the 235B example, a spec pins them as tp with ep = tp x ranks (tp 1 with ep 16:
+    16 ranks of one device), and a pinned tp 16 leaves them out."""
     text = (SPECS / "moe-235b-h800x512.yaml").read_text()
     free = make_plan(_resolved(text)).plan
-    assert (free.rollout.tp, free.rollout.ep, free.rollout.accelerators_per_replica) == (1, 32, 32)
-    assert free.rollout.max_num_seqs > 256  # over 32 ranks, each with vLLM's 256 (less where the KV cache holds less)
+    assert (free.rollout.tp, free.rollout.ep, free.rollout.accelerators_per_replica) == (4, 32, 32)
+    assert free.rollout.attention_dp == 8
+    assert free.rollout.max_num_seqs > 256  # over 8 ranks, each with vLLM's 256 (less where the KV cache holds less)
+    one_device_ranks = make_plan(_resolved(text + "placement:\n  rollout: {tp: 1, ep: 32}\n")).plan
+    assert (one_device_ranks.rollout.tp, one_device_ranks.rollout.attention_dp) == (1, 32)
+    assert free.predictions.trained_tokens_per_s > one_device_ranks.predictions.trained_tokens_per_s
     resolved = _resolved(text + "placement:\n  colocated: false\n  rollout: {tp: 1, ep: 16, max_num_seqs: 16}\n")
     pinned = make_plan(resolved).plan
     assert (pinned.rollout.tp, pinned.rollout.ep, pinned.rollout.accelerators_per_replica) == (1, 16, 16)

@@ -167,7 +167,8 @@ def test_cost_model_timing_cache_matches_the_cost_model() -> None:
     from planner.hardware import get_accelerator
     from planner.sim.costmodel import cost_model_timing
 
-    for preset, tp, ep, dp in (("qwen2.5-32b", 4, 1, 1), ("qwen3-235b-a22b", 16, 16, 1), ("qwen3-235b-a22b", 1, 32, 32)):
+    for preset, tp, ep, dp in (("qwen2.5-32b", 4, 1, 1), ("qwen3-235b-a22b", 16, 16, 1), ("qwen3-235b-a22b", 1, 32, 32),
+                                ("qwen3-235b-a22b", 4, 32, 8)):
         timing = cost_model_timing(get_preset(preset), rollout_acc=get_accelerator("h800"),
                                    train_acc=get_accelerator("h800"), rollout_tp=tp, rollout_ep=ep, rollout_dp=dp,
                                    num_rollout_groups=4, train_tp=4, train_pp=2, train_dp=2, train_ep=1 if ep == 1 else 4)

@@ -12,6 +12,6 @@ address="${RAY_ADDRESS:-$default_address}"
 exec ray job submit \
   --address "$address" \
   --runtime-env-json '{"env_vars": {"PYTHONUNBUFFERED": "1"}, "excludes": ["/runs/longcat-560b-h800x4096/"], "working_dir": "."}' \
-  --metadata-json '{"dora_max_version_lag": "2", "dora_mode": "streaming", "dora_spec_hash": "c40aec2ac08c1d46d200230e0def5cd1d786636ba25e3ab70c207faeae439acc", "dora_spec_name": "longcat-560b-h800x4096", "dora_version": "0.1.0"}' \
+  --metadata-json '{"dora_max_version_lag": "3", "dora_mode": "bounded-async", "dora_spec_hash": "c40aec2ac08c1d46d200230e0def5cd1d786636ba25e3ab70c207faeae439acc", "dora_spec_name": "longcat-560b-h800x4096", "dora_version": "0.1.0"}' \
   --entrypoint-num-cpus 1 \
   -- python -m dora.runtime.driver --config launch/runtime.json
