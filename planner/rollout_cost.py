@@ -34,6 +34,7 @@ from planner.hardware import (
     all_to_all_s,
     gib,
     group_link_bandwidth_bytes_per_s,
+    ring_all_gather_s,
     ring_all_reduce_s,
 )
 from planner.weight_sync import rollout_weight_bytes_per_device
@@ -223,6 +224,11 @@ class RolloutCostModel:
     decode_flops_per_s: float
     prefill_flops_per_s: float
     allreduces_per_pass: int
+    """All-reduces over the TP group per forward: every attention layer and dense FFN, and without attention data
+    parallelism every MoE layer too (vLLM reduces the experts' outputs, split by TP or by EP, over the same group)."""
+    allgathers_per_pass: int
+    """With attention data parallelism over ranks of several devices: one all-gather over the rank per MoE layer
+    (vLLM's sequence-parallel MoE: each device dispatches 1/tp of its rank's tokens, then gathers the results)."""
     hidden_bytes_per_token: float
     """h * b: one token's activation as exchanged by TP / EP collectives."""
     tp: int
@@ -273,7 +279,11 @@ class RolloutCostModel:
         t = self.allreduces_per_pass * ring_all_reduce_s(
             payload, group_size=self.tp, bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
             efficiency=self.link_efficiency, latency_s=self.collective_latency_s)
-        if self.ep > 1:
+        if self.allgathers_per_pass:
+            t += self.allgathers_per_pass * ring_all_gather_s(
+                payload, group_size=self.tp, bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
+                efficiency=self.link_efficiency, latency_s=self.collective_latency_s)
+        if self.dp > 1:
             # Dispatch and combine: each device scatters its 1/e of the tokens' k routed copies (with attention data
             # parallelism, 1/tp of its rank's: ``share`` times an even split on the busiest rank); the busiest device
             # receives imbalance x the mean.
@@ -390,7 +400,10 @@ def make_rollout_cost_model(
     expert_on_device = arch.expert_params * w_b / (1 if ep > 1 else tp)
     # B/dp of the sequences per rank, each rank's work split over its t devices: per-token figures over t * dp
     expert_matmul = arch.num_moe_layers * arch.expected_routed_experts_per_token * arch.expert_params
-    num_allreduces = arch.num_attention_layers + arch.num_dense_ffns + (arch.num_moe_layers if ep == 1 else 0)
+    # vLLM without attention data parallelism: the tokens are on every device of the TP group, each applies its
+    # experts (split by TP, or whole ones under EP) and the outputs are all-reduced. With it: the tokens reach their
+    # experts by all-to-all (``_comm_s``), each device sending 1/tp of its rank's, which are gathered afterwards.
+    num_allreduces = arch.num_attention_layers + arch.num_dense_ffns + (arch.num_moe_layers if dp == 1 else 0)
     return RolloutCostModel(
         nonexpert_weight_bytes_per_device=nonexpert,
         expert_bytes_on_device=expert_on_device,
@@ -409,6 +422,7 @@ def make_rollout_cost_model(
         decode_flops_per_s=calib.decode_compute_efficiency * acc.bf16_flops,
         prefill_flops_per_s=calib.prefill_compute_efficiency * acc.bf16_flops,
         allreduces_per_pass=num_allreduces if tp > 1 else 0,
+        allgathers_per_pass=arch.num_moe_layers if tp > 1 and dp > 1 else 0,
         hidden_bytes_per_token=arch.hidden_size * dtype_bytes,
         tp=tp,
         link_bandwidth_bytes_per_s=group_link_bandwidth_bytes_per_s(

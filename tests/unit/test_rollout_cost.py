@@ -7,7 +7,7 @@ import pytest
 
 from planner.architecture import ModelArch, get_preset
 from planner.calibration import Calibration
-from planner.hardware import get_accelerator
+from planner.hardware import get_accelerator, ring_all_gather_s
 from planner.rollout_cost import (
     decode_step_time_s,
     make_rollout_cost_model,
@@ -278,14 +278,19 @@ def test_attention_data_parallel_ranks_of_several_devices_split_each_rank_s_work
     # the engine's context, the same as 32 ranks of one device
     assert both.kv_bytes_per_token_per_device == pytest.approx(ranks.kv_bytes_per_token_per_device)
     assert both.dense_flops_per_token_per_device == pytest.approx(ranks.dense_flops_per_token_per_device)
-    assert both.allreduces_per_pass == rank_tp.allreduces_per_pass > 0 and ranks.allreduces_per_pass == 0
+    # a rank all-reduces after attention and gathers the experts' results over its devices; one-device ranks neither
+    assert both.allreduces_per_pass == both.allgathers_per_pass == moe.num_moe_layers == 94
+    assert ranks.allreduces_per_pass == ranks.allgathers_per_pass == 0
+    assert rank_tp.allreduces_per_pass == 2 * 94 and rank_tp.allgathers_per_pass == 0  # its experts' outputs too
     # the TP group is one node's NVLink; the 32-device expert group crosses nodes
     assert both.link_bandwidth_bytes_per_s == h800.scale_up_bandwidth_bytes_per_s
     assert both.ep_link_bandwidth_bytes_per_s == h800.scale_out_bandwidth_bytes_per_s
     # the rank's all-reduces carry its own tokens: 64 sequences over 8 ranks are 8 per rank, as one rank alone
     # decoding 8; the all-to-all is the 32-device group's, as the one-device ranks'
-    assert _all_reduces(ranks, 64) == 0.0 < _all_reduces(rank_tp, 8)
-    assert both._comm_s(64) == pytest.approx(_all_reduces(rank_tp, 8) + ranks._comm_s(64))
+    rank_bytes = 8 * moe.hidden_size * 2
+    gathers = 94 * ring_all_gather_s(rank_bytes, group_size=4, bandwidth_bytes_per_s=both.link_bandwidth_bytes_per_s,
+                                     efficiency=both.link_efficiency, latency_s=both.collective_latency_s)
+    assert both._comm_s(64) == pytest.approx(_all_reduces(rank_tp, 8) / 2 + gathers + ranks._comm_s(64))
     # a busiest rank with 2 sequences of 9 (8 ranks) carries 2 sequences' all-reduces
     assert both._comm_s(9, both.rank_share(9)) == pytest.approx(both._comm_s(16))
     # the step: fewer weight bytes per device than one-device ranks, at the cost of the all-reduces
@@ -296,8 +301,21 @@ def test_attention_data_parallel_ranks_of_several_devices_split_each_rank_s_work
 
 
 def _all_reduces(model, batch: int) -> float:
-    """The all-reduces' share of ``model._comm_s(batch)`` (the experts' all-to-all taken out)."""
-    return dataclasses.replace(model, ep=1)._comm_s(batch)
+    """``model._comm_s(batch)`` of an engine without attention data parallelism: its all-reduces only."""
+    assert model.dp == 1
+    return model._comm_s(batch)
+
+
+def test_without_attention_data_parallelism_an_expert_parallel_engine_all_reduces_as_a_tensor_parallel_one():
+    """vLLM with data_parallel_size 1 keeps every token on every device of the engine: each device applies its
+    experts, whole ones under EP or a slice of each under TP, and the MoE layer's output is all-reduced either way.
+    No all-to-all: the communication is the same."""
+    moe, h800 = get_preset("qwen3-235b-a22b"), get_accelerator("h800")
+    ep = make_rollout_cost_model(moe, h800, tp=16, ep=16, dtype_bytes=2, accelerators_per_node=8)
+    tp = make_rollout_cost_model(moe, h800, tp=16, dtype_bytes=2, accelerators_per_node=8)
+    assert ep.allreduces_per_pass == tp.allreduces_per_pass == moe.num_attention_layers + moe.num_moe_layers
+    for batch in (1, 64, 512):
+        assert ep._comm_s(batch) == tp._comm_s(batch) > 0
 
 
 def test_attention_data_parallel_memory_with_tensor_parallel_ranks():
