@@ -121,6 +121,12 @@ def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: boo
                      "model charges both moves over the host link); vLLM's sleep mode (enable_sleep_mode) offloads "
                      "the weights but discards the KV cache, so the GPU rollout worker must move the KV cache itself "
                      "or in-flight requests are recomputed on wake-up.")
+    if has_vllm and plan.rollout.attention_dp > 1 and plan.rollout.ep > 1:
+        lines.append(f"vllm note: the engines run attention data parallelism with all2all_backend {vllm.DP_ALL2ALL_BACKEND}, "
+                     "whose traffic (each token's routed copies to their experts' devices) the cost model prices: "
+                     "install DeepEP on the GPU image (vLLM's expert-parallel deployment guide), or expect slower "
+                     "steps with vLLM's default, allgather_reducescatter, which brings every rank's tokens to every "
+                     "device.")
     lines += [f"BLOCKED: {_one_line(b)}" for b in blocked]
     lines += [f"megatron limitation: {_one_line(m)}" for m in limits]
     lines += [f"megatron note: {_one_line(m)}" for m in megatron_notes]

@@ -22,6 +22,11 @@ VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "
 """vLLM's --dtype for the spec's dtype; fp8 runs bf16 activations with fp8 weights (``quantization: fp8``)."""
 
 
+DP_ALL2ALL_BACKEND = "deepep_low_latency"
+"""vLLM's expert all-to-all for engines with attention data parallelism: DeepEP's low-latency kernels (vLLM's choice
+for decode across nodes; they need DeepEP installed, as vLLM's expert-parallel deployment guide describes)."""
+
+
 def engine_args(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
     """``vllm.EngineArgs(**engine_args(...))`` for one replica.
 
@@ -63,6 +68,10 @@ def engine_args(resolved: ResolvedSpec, plan: Plan) -> dict[str, Any]:
     if dp > 1:
         args["data_parallel_size"] = dp
         args["data_parallel_backend"] = "ray"  # the replica's ranks live in a Ray placement group
+        if r.ep > 1:
+            # each token's routed copies go to their experts' devices, the traffic the cost model prices; vLLM's
+            # default (allgather_reducescatter) brings every rank's tokens to every device
+            args["all2all_backend"] = DP_ALL2ALL_BACKEND
     if r.ep > 1:
         args["enable_expert_parallel"] = True
     if r.accelerators_per_replica > 1:

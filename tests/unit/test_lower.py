@@ -135,6 +135,12 @@ def test_vllm_engine_args_follow_the_plan() -> None:
     dp = plan.rollout.accelerators_per_replica // plan.rollout.tp
     assert args["max_num_seqs"] == -(-plan.rollout.max_num_seqs // dp) and args["dtype"] == "bfloat16"
     assert dp > 1 and plan.rollout.ep == plan.rollout.accelerators_per_replica  # the 235B example's engines
+    # the experts' all-to-all the cost model prices (routed copies only), not vLLM's all-gather default
+    assert args["all2all_backend"] == "deepep_low_latency"
+    assert "all2all_backend deepep_low_latency" in files["launch/NOTES.txt"]
+    one_rank = dataclasses.replace(plan, rollout=dataclasses.replace(
+        plan.rollout, tp=16, ep=16, accelerators_per_replica=16, replicas=plan.rollout.replicas * 2))
+    assert "all2all_backend" not in json.loads(render_launch(resolved, one_rank)["launch/vllm/engine_args.json"])
     argv = shlex.split(files["launch/vllm/serve.args"])
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-235B-A22B"]
     assert argv[argv.index("--max-model-len") + 1] == "34816"
