@@ -91,6 +91,10 @@ class ModelArch:
     """A: attention sub-layers per block (LongCat-Flash: 2)."""
     dense_ffns_per_moe_layer: int = 0
     """Dense FFNs running beside the MoE in each MoE block (LongCat-Flash shortcut-connected MoE: 2)."""
+    moe_sequence_parallel: bool = True
+    """MoE only: vLLM's model splits a rank's tokens over its TP devices before the experts when it serves with
+    attention data parallelism and TP > 1 (sequence-parallel MoE: Qwen3-MoE, DeepSeek-V2/V3, Kimi-K2). vLLM's
+    LongCat-Flash does not: each device of a rank dispatches all of the rank's tokens to the experts."""
     max_context_tokens: int | None = None
     """The longest sequence (prompt + response) the checkpoint is configured for: ``max_position_embeddings``, or
     with a RoPE scaling ``factor`` the (original) length times it, as vLLM derives its limit on ``max_model_len``;
@@ -417,7 +421,8 @@ _PRESETS: dict[str, ModelArch] = {
         name="longcat-flash", num_layers=28, hidden_size=6144, num_attention_heads=64, num_kv_heads=64,
         head_dim=192, ffn_hidden_size=12288, vocab_size=131072,
         num_experts=512, num_zero_experts=256, experts_top_k=12, moe_ffn_hidden_size=2048,
-        attention_per_layer=2, dense_ffns_per_moe_layer=2, mla=_mla_deepseek(), router_scaling=6.0,
+        attention_per_layer=2, dense_ffns_per_moe_layer=2, moe_sequence_parallel=False, mla=_mla_deepseek(),
+        router_scaling=6.0,
         # transformers' LongcatFlashTopkRouter: top-k over softmax scores plus a correction bias, no renormalisation
         router_normalizes_topk=False, router_expert_bias=True, max_context_tokens=131072,
         rope_theta=1e7, norm_eps=1e-5),

@@ -96,9 +96,37 @@ def vllm_reserved_bytes(arch: ModelArch, *, tp: int, ep: int = 1, max_num_seqs: 
         reserve += c.rollout_tp_comm_bytes_per_device
     if arch.is_moe:
         shard = max(1, tp // ep)  # TP shards of each expert's intermediate dimension
-        copies = max_num_batched_tokens * arch.experts_top_k * dp / ep  # under dp every rank dispatches its own
+        # under dp every rank dispatches its own (each of its devices all of them without sequence-parallel MoE)
+        copies = max_num_batched_tokens * arch.experts_top_k * dp / ep * expert_token_copies(arch, tp=tp, dp=dp)
         reserve += copies * (2 * arch.moe_ffn_hidden_size / shard + arch.hidden_size) * 2
+        if dp > 1 and ep > 1:
+            reserve += deepep_low_latency_buffer_bytes(arch)
     return reserve
+
+
+DEEPEP_LL_MAX_TOKENS_PER_RANK = 256
+"""Tokens one rank dispatches at most per DeepEP low-latency call: vLLM's ``VLLM_MOE_DP_CHUNK_SIZE`` default, which
+sizes the buffer (``deepep_low_latency_buffer_bytes``)."""
+
+
+def deepep_low_latency_buffer_bytes(arch: ModelArch, max_tokens_per_rank: int = DEEPEP_LL_MAX_TOKENS_PER_RANK) -> float:
+    """The RDMA buffer each device of an engine with attention data parallelism allocates for DeepEP's low-latency
+    all-to-all (``all2all_backend: deepep_low_latency``, what dora's lowering writes), following DeepEP's
+    ``LowLatencyLayout`` (``get_low_latency_rdma_size_hint``): two buffers, each with room to send and to receive a
+    bf16 hidden state (plus a 16-byte header on dispatch) per token and expert:
+
+        bytes = 2 * E * T * ((2 h + 16) + 2 h)        (E routed experts, T = max_tokens_per_rank, h hidden size)
+
+    6.0 GiB for LongCat-Flash (512 experts, h 6144), 1.0 GiB for Qwen3-235B-A22B (128, 4096)."""
+    e, t, h = arch.num_experts, max_tokens_per_rank, arch.hidden_size
+    return 2.0 * e * t * ((2 * h + 16) + 2 * h)
+
+
+def expert_token_copies(arch: ModelArch, *, tp: int, dp: int) -> int:
+    """How many devices send each token to its experts: tp when attention data-parallel ranks of several devices
+    serve a model whose vLLM implementation has no sequence-parallel MoE (``ModelArch.moe_sequence_parallel``: every
+    device of a rank dispatches all of the rank's tokens, and the experts compute each copy), else 1."""
+    return tp if dp > 1 and tp > 1 and not arch.moe_sequence_parallel else 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +271,9 @@ class RolloutCostModel:
     step_overhead_s: float
     dp: int = 1
     """Attention data-parallel ranks: each decodes its own sequences, in lockstep with the others."""
+    expert_token_copies: int = 1
+    """Devices that send each token to its experts (``expert_token_copies``): the all-to-all and the experts' work
+    are this many times a token's."""
 
     def rank_share(self, batch_size: int) -> float:
         """How much more than an even 1/dp of a decode batch's sequences the busiest rank holds: ceil(B/dp) dp / B
@@ -255,7 +286,8 @@ class RolloutCostModel:
     def matmul_flops(self, num_tokens: float, share: float = 1.0) -> float:
         """The weight matmuls' FLOPs of ``num_tokens`` tokens on the busiest device: the dense layers ``share`` times
         an even split (``rank_share``), the experts' over every rank's tokens."""
-        expert = self.expert_flops_per_token_per_device * (self.imbalance if self.ep > 1 else 1.0)
+        expert = (self.expert_flops_per_token_per_device * self.expert_token_copies
+                  * (self.imbalance if self.ep > 1 else 1.0))
         return num_tokens * (self.dense_flops_per_token_per_device * share + expert)
 
     def experts_touched_per_layer(self, num_tokens: float) -> float:
@@ -287,7 +319,8 @@ class RolloutCostModel:
             # Dispatch and combine: each device scatters its 1/e of the tokens' k routed copies (with attention data
             # parallelism, 1/tp of its rank's: ``share`` times an even split on the busiest rank); the busiest device
             # receives imbalance x the mean.
-            per_rank = num_tokens / self.ep * self.expert_slots_per_token * self.hidden_bytes_per_token * share
+            per_rank = (num_tokens / self.ep * self.expert_slots_per_token * self.hidden_bytes_per_token * share
+                        * self.expert_token_copies)
             t += 2 * self.num_moe_layers * all_to_all_s(
                 per_rank * self.imbalance, group_size=self.ep, bandwidth_bytes_per_s=self.ep_link_bandwidth_bytes_per_s,
                 efficiency=self.ep_link_efficiency, latency_s=self.collective_latency_s)
@@ -402,7 +435,8 @@ def make_rollout_cost_model(
     expert_matmul = arch.num_moe_layers * arch.expected_routed_experts_per_token * arch.expert_params
     # vLLM without attention data parallelism: the tokens are on every device of the TP group, each applies its
     # experts (split by TP, or whole ones under EP) and the outputs are all-reduced. With it: the tokens reach their
-    # experts by all-to-all (``_comm_s``), each device sending 1/tp of its rank's, which are gathered afterwards.
+    # experts by all-to-all (``_comm_s``), each device sending 1/tp of its rank's, which are gathered afterwards
+    # (sequence-parallel MoE; without it, each device sends all of them and needs no gather).
     num_allreduces = arch.num_attention_layers + arch.num_dense_ffns + (arch.num_moe_layers if dp == 1 else 0)
     return RolloutCostModel(
         nonexpert_weight_bytes_per_device=nonexpert,
@@ -422,7 +456,7 @@ def make_rollout_cost_model(
         decode_flops_per_s=calib.decode_compute_efficiency * acc.bf16_flops,
         prefill_flops_per_s=calib.prefill_compute_efficiency * acc.bf16_flops,
         allreduces_per_pass=num_allreduces if tp > 1 else 0,
-        allgathers_per_pass=arch.num_moe_layers if tp > 1 and dp > 1 else 0,
+        allgathers_per_pass=arch.num_moe_layers if tp > 1 and dp > 1 and arch.moe_sequence_parallel else 0,
         hidden_bytes_per_token=arch.hidden_size * dtype_bytes,
         tp=tp,
         link_bandwidth_bytes_per_s=group_link_bandwidth_bytes_per_s(
@@ -435,6 +469,7 @@ def make_rollout_cost_model(
         expert_slots_per_token=arch.expected_routed_experts_per_token,
         step_overhead_s=calib.decode_step_overhead_s,
         dp=dp,
+        expert_token_copies=expert_token_copies(arch, tp=tp, dp=dp),
     )
 
 

@@ -40,6 +40,7 @@ def _lengths(spec: LengthSpec, dist: LengthDistribution) -> LengthConfig:
 def _model(resolved: ResolvedSpec) -> ModelConfig:
     fields = asdict(resolved.arch)
     mla = fields.pop("mla")
+    fields.pop("moe_sequence_parallel")  # how vLLM serves the model, not what the local runtime builds
     for only_megatron in ("rope_scaling", "router_score", "router_normalizes_topk", "router_scaling", "router_groups",
                           "router_group_topk", "router_expert_bias"):
         fields.pop(only_megatron)

@@ -344,6 +344,11 @@ def check_placement(spec: Spec, arch: ModelArch) -> list[Diagnostic]:
                 out.append(_d((*R, "ep"), f"rollout ep ({r.ep}) must be a multiple of tp ({r.tp}): an engine replica "
                               f"spans ep = tp x attention-dp accelerators, and {r.ep} % {r.tp} = {r.ep % r.tp}",
                               "set ep to tp times the attention data-parallel size"))
+            elif r.tp is not None and r.ep > r.tp > spec.cluster.accelerators_per_node:
+                out.append(_d((*R, "tp"), f"rollout ep ({r.ep}) over tp ({r.tp}) pins attention data-parallel ranks "
+                              f"of {r.tp} accelerators, more than a node's {spec.cluster.accelerators_per_node}: dora "
+                              "plans such ranks within one node", f"pin tp {spec.cluster.accelerators_per_node} or "
+                              f"less, or ep {r.tp} (no attention data parallelism)"))
     replica = max(r.tp or 1, r.ep or 1)
     # each side gets the whole cluster when colocated (or maybe colocated), at most all but one accelerator otherwise
     room = total - 1 if p.colocated is False else total

@@ -7,9 +7,10 @@ import pytest
 
 from planner.architecture import ModelArch, get_preset
 from planner.calibration import Calibration
-from planner.hardware import get_accelerator, ring_all_gather_s
+from planner.hardware import get_accelerator, ring_all_gather_s, ring_all_reduce_s
 from planner.rollout_cost import (
     decode_step_time_s,
+    deepep_low_latency_buffer_bytes,
     make_rollout_cost_model,
     prefill_time_s,
     rollout_instance_memory,
@@ -355,3 +356,47 @@ def test_an_attention_data_parallel_knee_is_one_sequence_per_rank():
         model = make_rollout_cost_model(moe, h800, tp=1, ep=dp, dp=dp, dtype_bytes=2, accelerators_per_node=8)
         assert model.batching_knee(5000, 256 * dp) == dp
         assert model.decode_step_s(dp + 1, (dp + 1) * 5000) > 1.03 * model.decode_step_s(dp, dp * 5000)
+
+
+def test_without_sequence_parallel_moe_every_device_of_a_rank_sends_the_rank_s_tokens():
+    """vLLM's LongCat-Flash has no sequence-parallel MoE: under ranks of 4 devices each device dispatches all of its
+    rank's tokens, so the all-to-all and the experts' work are 4 tokens' worth per token, and nothing is gathered
+    afterwards. The same model as if it split them (Qwen3-MoE and DeepSeek do) sends a quarter."""
+    longcat, h800 = get_preset("longcat-flash"), get_accelerator("h800")
+    split = dataclasses.replace(longcat, moe_sequence_parallel=True)
+    kw = {"tp": 4, "ep": 32, "dp": 8, "dtype_bytes": 2, "accelerators_per_node": 8}
+    dup, sp = make_rollout_cost_model(longcat, h800, **kw), make_rollout_cost_model(split, h800, **kw)
+    assert (dup.expert_token_copies, dup.allgathers_per_pass) == (4, 0)
+    assert (sp.expert_token_copies, sp.allgathers_per_pass) == (1, longcat.num_moe_layers)
+    expert_flops = sp.expert_flops_per_token_per_device * sp.imbalance
+    assert dup.matmul_flops(64) - sp.matmul_flops(64) == pytest.approx(64 * 3 * expert_flops)
+    assert _all_to_all(dup, 64) == pytest.approx(4 * _all_to_all(sp, 64) - 3 * 2 * longcat.num_moe_layers
+                                                 * sp.collective_latency_s)
+    # one device per rank, or no attention data parallelism: one copy whatever the model
+    assert make_rollout_cost_model(longcat, h800, tp=1, ep=32, dp=32, dtype_bytes=2).expert_token_copies == 1
+    assert make_rollout_cost_model(longcat, h800, tp=32, ep=32, dtype_bytes=2).expert_token_copies == 1
+
+
+def _all_to_all(model, batch: int) -> float:
+    """The experts' all-to-all in ``model._comm_s(batch)``: its TP collectives taken out."""
+    return model._comm_s(batch) - _tp_collectives(model, batch)
+
+
+def _tp_collectives(model, batch: int) -> float:
+    payload = batch / model.dp * model.hidden_bytes_per_token
+    link = {"bandwidth_bytes_per_s": model.link_bandwidth_bytes_per_s, "efficiency": model.link_efficiency,
+            "latency_s": model.collective_latency_s}
+    return (model.allreduces_per_pass * ring_all_reduce_s(payload, group_size=model.tp, **link)
+            + model.allgathers_per_pass * ring_all_gather_s(payload, group_size=model.tp, **link))
+
+
+def test_engines_with_attention_data_parallelism_reserve_deepep_s_low_latency_buffer():
+    """dora lowers them with all2all_backend deepep_low_latency, whose buffer (DeepEP's LowLatencyLayout, for 256
+    tokens per rank) every device allocates before the KV cache: 6.0 GiB for LongCat-Flash's 512 experts."""
+    longcat, qwen = get_preset("longcat-flash"), get_preset("qwen3-235b-a22b")
+    assert deepep_low_latency_buffer_bytes(longcat) / 2**30 == pytest.approx(6.0, abs=0.01)
+    assert deepep_low_latency_buffer_bytes(qwen) / 2**30 == pytest.approx(1.0, abs=0.01)
+    for arch in (longcat, qwen):
+        with_dp = vllm_reserved_bytes(arch, tp=4, ep=32, dp=8, max_num_seqs=64)
+        tp_only = vllm_reserved_bytes(arch, tp=32, ep=32, max_num_seqs=64)
+        assert with_dp - tp_only > deepep_low_latency_buffer_bytes(arch)  # the buffer, and a bigger MoE workspace
