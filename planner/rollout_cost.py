@@ -356,10 +356,12 @@ class RolloutCostModel:
         batch about in proportion. Each sequence holds `context_tokens_per_seq` tokens (finite differences).
 
         With attention data parallelism the step time is a staircase in B (the busiest rank's ceil(B/dp) sequences):
-        the sequence after B = dp doubles one rank's attention and KV reads, and the knee is dp, one sequence per
-        rank. Over whole rounds of dp the elasticity stays above 1/2 much longer (15 per rank on the 235B example's
-        dp32 engines at a tail's context); packed that full, its colocated streaming plan simulates 132.6K trained
-        tokens/s, against 138.6K at one per rank.
+        the sequence after a whole round of dp doubles one rank's attention and KV reads, and the knee is often dp,
+        one sequence per rank (24 on the 235B example's tp4dp8 engines). Over whole rounds of dp the elasticity
+        stays above 1/2 much longer (15 per rank on its tp1dp32 engines at a tail's context, 55 on tp4dp8); packed
+        that full, the 42nd session's tp1dp32 colocated streaming plan simulated 4% slower (132.6K trained tokens/s
+        against 138.6K), while on tp4dp8 engines a pack of 4x the knee simulates 1.7% faster colocated and 8% faster
+        disaggregated (143.2K against 140.8K; 137.8K against 127.5K): the rule is not the best for these engines.
         """
         prev = self.decode_step_s(1, context_tokens_per_seq)
         for b in range(1, max(1, max_batch)):
