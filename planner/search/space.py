@@ -4,8 +4,8 @@ Everything here is enumeration plus the memory checks that prune it; nothing is 
 
 Rollout replica: ``tp`` accelerators, experts split by TP (``ep = 1``) or one whole expert set per rank
 (``ep = tp``, vLLM's expert parallel), or for MoE models ``dp`` attention data-parallel ranks of ``tp`` (at most a
-node) with whole experts over all of them (``ep = tp * dp``). Slots per replica (continuous-batching sequences) are bounded by the KV
-capacity at the time-averaged context of a sequence:
+node) with whole experts over all of them (``ep = tp * dp``). Slots per replica (continuous-batching sequences) are
+bounded by the KV capacity at the time-averaged context of a sequence:
     ctx_avg = P + E[L^2] / (2 E[L])     (a sequence of length L spends time proportional to L, during which its
                                          context grows from P to P + L: the length-biased mean of P + l/2)
     slots   = min(max_num_seqs_cap, floor(kv_capacity_tokens / ctx_avg))
