@@ -20,8 +20,8 @@ with Pbar the mean prompt: prompt and response tokens, the simulator's definitio
     one-step-off T = max(T_gen, T_train + T_pub) + T_load
     bounded-async (drain)  T = max(T_thr + T_tail / (k+1), T_train + T_pub) + T_load
     partial-rollout / bounded-async (interrupt)  T = max(T_thr, T_train + T_pub) + T_load
-    streaming   T = max(T_thr, T_train + T_pub, Lmax * t(S) / (k+1)) + T_load / R
-    streaming, colocated  T = max(T_thr + T_prefill, Lmax * t(S) / (k+1)) + T_train + T_pub + 2 T_swap + T_load / R
+    streaming   T = max(T_thr, T_train + T_pub, Lmax * t_pack / (k+1)) + T_load / R
+    streaming, colocated  T = max(T_thr + T_prefill, Lmax * t_pack / (k+1)) + T_train + T_pub + 2 T_swap + T_load / R
                 (rollout and training take turns; the tails continue in the next turns, so only the rollout turns
                 bound them; T_swap = ``host_swap_s`` of one replica's weights and full KV cache, suspend and resume)
     ceiling     T = max(T_thr + T_prefill, T_train + T_pub)   (``overlap_ceiling``: every slot always busy, training fully
@@ -33,7 +33,12 @@ with Pbar the mean prompt: prompt and response tokens, the simulator's definitio
                 T >= (Lmax * t(1) + T_train + T_pub) / (k+1) (colocated: T_train + T_pub + Lmax * t(1) / (k+1)):
                 the longest response, decoded alone, is trained within k+1 steps of its version (``tail_bound``)
 The last streaming term is the staleness bound: a tail trajectory of the oldest live version must finish within
-k+1 steps or the trainer waits for it. Streaming loads weights peer to peer onto a few replicas at a time, so
+k+1 steps or the trainer waits for it. It decodes where streaming packs an older version's tails, at t_pack = the
+decode step of ``consolidation_batch`` sequences at the tail context (``Space.ctx_tail``), and never faster than alone
+(``tail_bound``). Charging it a full batch's step, t(S), made the screen put every streaming plan on engines with
+attention data parallelism (whose full batch steps slowest against their pack) 40% under its simulation: on the
+560B and 10,240-GPU examples no such plan was a finalist and the search chose plans 9% and 5% slower than the best
+it could find when held to streaming. Streaming loads weights peer to peer onto a few replicas at a time, so
 only a 1/R share of a load is exposed. The screen only ranks candidates; the simulator measures the best few.
 """
 
@@ -203,7 +208,7 @@ class Screen:
         sp, inp = self.space, self.space.inp
         model = self.rollout_model(p.rollout)
         slots = p.rollout.slots
-        t_full, t_thr, prefill = self._full_occupancy(p)
+        _, t_thr, prefill = self._full_occupancy(p)
         t_drain = model.decode_step_s(max(1, slots // 8), max(1, slots // 8) * sp.ctx_avg)
         n = inp.batch_samples
         l_max = self.expected_max_response()
@@ -226,12 +231,14 @@ class Screen:
                 step = max(t_thr + prefill + t_tail / (k + 1), t_train + t_pub) + t_load
         elif mode == "partial-rollout":
             step = max(t_thr + prefill, t_train + t_pub) + t_load
-        elif p.colocated:  # streaming, taking turns with the trainer
-            swap = 2 * self.swap_s(p, min(p.rollout.versions, k + 1))
-            step = max(t_thr + prefill, l_max * t_full / (k + 1)) + t_train + t_pub + swap + t_load / p.replicas
-            return Screened(placement=p, mode=mode, k=k, step_time_s=step, trained_tokens_per_s=sp.step_tokens / step,
-                            gen_s=t_gen, train_s=t_train, sync_s=t_pub + t_load, rollout_full_s=t_thr + prefill)
-        else:  # streaming
-            step = max(t_thr + prefill, t_train + t_pub, l_max * t_full / (k + 1)) + t_load / p.replicas
+        else:  # streaming: the oldest version's tail, packed
+            pack = p.rollout.consolidation_batch
+            tail = l_max * model.decode_step_s(pack, pack * sp.ctx_tail) / (k + 1)
+            if p.colocated:  # taking turns with the trainer
+                swap = 2 * self.swap_s(p, min(p.rollout.versions, k + 1))
+                step = max(t_thr + prefill, tail) + t_train + t_pub + swap + t_load / p.replicas
+            else:
+                step = max(t_thr + prefill, t_train + t_pub, tail) + t_load / p.replicas
+            step = max(step, self.tail_bound(p))
         return Screened(placement=p, mode=mode, k=k, step_time_s=step, trained_tokens_per_s=sp.step_tokens / step,
                         gen_s=t_gen, train_s=t_train, sync_s=t_pub + t_load, rollout_full_s=t_thr + prefill)

@@ -12,6 +12,6 @@ address="${RAY_ADDRESS:-$default_address}"
 exec ray job submit \
   --address "$address" \
   --runtime-env-json '{"env_vars": {"PYTHONUNBUFFERED": "1"}, "excludes": ["/runs/longcat-560b-h800x10240/"], "working_dir": "."}' \
-  --metadata-json '{"dora_max_version_lag": "3", "dora_mode": "bounded-async", "dora_spec_hash": "d953790dab175aa63b1b110ebae8e1f248ba37dc7c3a00179f814fbbd4227103", "dora_spec_name": "longcat-560b-h800x10240", "dora_version": "0.1.0"}' \
+  --metadata-json '{"dora_max_version_lag": "3", "dora_mode": "streaming", "dora_spec_hash": "d953790dab175aa63b1b110ebae8e1f248ba37dc7c3a00179f814fbbd4227103", "dora_spec_name": "longcat-560b-h800x10240", "dora_version": "0.1.0"}' \
   --entrypoint-num-cpus 1 \
   -- python -m dora.runtime.driver --config launch/runtime.json
