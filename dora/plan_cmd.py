@@ -273,6 +273,12 @@ def print_infeasible(console, exc: InfeasibleError, resolved: ResolvedSpec) -> N
     for other in exc.also:  # the other side has nothing that fits either
         console.print(f"  and on the other side: {other.what}\n  it lacks: {other.reason}", markup=False,
                       highlight=False)
+    host = resolved.spec.cluster.host_memory_gib_per_node
+    if host is not None and exc.closest is not None and "host memory" in exc.closest.reason:
+        doc = spec_doc(resolved.file)
+        line = doc.line_of(("cluster", "host_memory_gib_per_node")) if doc is not None else None
+        console.print(f"  the spec sets: cluster.host_memory_gib_per_node = {host:g}"
+                      + (f" (line {line})" if line is not None else ""), markup=False, highlight=False)
     low_memory = resolved.spec.runtime.gpu_memory_utilization < 0.5
     pinned = resolved.spec.placement != "auto"
     if pinned:

@@ -24,8 +24,10 @@ from planner.hardware import get_accelerator, with_overrides
 from planner.plan import Plan
 from planner.search import InfeasibleError, Pins, SearchInputs, SearchOutcome, build_plan, search
 from planner.search.core import Screen, Simulated, Space, _placements, mode_ks
+from planner.search.screen import fits_host_memory
 
 GB = 1e9
+GIB = 1024**3
 VLLM_MAX_NUM_SEQS = 256
 """vLLM's default cap on concurrently scheduled sequences per engine (EngineArgs.max_num_seqs)."""
 CPU_MAX_NUM_SEQS = 64
@@ -122,12 +124,13 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
     spec = resolved.spec
     c = spec.cluster
     acc = get_accelerator(c.accelerator)
-    if c.scale_up_bandwidth_gb_per_s or c.scale_out_bandwidth_gb_per_s:
+    if c.scale_up_bandwidth_gb_per_s or c.scale_out_bandwidth_gb_per_s or c.host_memory_gib_per_node:
         acc = with_overrides(
             acc,
             scale_up_bandwidth_bytes_per_s=c.scale_up_bandwidth_gb_per_s * GB if c.scale_up_bandwidth_gb_per_s else None,
             scale_out_bandwidth_bytes_per_s=(c.scale_out_bandwidth_gb_per_s * GB
-                                             if c.scale_out_bandwidth_gb_per_s else None))
+                                             if c.scale_out_bandwidth_gb_per_s else None),
+            host_memory_bytes_per_node=c.host_memory_gib_per_node * GIB if c.host_memory_gib_per_node else None)
     st = spec.staleness
     if st.mode == "auto":
         modes = tuple(m for m in ALL_MODES if m != "partial-rollout" or st.allow_version_mixing)
@@ -168,7 +171,7 @@ def _pinned_slowdown(resolved: ResolvedSpec, calibration: Calibration, outcome: 
     space = Space(inputs)
     screen = Screen(space)
     best = max((screen.evaluate(p, m, k).trained_tokens_per_s for p in _placements(space, screen)
-                for m, k in mode_ks(inputs, p.colocated)), default=None)
+                for m, k in mode_ks(inputs, p.colocated) if fits_host_memory(p, m, inputs)), default=None)
     pinned = outcome.screened[0].trained_tokens_per_s
     return None if best is None else max(0.0, 1 - pinned / best)
 

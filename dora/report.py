@@ -200,6 +200,10 @@ def _memory_table(plan: Plan) -> Table:
                                  lambda x, extra: _fixed(x / _GIB, 1 + extra))
         tab.add_row(m.side, f"{need} GiB", f"{m.have_bytes / _GIB:.1f} GiB", _percent(m.headroom_fraction),
                     ", ".join(f"{k} {v}" for k, v in zip(names, parts, strict=True)) + " (GiB)")
+    if any(m.side == "host" for m in plan.memory):
+        tab.caption = ("host: each accelerator's share of its node's host memory, where this colocated plan parks the "
+                       "trainer's state while the engines roll out, or the engines' while it trains (the larger)")
+        tab.caption_justify = "left"
     return tab
 
 

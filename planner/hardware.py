@@ -45,6 +45,10 @@ class Accelerator:
     host_link_bandwidth_bytes_per_s: float | None = None
     """Device <-> host memory link (PCIe) per accelerator, one direction, bytes/s; None where device memory is host
     memory (``cpu``). Colocated streaming moves suspended engines' weights and KV cache over it."""
+    host_memory_bytes_per_node: float | None = None
+    """Host DRAM of one server of ``default_accelerators_per_node`` accelerators, bytes; None where device memory is
+    host memory (``cpu``). A colocated plan parks the trainer's state in it while the engines roll out, and the
+    engines' weights (and, in streaming, their KV cache) while the trainer trains."""
 
     def __post_init__(self) -> None:
         for field in ("bf16_flops", "hbm_bytes", "hbm_bandwidth_bytes_per_s",
@@ -53,6 +57,8 @@ class Accelerator:
                 raise ValueError(f"Accelerator {self.name!r}: {field} must be > 0")
         if self.host_link_bandwidth_bytes_per_s is not None and not self.host_link_bandwidth_bytes_per_s > 0:
             raise ValueError(f"Accelerator {self.name!r}: host_link_bandwidth_bytes_per_s must be > 0 or None")
+        if self.host_memory_bytes_per_node is not None and not self.host_memory_bytes_per_node > 0:
+            raise ValueError(f"Accelerator {self.name!r}: host_memory_bytes_per_node must be > 0 or None")
         if self.default_accelerators_per_node < 1:
             raise ValueError(f"Accelerator {self.name!r}: default_accelerators_per_node must be >= 1")
 
@@ -82,6 +88,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_out_bandwidth_bytes_per_s=50e9,
         # H100 data sheet: PCIe Gen5 128 GB/s (x16, bidirectional) -> 64 GB/s per direction.
         host_link_bandwidth_bytes_per_s=64e9,
+        # DGX H100 data sheet: 2 TB of system memory (32 x 64 GB DDR5).
+        host_memory_bytes_per_node=2048 * _GIB,
         default_accelerators_per_node=8,
         source="NVIDIA H100 data sheet (nvidia.com/en-us/data-center/h100); DGX H100 user guide (8x CX-7 400G); "
         "verl flops_counter._DEVICE_FLOPS uses 989e12",
@@ -100,6 +108,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_out_bandwidth_bytes_per_s=50e9,
         # H800 spec sheet: PCIe Gen5 128 GB/s bidirectional -> 64 GB/s per direction.
         host_link_bandwidth_bytes_per_s=64e9,
+        # Assumed: an HGX H800 server configured as the DGX H100 (2 TB); OEM servers vary.
+        host_memory_bytes_per_node=2048 * _GIB,
         default_accelerators_per_node=8,
         source="NVIDIA H800 spec sheet (NVLink 400 GB/s); DeepSeek-V3 technical report arXiv 2412.19437 "
         "(H800 cluster, IB 50 GB/s per GPU); verl flops_counter (989e12)",
@@ -119,6 +129,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_out_bandwidth_bytes_per_s=50e9,
         # H20 spec: PCIe Gen5 x16, 128 GB/s bidirectional -> 64 GB/s per direction.
         host_link_bandwidth_bytes_per_s=64e9,
+        # Assumed: an HGX H20 server configured as the DGX H100 (2 TB); OEM servers vary.
+        host_memory_bytes_per_node=2048 * _GIB,
         default_accelerators_per_node=8,
         source="NVIDIA H20 spec (148 TFLOPS BF16, 96 GB, 4.0 TB/s, NVLink 900 GB/s); verl flops_counter (148e12); "
         "NIC per GPU assumed 400 Gb/s (vendor-dependent)",
@@ -137,6 +149,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_out_bandwidth_bytes_per_s=50e9,
         # H200 data sheet: PCIe Gen5 128 GB/s bidirectional -> 64 GB/s per direction.
         host_link_bandwidth_bytes_per_s=64e9,
+        # DGX H200 data sheet: 2 TB of system memory.
+        host_memory_bytes_per_node=2048 * _GIB,
         default_accelerators_per_node=8,
         source="NVIDIA H200 data sheet (nvidia.com/en-us/data-center/h200); DGX H200 (8x CX-7 400G)",
     ),
@@ -155,6 +169,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_out_bandwidth_bytes_per_s=25e9,
         # A100 data sheet: PCIe Gen4 64 GB/s bidirectional -> 32 GB/s per direction.
         host_link_bandwidth_bytes_per_s=32e9,
+        # DGX A100 640GB data sheet: 2 TB of system memory (the 320GB system has 1 TB).
+        host_memory_bytes_per_node=2048 * _GIB,
         default_accelerators_per_node=8,
         source="NVIDIA A100 data sheet (312 TFLOPS BF16 dense, 2,039 GB/s, NVLink 600 GB/s); DGX A100 user guide "
         "(8x 200 Gb/s HDR)",
@@ -176,6 +192,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_out_bandwidth_bytes_per_s=50e9,
         # HGX B200: PCIe Gen5 x16 to the host, 128 GB/s bidirectional -> 64 GB/s per direction.
         host_link_bandwidth_bytes_per_s=64e9,
+        # DGX B200 data sheet: 2 TB of system memory, configurable to 4 TB.
+        host_memory_bytes_per_node=2048 * _GIB,
         default_accelerators_per_node=8,
         source="NVIDIA DGX B200 data sheet (72 PF FP8 / 8 GPUs, 1.44 TB HBM3e, 8x CX-7 400G); NVLink5 1.8 TB/s; "
         "verl flops_counter (2.25e15); usable HBM from secondary reports",
@@ -196,6 +214,8 @@ _CATALOG: dict[str, Accelerator] = {
         scale_out_bandwidth_bytes_per_s=50e9,
         # MI300X data sheet: PCIe Gen5 x16, 128 GB/s bidirectional -> 64 GB/s per direction.
         host_link_bandwidth_bytes_per_s=64e9,
+        # Assumed: 2 TB, as the DGX-class 8-GPU servers above; MI300X OEM servers take 1.5-6 TB.
+        host_memory_bytes_per_node=2048 * _GIB,
         default_accelerators_per_node=8,
         source="AMD Instinct MI300X data sheet (amd.com: 1307.4 TFLOPS BF16, 192 GB, 5.3 TB/s, 896 GB/s IF); "
         "NIC per GPU assumed 400 Gb/s",
@@ -244,16 +264,19 @@ def with_overrides(
     *,
     scale_up_bandwidth_bytes_per_s: float | None = None,
     scale_out_bandwidth_bytes_per_s: float | None = None,
+    host_memory_bytes_per_node: float | None = None,
 ) -> Accelerator:
-    """Copy of `acc` with the cluster's actual link rates (e.g. a site with 2x400G per GPU)."""
+    """Copy of `acc` with the cluster's actual link rates (e.g. a site with 2x400G per GPU) and host memory."""
     changes: dict[str, Any] = {}
+    if host_memory_bytes_per_node is not None:
+        changes["host_memory_bytes_per_node"] = host_memory_bytes_per_node
     if scale_up_bandwidth_bytes_per_s is not None:
         changes["scale_up_bandwidth_bytes_per_s"] = scale_up_bandwidth_bytes_per_s
     if scale_out_bandwidth_bytes_per_s is not None:
         changes["scale_out_bandwidth_bytes_per_s"] = scale_out_bandwidth_bytes_per_s
     if not changes:
         return acc
-    return dataclasses.replace(acc, source=acc.source + "; links overridden by the cluster spec", **changes)
+    return dataclasses.replace(acc, source=acc.source + "; overridden by the cluster spec", **changes)
 
 
 def catalog_fingerprint() -> str:

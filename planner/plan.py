@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 """Bump on any change that an older dora could not read correctly."""
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
@@ -100,7 +100,8 @@ class TrainPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryReport:
-    side: Literal["rollout", "train"]
+    side: Literal["rollout", "train", "host"]
+    """``host``: on a colocated plan, each accelerator's share of its node's host memory (``screen.host_memory``)."""
     need_bytes: float
     have_bytes: float
     detail: dict[str, float]

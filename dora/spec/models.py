@@ -58,6 +58,9 @@ ClusterSize = Annotated[int, Field(gt=0, le=MAX_ACCELERATORS)]
 BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH_SAMPLES)]
 """A number of prompts, samples or sequences per step, 1..MAX_BATCH_SAMPLES."""
 Bandwidth = Annotated[float, Field(ge=0.001, le=1e6)]
+MAX_HOST_MEMORY_GIB = 1 << 20
+"""1 PiB of host memory per node: far above any server's (today's largest take tens of TiB)."""
+HostMemory = Annotated[float, Field(ge=1, le=MAX_HOST_MEMORY_GIB)]
 """GB/s: from 1 MB/s (below it no plan is meaningful, and the cost model's arithmetic overflows) to 1 PB/s."""
 
 
@@ -156,6 +159,10 @@ class ClusterSpec(StrictModel):
     """Override the catalog's intra-node (NVLink) bandwidth per accelerator, GB/s one direction."""
     scale_out_bandwidth_gb_per_s: Bandwidth | None = None
     """Override the catalog's inter-node (NIC) bandwidth per accelerator, GB/s one direction."""
+    host_memory_gib_per_node: HostMemory | None = None
+    """Override the catalog's host memory (DRAM) per node, GiB (a server sold as "2 TB" has 2048). Colocated plans
+    park the trainer's state there while the engines roll out, and the engines' weights and KV cache while the
+    trainer trains."""
     price_per_accelerator_hour_usd: Annotated[float, Field(ge=0, le=MAX_PRICE_USD)] | None = None
     """Price of one accelerator-hour, to report cost (USD, at most 10,000)."""
 

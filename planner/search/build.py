@@ -35,7 +35,7 @@ from planner.search.core import (
     versions_per_engine,
 )
 from planner.search.inputs import SearchInputs
-from planner.search.screen import Screened, train_state_bytes
+from planner.search.screen import Screened, host_memory, train_state_bytes
 from planner.weight_sync import trainer_swap_s
 
 MAX_CONSIDERED_ROWS = 16
@@ -321,7 +321,7 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
                                                     / (tr.dp * tr.micro_batch_tokens))),
                       micro_batch_tokens=tr.micro_batch_tokens, recompute=tr.recompute != "none")
     rm, tm = ro.memory, tr.memory
-    memory = (
+    memory: tuple[MemoryReport, ...] = (
         MemoryReport(side="rollout", need_bytes=rm.usable_bytes_per_device, have_bytes=inputs.accelerator.hbm_bytes,
                      detail={"weights": rm.weights_bytes_per_device, "extra_versions": rm.extra_version_bytes_per_device,
                              "kv_cache": rm.kv_bytes_per_device, "reserved": rm.reserved_bytes_per_device}),
@@ -329,6 +329,10 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
                      detail={"params": tm.params_bytes, "grads": tm.grads_bytes, "optimizer": tm.optimizer_bytes,
                              "activations": tm.activations_bytes, "reserved": tm.reserved_bytes}),
     )
+    host = host_memory(p, c.screened.mode, inputs)
+    if host is not None:
+        memory += (MemoryReport(side="host", need_bytes=host.need_bytes, have_bytes=host.have_bytes,
+                                detail=host.detail),)
     warnings = list(_warnings(outcome, inputs, preds))
     if tm.total_bytes > (1 - TIGHT_MEMORY_FRACTION) * tm.capacity_bytes and inputs.accelerator.name != "cpu":
         left = 1 - tm.total_bytes / tm.capacity_bytes

@@ -24,10 +24,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from planner.hardware import gib
 from planner.policies import PolicyConfig, admission_queue_for, update_for
 from planner.policies.config import Mode
 from planner.search.inputs import SearchInputs
-from planner.search.screen import Placement, Screen, Screened, train_state_bytes
+from planner.search.screen import Placement, Screen, Screened, host_memory, train_state_bytes
 from planner.search.space import Rejection, Space
 from planner.sim import SimResult, StepTiming, simulate
 from planner.sim.costmodel import cost_model_timing
@@ -190,6 +191,26 @@ def _placements(space: Space, screen: Screen) -> list[Placement]:
                                                  if t not in sizes])
         out.extend(disagg)
     return out
+
+
+def _fits_host(space: Space, p: Placement, mode: Mode, seen: set[tuple[str, str]]) -> bool:
+    """Whether colocated placement ``p`` in ``mode`` fits its host memory (``screen.host_memory``); each one that does
+    not is recorded once in ``space.rejections``."""
+    host = host_memory(p, mode, space.inp)
+    if host is None or host.fits:
+        return True
+    if (p.label, mode) not in seen:
+        seen.add((p.label, mode))
+        inp = space.inp
+        node = inp.accelerator.host_memory_bytes_per_node or 0.0
+        parts = ", ".join(f"{name} {gib(v)}" for name, v in host.detail.items() if v)
+        space.rejections.append(Rejection(
+            what=f"{p.label} {mode}", need_over_have=host.need_bytes / host.have_bytes,
+            reason=(f"does not fit host memory: {gib(host.need_bytes)} GiB per accelerator ({parts} GiB) against its "
+                    f"{gib(host.have_bytes)} GiB share of the node's {gib(node, 0)} GiB over {inp.accelerators_per_node}"
+                    " accelerators (cluster.host_memory_gib_per_node: set it to the servers' host memory; or pin "
+                    "placement.colocated: false)")))
+    return False
 
 
 def _at_steps(simulated: Callable[[Screened, int], Simulated], steps: int) -> Callable[[Screened], Simulated]:
@@ -475,10 +496,16 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     placements = _placements(space, screen)
     # an exact tie of screen estimates is a k the screen cannot see (its tail term does not bind): the larger k, whose
     # pipeline has more slack, goes first (a tie in simulation still goes to the lower k, see _rank_key)
+    host_rejected: set[tuple[str, str]] = set()
     screened = sorted((screen.evaluate(p, mode, k) for p in placements for mode, k in mode_ks(inputs, p.colocated)
-                       if _hosts(p, mode, k)),
+                       if _hosts(p, mode, k) and _fits_host(space, p, mode, host_rejected)),
                       key=lambda c: (-c.trained_tokens_per_s, -c.k, c.label))
     rejections = tuple(sorted(space.rejections, key=lambda r: (r.need_over_have, r.what)))
+    if not screened and host_rejected:  # every placement fits the accelerators, and none the host memory
+        labels = {f"{label} {mode}" for label, mode in host_rejected}
+        nearest = next(r for r in rejections if r.what in labels)
+        headline = f"no placement fits {inputs.arch.name} on {inputs.total_accelerators} x {inputs.accelerator.name}"
+        raise InfeasibleError(f"{headline}; closest: {nearest.what}: {nearest.reason}", nearest, headline)
     if not screened:
         # the closest rejection of each side that has no layout at all (rollout tp1 short of slots and training out
         # of memory on one accelerator: both stop it, and the rollout's shortfall alone read as the blocker)
@@ -510,7 +537,8 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
     # spec allows sync they are candidates like any other; where it pins another mode, a baseline only.
     sync_allowed = "sync" in inputs.modes
     sync_pool = (c for c in screened if c.mode == "sync") if sync_allowed else sorted(
-        (screen.evaluate(p, "sync", 0) for p in placements if _hosts(p, "sync", 0)),
+        (screen.evaluate(p, "sync", 0) for p in placements if _hosts(p, "sync", 0)
+         and _fits_host(space, p, "sync", host_rejected)),
         key=lambda c: (-c.trained_tokens_per_s, c.label))
     picked_labels = {c.label for c in picked}
     baseline_todo = [c for c in itertools.islice(sync_pool, SYNC_BASELINE_CANDIDATES) if c.label not in picked_labels]

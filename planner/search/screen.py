@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from planner.policies.config import Mode
 from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS, RolloutCostModel, make_rollout_cost_model
+from planner.search.inputs import SearchInputs
 from planner.search.space import RolloutOption, Space, TrainOption
 from planner.weight_sync import WeightSyncTime, host_swap_s, trainer_swap_s, weight_sync_time_s
 
@@ -76,6 +77,57 @@ def train_state_bytes(p: Placement) -> float:
     trainer moves to host memory and back every step)."""
     m = p.train.memory
     return m.params_bytes + m.grads_bytes + m.optimizer_bytes
+
+
+HOST_MEMORY_RESERVED_SHARE = 0.4
+"""Share of a node's host memory a colocated plan leaves to others: Ray's object store takes 30% of the node's memory
+by default (docs.ray.io, "Memory Management": object_store_memory), and 10% is kept for the operating system, the Ray
+workers' own processes and the data pipeline (a prior). The rest may hold what the accelerators park there."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostMemory:
+    """One accelerator's share of its node's host memory on a colocated placement, and what is parked in it."""
+
+    need_bytes: float
+    """The larger of the two things parked, plus the reserve: the trainer's state while the engines roll out, or the
+    engines' state while the trainer trains (never both at once)."""
+    have_bytes: float
+    """The node's host memory over its accelerators."""
+    detail: dict[str, float]
+    """The parts of ``need_bytes``: the larger side's, and ``reserved``."""
+
+    @property
+    def fits(self) -> bool:
+        return self.need_bytes <= self.have_bytes
+
+
+def host_memory(p: Placement, mode: Mode, inp: SearchInputs) -> HostMemory | None:
+    """Host memory per accelerator of colocated placement ``p`` in ``mode``; None where nothing is parked (a
+    disaggregated placement) or device memory is host memory (``cpu``).
+
+    While the engines roll out the trainer's parameters, gradients and optimizer state wait in host memory
+    (``train_state_bytes``); while the trainer trains the engines' weights do (vLLM's sleep mode, level 1, offloads them
+    there), every version an engine hosts, and in streaming also the KV cache of the requests kept across the turn (its
+    whole pool: the engine may be full when it stops)."""
+    node = inp.accelerator.host_memory_bytes_per_node
+    if not p.colocated or node is None:
+        return None
+    have = node / inp.accelerators_per_node
+    m = p.rollout.memory
+    engine = {"weights": m.weights_bytes_per_device, "extra_versions": m.extra_version_bytes_per_device}
+    if mode == "streaming":
+        engine["kv_cache"] = m.kv_bytes_per_device
+    trainer = {"trainer_state": train_state_bytes(p)}
+    parked = max((engine, trainer), key=lambda d: sum(d.values()))
+    reserved = HOST_MEMORY_RESERVED_SHARE * have
+    return HostMemory(need_bytes=sum(parked.values()) + reserved, have_bytes=have,
+                      detail={**parked, "reserved": reserved})
+
+
+def fits_host_memory(p: Placement, mode: Mode, inp: SearchInputs) -> bool:
+    host = host_memory(p, mode, inp)
+    return host is None or host.fits
 
 
 @dataclass(frozen=True, kw_only=True)

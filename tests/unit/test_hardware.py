@@ -69,6 +69,19 @@ def test_with_overrides_replaces_only_links():
     assert site.bf16_flops == h100.bf16_flops
     assert "overridden" in site.source
     assert with_overrides(h100) is h100
+    assert site.host_memory_bytes_per_node == h100.host_memory_bytes_per_node == 2048 * 1024**3
+    big = with_overrides(h100, host_memory_bytes_per_node=4096 * 1024**3)
+    assert big.host_memory_bytes_per_node == 4096 * 1024**3 and big.hbm_bytes == h100.hbm_bytes
+
+
+def test_host_memory_is_per_node_and_absent_on_cpu():
+    """Every GPU entry has a host memory (a colocated plan parks state there); ``cpu``'s device memory is host memory."""
+    import dataclasses
+
+    assert all(a.host_memory_bytes_per_node for name, a in ACCELERATORS.items() if name != "cpu")
+    assert get_accelerator("cpu").host_memory_bytes_per_node is None
+    with pytest.raises(ValueError, match="host_memory_bytes_per_node must be > 0 or None"):
+        dataclasses.replace(get_accelerator("h100"), host_memory_bytes_per_node=0.0)
 
 
 def test_catalog_fingerprint_is_stable_hex():

@@ -546,3 +546,26 @@ def test_memory_entries_are_compared_by_side(tmp_path: Path, capsys: pytest.Capt
     out = capsys.readouterr().out
     assert f"  ~ memory[train].need_bytes: {need / 2**30:,.2f} GiB -> {2 * need / 2**30:,.2f} GiB  (+100.0%)" in out
     assert "e+0" not in out
+
+
+def test_host_memory_rules_out_colocated_plans_and_names_its_field(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A colocated plan parks the trainer's state, or the engines' weights and KV cache, in host memory; a plan that
+    does not fit it was chosen anyway (the 32B example's colocated streaming parks 69 GiB per accelerator)."""
+    text = (SPECS / "dense-32b-h800x128.yaml").read_text()
+    small = tmp_path / "small-host.yaml"
+    small.write_text(text.replace("accelerators_per_node: 8", "accelerators_per_node: 8\n  host_memory_gib_per_node: 512"))
+    assert main(["plan", str(small), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["colocated"] is False and not any(m["side"] == "host" for m in plan["memory"])
+    # pinned colocated, with too little host memory for even sync's trainer state: nothing fits, said with the field
+    tiny = tmp_path / "tiny-host.yaml"
+    tiny.write_text(text.replace("accelerators_per_node: 8", "accelerators_per_node: 8\n  host_memory_gib_per_node: 200")
+                    + "placement:\n  colocated: true\n")
+    line = 1 + tiny.read_text().splitlines().index("  host_memory_gib_per_node: 200")
+    assert main(["plan", str(tiny)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{tiny}: nothing fits" in err and "Traceback" not in err
+    assert ("it lacks: does not fit host memory: 29.1 GiB per accelerator (trainer_state 19.1, reserved 10.0 GiB) "
+            "against its 25.0 GiB share of the node's 200 GiB over 8 accelerators") in err, err
+    assert f"the spec sets: cluster.host_memory_gib_per_node = 200 (line {line})" in err

@@ -619,3 +619,34 @@ def test_moe_rollout_engines_may_run_attention_data_parallel_and_a_spec_pins_the
     tp16 = make_plan(_resolved(text + "placement:\n  rollout: {tp: 16}\n")).plan
     assert tp16.rollout.accelerators_per_replica == 16 and tp16.rollout.tp == 16
     assert free.predictions.trained_tokens_per_s > tp16.predictions.trained_tokens_per_s
+
+
+def test_host_memory_parks_the_larger_side_of_a_colocated_placement() -> None:
+    """While the engines roll out the trainer's state waits in host memory; while it trains, the engines' weights (and
+    in streaming their KV cache): the larger of the two, plus the reserve, against the node's memory per accelerator."""
+    from planner.search.core import Space, _placements
+    from planner.search.screen import HOST_MEMORY_RESERVED_SHARE, Screen, host_memory, train_state_bytes
+
+    inputs = search_inputs(load_spec(str(SPECS / "dense-32b-h800x128.yaml")))
+    space = Space(inputs)
+    placements = _placements(space, Screen(space))
+    share = 2048 * 1024**3 / 8
+    reserve = HOST_MEMORY_RESERVED_SHARE * share
+    seen = 0
+    for p in placements:
+        for mode in ("sync", "streaming"):
+            host = host_memory(p, mode, inputs)
+            if not p.colocated:
+                assert host is None
+                continue
+            m = p.rollout.memory
+            engine = m.weights_bytes_per_device + m.extra_version_bytes_per_device
+            engine += m.kv_bytes_per_device if mode == "streaming" else 0.0
+            assert host is not None and host.have_bytes == share
+            assert host.need_bytes == pytest.approx(max(engine, train_state_bytes(p)) + reserve)
+            assert sum(host.detail.values()) == pytest.approx(host.need_bytes)
+            seen += 1
+    assert seen >= 4
+    # the local engines' memory is the host's: nothing is parked
+    local = search_inputs(load_spec(str(SPECS / "local-tiny.yaml")))
+    assert all(host_memory(p, "streaming", local) is None for p in _placements(Space(local), Screen(Space(local))))

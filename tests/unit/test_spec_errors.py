@@ -191,7 +191,7 @@ def test_a_key_that_is_not_text_is_named_with_its_line_and_the_valid_keys(key: s
     assert diag.message == f"{shown} is not a field name"
     assert diag.path == (("cluster",) if nested else ())
     assert diag.line == at + 1
-    valid = "accelerator, accelerators_per_node, nodes" if nested else "algorithm, cluster, model, name"
+    valid = "accelerator, accelerators_per_node, host_memory_gib_per_node, nodes" if nested else "algorithm, cluster, model, name"
     assert diag.hint.startswith(f"valid keys here: {valid}") and "`dora schema`" in diag.hint
 
 
