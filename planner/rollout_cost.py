@@ -361,7 +361,8 @@ class RolloutCostModel:
         stays above 1/2 much longer (15 per rank on its tp1dp32 engines at a tail's context, 55 on tp4dp8); packed
         that full, the 42nd session's tp1dp32 colocated streaming plan simulated 4% slower (132.6K trained tokens/s
         against 138.6K), while on tp4dp8 engines a pack of 4x the knee simulates 1.7% faster colocated and 8% faster
-        disaggregated (143.2K against 140.8K; 137.8K against 127.5K): the rule is not the best for these engines.
+        disaggregated (143.2K against 140.8K; 137.8K against 127.5K): the rule is not the best for these engines, and
+        the search steps from it in simulation (``search.core._pack_step``).
         """
         prev = self.decode_step_s(1, context_tokens_per_seq)
         for b in range(1, max(1, max_batch)):

@@ -61,6 +61,9 @@ class RolloutOption:
     dp: int = 1
     """Attention data-parallel ranks (vLLM's ``data_parallel_size``; the experts then run over all ``tp * dp``
     devices, ep = tp * dp): each rank attends to its own sequences and keeps only their KV cache."""
+    pack_stepped: bool = False
+    """True when ``consolidation_batch`` is one the search stepped to from the knee rule's (``search.core``, the
+    packing step), not the rule's own: the label then shows it (``c96``)."""
 
     @property
     def devices(self) -> int:
@@ -70,7 +73,8 @@ class RolloutOption:
     @property
     def label(self) -> str:
         return (f"tp{self.tp}" + (f"dp{self.dp}" if self.dp > 1 else "") + (f"ep{self.ep}" if self.ep > 1 else "")
-                + (f"v{self.versions}" if self.versions > 1 else ""))
+                + (f"v{self.versions}" if self.versions > 1 else "")
+                + (f"c{self.consolidation_batch}" if self.pack_stepped else ""))
 
 
 @dataclass(frozen=True, kw_only=True)

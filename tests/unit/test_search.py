@@ -228,14 +228,18 @@ def test_the_search_finds_what_an_exhaustive_search_finds_on_dense_8b(k: int, be
     assert outcome.chosen.screened.label == best
 
 
-def test_the_split_search_steps_to_a_faster_split_on_the_235b_example(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 235B example at k = 4: the best split of tp4dp8 engines is a neighbour of the screen's, 6.9% faster in
-    simulation (172,957 trained tokens/s on R352/T160 against 161,775 on R288/T224, 2026-11-24)."""
+def test_the_split_and_packing_steps_find_faster_plans_on_the_235b_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 235B example at k = 4 (2026-11-24). Stepping between splits: the best split of tp4dp8 engines is a neighbour
+    of the screen's, 6.9% faster in simulation (172,957 trained tokens/s on R352/T160 against 161,775 on R288/T224).
+    Stepping the packing cap of older versions from the knee rule's 24 per engine: 384 simulates 16% faster still
+    (200,667 on R320/T192)."""
     import planner.search.core as core
 
     resolved = _resolved((SPECS / "moe-235b-h800x512.yaml").read_text(),
                          **{"max_version_lag: 2": "max_version_lag: 4"})
     inputs = search_inputs(resolved)
+    packed = search(inputs).chosen
+    monkeypatch.setattr(core, "PACK_TOP", 0)
     stepped = search(inputs).chosen
     monkeypatch.setattr(core, "SPLIT_STEPS", 0)
     unstepped = search(inputs).chosen
@@ -243,6 +247,10 @@ def test_the_split_search_steps_to_a_faster_split_on_the_235b_example(monkeypatc
     assert unstepped.screened.placement.rollout == stepped.screened.placement.rollout
     assert unstepped.screened.placement.rollout_accelerators != stepped.screened.placement.rollout_accelerators
     assert stepped.trained_tokens_per_s > 1.05 * unstepped.trained_tokens_per_s
+    ro = packed.screened.placement.rollout
+    assert ro.pack_stepped and ro.consolidation_batch >= 4 * stepped.screened.placement.rollout.consolidation_batch
+    assert f"tp4dp8ep32c{ro.consolidation_batch}x" in packed.screened.label
+    assert packed.trained_tokens_per_s > 1.1 * stepped.trained_tokens_per_s
 
 
 def test_memory_reports_fit() -> None:
@@ -466,10 +474,14 @@ def test_cpu_rollout_engines_are_one_core_each_and_a_pinned_tp_is_refused_with_t
     assert info.value.closest is not None and "one thread per replica" in info.value.closest.reason
 
 
-def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simulates_to() -> None:
+def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simulates_to(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The warning's figure is a simulation of the chosen placement and mode at k + 1: beyond the budget a what-if
     (dense-8b, k=2: the trainer waits on the tail and k=3 trains more), within it a candidate like any other
-    (dense-32b with a budget of 4: k=4 simulated, not chosen, the rollout side limits the plan)."""
+    (dense-32b with a budget of 4 and the knee rule's packing: k=4 simulated, not chosen, the rollout side limits the
+    plan; the packing step finds k=4 with twice the knee's cap 3.4% faster, which would hide it)."""
+    import planner.search.core as core
+
     planned = make_plan(load_spec(str(SPECS / "dense-8b-h800x64.yaml")))
     outcome = planned.outcome
     chosen, alt = outcome.chosen, outcome.one_more_version
@@ -482,6 +494,7 @@ def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simula
     assert f"at k=2: raising staleness.max_version_lag to 3 trains {100 * gain:.0f}% more tokens/s" in warning
 
     dense = _resolved((SPECS / "dense-32b-h800x128.yaml").read_text(), **{"max_version_lag: 3": "max_version_lag: 4"})
+    monkeypatch.setattr(core, "PACK_TOP", 0)
     planned = make_plan(dense)
     outcome = planned.outcome
     assert outcome.chosen.screened.k == 3 and outcome.one_more_version is None
