@@ -84,8 +84,10 @@ class Calibration:
     """Fixed cost per training step (s): data loading, loss bookkeeping, synchronisation.  Prior."""
 
     moe_imbalance_factor: float = 1.2
-    """Load on the busiest expert-parallel rank divided by the mean load (>= 1).  Prior: DeepSeek's EPLB exists
-    because routed load is uneven (github.com/deepseek-ai/EPLB); 1.2 is a moderate imbalance after balancing."""
+    """Load on the busiest expert-parallel rank divided by the mean load (>= 1), from the routing's popularity skew.
+    Prior: DeepSeek's EPLB exists because routed load is uneven (github.com/deepseek-ai/EPLB); 1.2 is a moderate
+    imbalance after balancing.  Rollout engines multiply it by the chance maximum of their devices' loads, which grows
+    as each device sees fewer tokens (``RolloutCostModel.ep_imbalance``)."""
 
     dp_comm_overlap_fraction: float = 0.8
     """Fraction of data-parallel gradient reduce-scatter / parameter all-gather hidden behind backward/forward

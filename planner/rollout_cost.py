@@ -16,7 +16,7 @@ Notation (see `planner.architecture` for model symbols):
 
 Decode step (seconds), a roofline per device plus communication and a fixed step cost:
     bytes = W_nonexpert/t + bytes of the experts the batch touches + C * kv_tok_dev
-    flops = (2 * N_c * B + attn_qk * C) / t          (expert share x imbalance when e > 1)
+    flops = (2 * N_c * B + attn_qk * C) / t          (expert share x imbalance(B) when e > 1: ``ep_imbalance``)
     t_dec = max(bytes / (eta_mem BW), flops / (eta_dec F)) + t_comm(B) + t_step
 Experts touched per MoE layer (uniform routing, each token picks k of E + Z slots):
     U(B) = E * (1 - (1 - k/(E+Z))^B)
@@ -274,6 +274,27 @@ class RolloutCostModel:
     expert_token_copies: int = 1
     """Devices that send each token to its experts (``expert_token_copies``): the all-to-all and the experts' work
     are this many times a token's."""
+    ep_spread: float = 0.0
+    """2 ln(e) (1 - 1/e) for e = ep > 1 (0 otherwise): the squared spread of the busiest of e devices' routed loads
+    (``ep_imbalance``)."""
+
+    def ep_imbalance(self, num_tokens: float) -> float:
+        """The busiest expert-parallel device's routed copies over the mean, when ``num_tokens`` tokens run the
+        experts (1 when ep = 1: every device holds a slice of every expert).
+
+        Two factors. The routing's popularity skew, ``imbalance`` (``moe_imbalance_factor``, a prior). And chance: a
+        device receives each of the n k routed copies with probability 1/e, a Binomial(n k, 1/e) load of mean
+        mu = n k / e, and the largest of e such loads is about mu + sqrt(2 ln e) sigma (the first-order expected
+        maximum of e near-normal variables), sigma^2 = mu (1 - 1/e):
+            imbalance(n) = skew * min(e, 1 + sqrt(2 ln e (1 - 1/e) / mu))
+        It matters where decode batches are small against the devices: a tp4dp8ep32 engine of Qwen3-235B (k = 8)
+        decoding 320 sequences sends 80 copies to a device on average and 1.29x that to the busiest; ep128 engines
+        at the same batch, 20 and 1.70x. Without it, every extra device of expert parallelism looked free."""
+        if self.ep <= 1:
+            return 1.0
+        mu = num_tokens * self.expert_slots_per_token / self.ep
+        chance = self.ep if mu <= 0 else min(float(self.ep), 1.0 + math.sqrt(self.ep_spread / mu))
+        return self.imbalance * chance
 
     def rank_share(self, batch_size: int) -> float:
         """How much more than an even 1/dp of a decode batch's sequences the busiest rank holds: ceil(B/dp) dp / B
@@ -286,8 +307,7 @@ class RolloutCostModel:
     def matmul_flops(self, num_tokens: float, share: float = 1.0) -> float:
         """The weight matmuls' FLOPs of ``num_tokens`` tokens on the busiest device: the dense layers ``share`` times
         an even split (``rank_share``), the experts' over every rank's tokens."""
-        expert = (self.expert_flops_per_token_per_device * self.expert_token_copies
-                  * (self.imbalance if self.ep > 1 else 1.0))
+        expert = self.expert_flops_per_token_per_device * self.expert_token_copies * self.ep_imbalance(num_tokens)
         return num_tokens * (self.dense_flops_per_token_per_device * share + expert)
 
     def experts_touched_per_layer(self, num_tokens: float) -> float:
@@ -302,7 +322,7 @@ class RolloutCostModel:
         touched = self.experts_touched_per_layer(num_tokens)
         if self.ep > 1:
             resident = self.num_experts / self.ep
-            touched = min(resident, touched / self.ep * self.imbalance)
+            touched = min(resident, touched / self.ep * self.ep_imbalance(num_tokens))
         return self.num_moe_layers * touched * self.expert_bytes_on_device
 
     def _comm_s(self, num_tokens: float, share: float = 1.0) -> float:
@@ -322,7 +342,7 @@ class RolloutCostModel:
             per_rank = (num_tokens / self.ep * self.expert_slots_per_token * self.hidden_bytes_per_token * share
                         * self.expert_token_copies)
             t += 2 * self.num_moe_layers * all_to_all_s(
-                per_rank * self.imbalance, group_size=self.ep, bandwidth_bytes_per_s=self.ep_link_bandwidth_bytes_per_s,
+                per_rank * self.ep_imbalance(num_tokens), group_size=self.ep, bandwidth_bytes_per_s=self.ep_link_bandwidth_bytes_per_s,
                 efficiency=self.ep_link_efficiency, latency_s=self.collective_latency_s)
         return t
 
@@ -473,6 +493,7 @@ def make_rollout_cost_model(
         step_overhead_s=calib.decode_step_overhead_s,
         dp=dp,
         expert_token_copies=expert_token_copies(arch, tp=tp, dp=dp),
+        ep_spread=2 * math.log(ep) * (1 - 1 / ep) if arch.is_moe and ep > 1 else 0.0,
     )
 
 

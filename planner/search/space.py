@@ -29,6 +29,14 @@ from planner.rollout_cost import RolloutMemory, make_rollout_cost_model, rollout
 from planner.search.inputs import SearchInputs
 from planner.train_cost import TrainCostModel, TrainMemory, pipeline_stage_layers, train_memory_per_device
 
+MAX_EP_NODES = 16
+"""Expert parallelism of an attention-data-parallel rollout engine spans at most this many nodes (128 H800s): the
+range DeepEP's low-latency kernels were published for (EP 8-256 on H800, docs/legacy.md), where the cost model's
+all-to-all (``hardware.all_to_all_s``) reads 202 us for their EP128 dispatch of 128 tokens against 192 measured
+(tests/unit/test_rollout_cost.py), and near DeepSeek's decode deployment (EP144 over 18 nodes). A wider engine holds
+fewer experts per device and more KV cache; past 16 nodes the search grows slower for gains made where the model's
+imbalance (``RolloutCostModel.ep_imbalance``) has not been checked."""
+
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -195,7 +203,8 @@ class Space:
             # attention data parallelism: dp ranks of tp devices (at most a node), the experts over all tp x dp: how
             # DeepSeek-style MoE models are served at scale, and with tp 1 the only layout where an MLA latent is not
             # copied onto every device. A spec pins one as tp and ep = tp x dp (a replica spans ep accelerators).
-            eps = sorted(set(powers_of_two_upto(max_tp)) | ({pins.rollout_ep} if pins.rollout_ep else set()))
+            wide = min(inp.total_accelerators, MAX_EP_NODES * inp.accelerators_per_node)
+            eps = sorted(set(powers_of_two_upto(wide)) | ({pins.rollout_ep} if pins.rollout_ep else set()))
             layouts += [(tp, ep, ep // tp) for tp in tps if tp <= inp.accelerators_per_node
                         for ep in eps if ep > tp and ep % tp == 0]
         for tp, ep, dp in layouts:

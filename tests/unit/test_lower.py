@@ -139,7 +139,7 @@ def test_vllm_engine_args_follow_the_plan() -> None:
     assert args["all2all_backend"] == "deepep_low_latency"
     assert "all2all_backend deepep_low_latency" in files["launch/NOTES.txt"]
     one_rank = dataclasses.replace(plan, rollout=dataclasses.replace(
-        plan.rollout, tp=16, ep=16, accelerators_per_replica=16, replicas=plan.rollout.replicas * 2))
+        plan.rollout, tp=16, ep=16, accelerators_per_replica=16, replicas=plan.rollout.accelerators // 16))
     assert "all2all_backend" not in json.loads(render_launch(resolved, one_rank)["launch/vllm/engine_args.json"])
     argv = shlex.split(files["launch/vllm/serve.args"])
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-235B-A22B"]
@@ -182,7 +182,7 @@ def test_experts_fold_into_the_tensor_parallel_ranks_as_the_search_plans_them() 
     resolved = load_example("moe-235b-h800x512")
     plan = example_plan(resolved, "moe-235b-h800x512")
     train = dataclasses.replace(plan.train, tp=2, pp=4, dp=1, cp=8, ep=16, accelerators=64)
-    rollout = dataclasses.replace(plan.rollout, accelerators=448, replicas=448 // plan.rollout.accelerators_per_replica)
+    rollout = dataclasses.replace(plan.rollout, tp=4, ep=32, accelerators_per_replica=32, accelerators=448, replicas=14)
     folded = dataclasses.replace(plan, colocated=False, train=train, rollout=rollout)
     config = json.loads(render_launch(resolved, folded)["launch/megatron/config.json"])
     assert config["model_parallel"]["expert_model_parallel_size"] == 16

@@ -228,29 +228,27 @@ def test_the_search_finds_what_an_exhaustive_search_finds_on_dense_8b(k: int, be
     assert outcome.chosen.screened.label == best
 
 
-def test_the_split_and_packing_steps_find_faster_plans_on_the_235b_example(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 235B example at k = 4 (2026-11-24). Stepping between splits: the best split of tp4dp8 engines is a neighbour
-    of the screen's, 6.9% faster in simulation (172,957 trained tokens/s on R352/T160 against 161,775 on R288/T224).
-    Stepping the packing cap of older versions from the knee rule's 24 per engine: 384 simulates 16% faster still
-    (200,667 on R320/T192)."""
+def test_the_split_and_packing_steps_find_faster_plans_on_the_560b_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 560B example at k = 1 (2026-11-24). Stepping between splits: the best split of its tp8dp16ep128 engines is
+    a neighbour of the screen's, 6.5% faster in simulation (285,073 trained tokens/s on R2816/T1280 against 267,597 on
+    R2304/T1792). Stepping the packing cap of older versions up from the knee rule's: 9.2% faster still (311,233)."""
     import planner.search.core as core
 
-    resolved = _resolved((SPECS / "moe-235b-h800x512.yaml").read_text(),
-                         **{"max_version_lag: 2": "max_version_lag: 4"})
+    resolved = _resolved((SPECS / "moe-560b-x4096.yaml").read_text(), **{"max_version_lag: 3": "max_version_lag: 1"})
     inputs = search_inputs(resolved)
     packed = search(inputs).chosen
     monkeypatch.setattr(core, "PACK_TOP", 0)
     stepped = search(inputs).chosen
     monkeypatch.setattr(core, "SPLIT_STEPS", 0)
     unstepped = search(inputs).chosen
-    assert stepped.screened.label == "disagg R352(tp4dp8ep32x11) T160(tp4 pp5 dp1 ep8 cp8) streaming k=4"
+    assert stepped.screened.label == "disagg R2816(tp8dp16ep128x22) T1280(tp4 pp10 dp4 ep16 cp8) streaming k=1"
     assert unstepped.screened.placement.rollout == stepped.screened.placement.rollout
     assert unstepped.screened.placement.rollout_accelerators != stepped.screened.placement.rollout_accelerators
     assert stepped.trained_tokens_per_s > 1.05 * unstepped.trained_tokens_per_s
     ro = packed.screened.placement.rollout
-    assert ro.pack_stepped and ro.consolidation_batch >= 4 * stepped.screened.placement.rollout.consolidation_batch
-    assert f"tp4dp8ep32c{ro.consolidation_batch}x" in packed.screened.label
-    assert packed.trained_tokens_per_s > 1.1 * stepped.trained_tokens_per_s
+    assert ro.pack_stepped and ro.consolidation_batch >= 2 * stepped.screened.placement.rollout.consolidation_batch
+    assert f"tp8dp16ep128c{ro.consolidation_batch}x" in packed.screened.label
+    assert packed.trained_tokens_per_s > 1.05 * stepped.trained_tokens_per_s
 
 
 def test_memory_reports_fit() -> None:
@@ -612,13 +610,13 @@ def test_rollout_tp_gives_vllm_whole_kv_heads() -> None:
 def test_moe_rollout_engines_may_run_attention_data_parallel_and_a_spec_pins_them_as_tp_with_ep() -> None:
     """Qwen3-235B's 4 KV heads are copied onto every rank of a tp16 engine; attention data-parallel ranks of 4 devices
     (a KV head each) keep one sequence's KV on one rank and read a quarter of its non-expert weights per device. The
-    search finds 8 such ranks for the 235B example, a spec pins them as tp with ep = tp x ranks (tp 1 with ep 16:
-    16 ranks of one device), and a pinned tp 16 leaves them out."""
+    search finds 32 such ranks for the 235B example (128 devices: one expert each), a spec pins them as tp with
+    ep = tp x ranks (tp 1 with ep 16: 16 ranks of one device), and a pinned tp 16 leaves them out."""
     text = (SPECS / "moe-235b-h800x512.yaml").read_text()
     free = make_plan(_resolved(text)).plan
-    assert (free.rollout.tp, free.rollout.ep, free.rollout.accelerators_per_replica) == (4, 32, 32)
-    assert free.rollout.attention_dp == 8
-    assert free.rollout.max_num_seqs > 256  # over 8 ranks, each with vLLM's 256 (less where the KV cache holds less)
+    assert (free.rollout.tp, free.rollout.ep, free.rollout.accelerators_per_replica) == (4, 128, 128)
+    assert free.rollout.attention_dp == 32
+    assert free.rollout.max_num_seqs > 256  # over 32 ranks, each with vLLM's 256 (less where the KV cache holds less)
     one_device_ranks = make_plan(_resolved(text + "placement:\n  rollout: {tp: 1, ep: 32}\n")).plan
     assert (one_device_ranks.rollout.tp, one_device_ranks.rollout.attention_dp) == (1, 32)
     assert free.predictions.trained_tokens_per_s > one_device_ranks.predictions.trained_tokens_per_s
