@@ -6,6 +6,7 @@ Everything printed is read from the Plan (computed by the planner); nothing here
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -294,11 +295,25 @@ def plan_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, 
     """(symbol, path, old, new) for every changed leaf of the plan's decision: '~' changed, '+' added, '-' removed."""
     out = tree_diff({k: old.get(k) for k in DIFF_SECTIONS if k in old and k != "warnings"},
                     {k: new.get(k) for k in DIFF_SECTIONS if k in new and k != "warnings"}, _KEYED_LISTS)
-    # warnings one by one: the ones gone, then the new ones (a warning whose figure moved is both)
-    was, now = list(old.get("warnings") or ()), list(new.get("warnings") or ())
-    out += [("-", "warning", w, None) for w in was if w not in now]
-    out += [("+", "warning", None, w) for w in now if w not in was]
+    # warnings one by one: a warning whose figures moved, and only they, is one change; then the ones gone, then the
+    # new ones (a reworded warning read as one removed and one added, two changes for one)
+    was = [w for w in old.get("warnings") or () if w not in (new.get("warnings") or ())]
+    now = [w for w in new.get("warnings") or () if w not in (old.get("warnings") or ())]
+    for w in list(was):
+        same = next((n for n in now if _figures_aside(n) == _figures_aside(w)), None)
+        if same is not None:
+            out.append(("~", "warning", w, same))
+            was.remove(w)
+            now.remove(same)
+    out += [("-", "warning", w, None) for w in was]
+    out += [("+", "warning", None, w) for w in now]
     return out
+
+
+def _figures_aside(text: str) -> str:
+    """``text`` with each number (``25%``, ``1,222``, ``0.5``, ``+3.4%``) replaced by ``#``: two warnings alike but for
+    their figures are the same warning."""
+    return re.sub(r"[-+]?\d[\d,]*(\.\d+)?", "#", text)
 
 
 def context_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:

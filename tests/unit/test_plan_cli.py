@@ -569,3 +569,18 @@ def test_host_memory_rules_out_colocated_plans_and_names_its_field(tmp_path: Pat
     assert ("it lacks: does not fit host memory: 29.1 GiB per accelerator (trainer_state 19.1, reserved 10.0 GiB) "
             "against its 25.0 GiB share of the node's 200 GiB over 8 accelerators") in err, err
     assert f"the spec sets: cluster.host_memory_gib_per_node = 200 (line {line})" in err
+
+
+def test_a_warning_whose_figures_moved_is_one_change_in_a_diff() -> None:
+    """A reworded warning read as one removed and one added: two changes for one. Only the figures may differ."""
+    from dora.report import plan_diff, render_diff
+
+    stall = "the trainer waits {}% of each step for the oldest version's tail at k=3: raising it trains {}% more"
+    old = {"warnings": [stall.format(25, 5), "the placement uses 60 of the cluster's 64 accelerators"]}
+    new = {"warnings": [stall.format(39, "-0.5"), "training memory is planned at 79.6 of 79.6 GiB"]}
+    changes = plan_diff(old, new)
+    assert changes == [("~", "warning", stall.format(25, 5), stall.format(39, "-0.5")),
+                       ("-", "warning", "the placement uses 60 of the cluster's 64 accelerators", None),
+                       ("+", "warning", None, "training memory is planned at 79.6 of 79.6 GiB")]
+    assert render_diff(changes, "a", "b")[-1] == "Plan: 1 to add, 1 to change, 1 to remove."
+    assert plan_diff(old, old) == []
