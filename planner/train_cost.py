@@ -11,13 +11,18 @@ Notation (model symbols from `planner.architecture`):
 FLOPs (one step):
     fwd    = 2*N_c*T + q*pairs,   pairs = (S2 + T)/2 causal (what flash attention executes) or S2 non-causal
     model  = 3*fwd + x*fwd        (x = extra forward passes: old-logprob, reference)
-    hw     = model + fwd (full recompute) | + q*pairs (selective: core attention only)
+    hw     = model + fwd - head (full recompute: the layers again, not the LM head) | + q*pairs (selective: core
+             attention only);  head = 2*V*h*T, the LM head's forward (part of N_c)
 Time:
     compute = u * g * hw / (n * F * eta_train);   bubble = compute * (p-1)/(v*m/o)   (the pipeline flushes at
               every optimizer step, so the bubble follows the m/o microbatches of one global batch); on `cpu`
               with n > 1, n threads of one process do the work of n * cpu_train_parallel_efficiency cores
-    g       = pipeline stage imbalance p*ceil(L/p)/L: every stage runs at the pace of the busiest, which holds
-              ceil(L/p) of the L layers (`pipeline_stage_layers`; 1 when p divides L)
+    g       = pipeline stage imbalance p*max(f, m, l + H)/(L + H): every stage runs at the pace of the busiest.
+              Megatron's split (`pipeline_stage_layers`) gives the first, middle and last stages f, m = ceil(L/p)
+              and l layers; the last also runs the LM head and the loss, H layers' worth of work
+              (`lm_head_layers`; the first stage's embedding lookup is a gather, no FLOPs). 1 with p = 1;
+              p*ceil(L/p)/(L + H) while H fits in the last stage's m - l spare layers; up to about 1 + H/m
+              beyond (the 560B example's LongCat-Flash at p = L = 28: 1.70, a layer plus a head of 0.74 layers).
     u       = DP load imbalance (`dp_imbalance`): each global batch splits into d equal sample counts s, so the rank
               that gets the step's longest sequence L carries L + (s-1)*mean tokens against the average s*mean;
               every rank waits for it at the gradient sync. 1 with d = 1.
@@ -49,6 +54,14 @@ ADAM_BYTES_PER_PARAM = 30
 write the bf16 copy (2)."""
 GRAD_BYTES = 4
 """Gradients are reduced and stored in fp32 (the Megatron distributed-optimizer accounting)."""
+LOSS_BYTES_PER_LOGIT = 52
+"""HBM bytes the log-softmax over the LM head's output moves per logit (one token, one vocabulary entry) in a
+training pass, as dora's Megatron trainer (``_TokenLogProb``) and megatron-core's ``VocabParallelCrossEntropy`` do
+it: forward, cast the bf16 logits to fp32 (read 2, write 4), max (4), subtract it in place (8), exp in place (8), sum
+(4), divide in place (8): 38; backward, scale the saved softmax in place (8), cast the gradient to bf16 (6): 14.
+Memory-bound elementwise kernels, run on the last pipeline stage only."""
+LOSS_FORWARD_BYTES_PER_LOGIT = 38
+"""The forward part of ``LOSS_BYTES_PER_LOGIT``: what an extra forward pass (old log-probs, reference) moves."""
 
 
 def train_flops(arch: ModelArch, *, tokens: float, seq_len_sum_sq: float, extra_forward_passes: int = 0,
@@ -62,8 +75,8 @@ def train_flops(arch: ModelArch, *, tokens: float, seq_len_sum_sq: float, extra_
     attn_fwd = arch.attention_flops_per_query_key() * pairs
     fwd = 2 * arch.matmul_params_per_token * tokens + attn_fwd
     model = (3 + extra_forward_passes) * fwd
-    if recompute == "full":
-        return model, model + fwd
+    if recompute == "full":  # megatron-core checkpoints the transformer layers; the output layer runs once
+        return model, model + fwd - lm_head_flops(arch, tokens=tokens)
     if recompute == "selective":
         return model, model + attn_fwd
     if recompute != "none":
@@ -71,14 +84,24 @@ def train_flops(arch: ModelArch, *, tokens: float, seq_len_sum_sq: float, extra_
     return model, model
 
 
+def lm_head_flops(arch: ModelArch, *, tokens: float) -> float:
+    """Forward FLOPs of the LM head (output layer) over ``tokens``: 2*V*h per token, the vocabulary-sized matmul
+    ``matmul_params_per_token`` counts once whether or not the embedding is tied. Megatron runs it on the last
+    pipeline stage (and the embedding lookup, a gather with no FLOPs, on the first)."""
+    return 2.0 * arch.vocab_size * arch.hidden_size * tokens
+
+
 def pipeline_stage_layers(num_layers: int, pp: int) -> tuple[int, int, int] | None:
     """Megatron's layer split over ``pp`` stages as (first stage, each middle stage, last stage), with the busiest
     stage holding ceil(L/p) layers; None when no such split exists.
 
     Megatron gives every middle stage the same count and lets the first and last differ
-    (``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``), so with m = ceil(L/p) the
-    middle p-2 stages take m each and the ends share the rest r = L - (p-2)*m as ceil(r/2), floor(r/2), each >= 1.
-    An even split (p divides L) is (m, m, m).
+    (``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``, each >= 1), so with
+    m = ceil(L/p) the middle p-2 stages take m each and the ends share the rest r = L - (p-2)*m. The last stage
+    also runs the LM head and the loss (``lm_head_layers``: 0.7 to 4 layers' work on the example specs), so it
+    takes as few layers as the split allows, max(1, r - m), and the first the rest, min(m, r - 1): any layer moved
+    to the first stage shortens the slowest stage or leaves it as it was (the first never exceeds m). With p = 2
+    that is (ceil(L/2), floor(L/2)). An even split (p divides L) is (m, m, m).
     """
     if pp < 1 or pp > num_layers:
         return None
@@ -88,12 +111,44 @@ def pipeline_stage_layers(num_layers: int, pp: int) -> tuple[int, int, int] | No
     rest = num_layers - (pp - 2) * m
     if rest < 2:
         return None
-    return -(-rest // 2), m, rest // 2
+    last = max(1, rest - m)
+    return rest - last, m, last
 
 
-def pipeline_stage_imbalance(num_layers: int, pp: int) -> float:
-    """Busiest stage's layers / the mean, p*ceil(L/p)/L (>= 1)."""
-    return pp * -(-num_layers // pp) / num_layers
+def pipeline_stage_imbalance(num_layers: int, pp: int, head_layers: float = 0.0) -> float:
+    """Busiest stage's work / the mean (>= 1), counting the work in layers: p*max(f, m, l + H)/(L + H) for
+    Megatron's split (f, m, l) (``pipeline_stage_layers``) with the LM head and loss on the last stage worth
+    ``head_layers`` = H layers (``lm_head_layers``). With H = 0, p*ceil(L/p)/L; always 1 with p = 1, where the
+    calibrated efficiency covers the whole step, loss kernels included (``train_step_time`` multiplies the step's
+    hardware FLOPs by it, so the mean stage carries (L + H)/p layers' worth and the busiest max(f, m, l + H)).
+
+    Megatron-LM places the output layer and the loss on the last stage (``GPTModel(post_process=...)``), and the
+    pipeline runs at the pace of its slowest stage: a stage holding ceil(L/p) layers plus the head. It does not
+    shift layers off that stage unless told (``num_layers_in_last_pipeline_stage``;
+    ``account_for_loss_in_pipeline_split``, which counts the loss as one layer, requires p to divide L + 1 or
+    L + 2 and cannot be combined with uneven first and last stages).
+    """
+    split = pipeline_stage_layers(num_layers, pp)
+    if split is None:  # no Megatron split (train_step_time refuses these): the busiest stage's layers alone
+        return pp * -(-num_layers // pp) / num_layers
+    first, middle, last = split
+    return pp * max(first, middle, last + head_layers) / (num_layers + head_layers)
+
+
+def lm_head_layers(arch: ModelArch, acc: Accelerator, *, layers_hw_flops: float, tokens: float,
+                   extra_forward_passes: int, eta_train: float, hbm_efficiency: float) -> float:
+    """The last stage's extra work, the LM head and loss, in units of one transformer layer's share of
+    ``layers_hw_flops`` (the step's hardware FLOPs less the head's): the head's matmuls, (3 + x) * 2*V*h*T FLOPs
+    at the calibrated compute efficiency, plus the log-softmax over T*V logits, memory-bound
+    (``LOSS_BYTES_PER_LOGIT``, ``LOSS_FORWARD_BYTES_PER_LOGIT`` per extra forward pass) at the HBM efficiency.
+    Both sides divide by the same tp*dp*cp devices (the head is vocabulary-parallel over tp), so they cancel."""
+    if layers_hw_flops <= 0:
+        return 0.0
+    head_s = (3 + extra_forward_passes) * lm_head_flops(arch, tokens=tokens) / (acc.bf16_flops * eta_train)
+    loss_bytes = tokens * arch.vocab_size * (LOSS_BYTES_PER_LOGIT + extra_forward_passes * LOSS_FORWARD_BYTES_PER_LOGIT)
+    loss_s = loss_bytes / (acc.hbm_bandwidth_bytes_per_s * hbm_efficiency)
+    layer_s = layers_hw_flops / arch.num_layers / (acc.bf16_flops * eta_train)
+    return (head_s + loss_s) / layer_s
 
 
 def _check(arch: ModelArch, tp: int, pp: int, dp: int, ep: int, cp: int) -> None:
@@ -127,7 +182,8 @@ class TrainStepTime:
     dp_imbalance: float
     """Busiest DP rank's load / the average rank's (``dp_imbalance``)."""
     stage_imbalance: float
-    """Busiest pipeline stage's layers / the mean (``pipeline_stage_imbalance``)."""
+    """Busiest pipeline stage's work / the mean, the LM head and loss on the last stage included
+    (``pipeline_stage_imbalance``)."""
     bubble_s: float
     comm_s: float
     """Exposed (not overlapped) communication."""
@@ -209,7 +265,13 @@ def train_step_time(
     eta = calib.train_mfu_moe if arch.is_moe else calib.train_mfu_dense
     imbalance = dp_imbalance(tokens=tokens, num_seqs=num_seqs, dp=dp, optimizer_steps=optimizer_steps,
                              longest_seq_tokens=longest_seq_tokens)
-    stages = pipeline_stage_imbalance(arch.num_layers, pp)
+    head_layers = 0.0
+    if pp > 1:
+        head_hw = (3 + extra_forward_passes) * lm_head_flops(arch, tokens=tokens)
+        head_layers = lm_head_layers(arch, acc, layers_hw_flops=hw_flops - head_hw, tokens=tokens,
+                                     extra_forward_passes=extra_forward_passes, eta_train=eta,
+                                     hbm_efficiency=calib.hbm_bandwidth_efficiency)
+    stages = pipeline_stage_imbalance(arch.num_layers, pp, head_layers)
     compute_s = imbalance * stages * hw_flops / (n * cores_worth * acc.bf16_flops * eta)
     bubble_s = compute_s * (pp - 1) * optimizer_steps / (virtual_pipeline_stages * max(num_microbatches, optimizer_steps))
 

@@ -17,8 +17,10 @@ betas (0.9, 0.99), no weight decay and gradient clipping at 1.0 (the same as dor
 learning rate (``min_lr = lr``), the distributed optimizer and overlapped gradient reduction when dp * cp > 1,
 and for MoE models router logits in fp32 (``moe_router_dtype``; slime's Megatron scripts set it for every MoE
 model: near-tied top-k choices should not depend on the activation dtype) with a frozen expert bias (``_router``).
-When pp does not divide the layers, the busiest stages hold ceil(layers/pp) and the first and last share the rest
-(``num_layers_in_first/last_pipeline_stage``; Megatron-LM ``--decoder-first/last-pipeline-num-layers``).
+When pp does not divide the layers, the busiest stages hold ceil(layers/pp) and the first and last share the rest,
+the last (which also runs the output layer and the loss) as few as the split allows
+(``num_layers_in_first/last_pipeline_stage``; Megatron-LM ``--decoder-first/last-pipeline-num-layers``;
+``train_cost.pipeline_stage_layers``).
 """
 
 from __future__ import annotations

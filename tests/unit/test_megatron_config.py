@@ -121,18 +121,19 @@ def test_megatron_lm_flags_name_megatron_core_fields(stem: str) -> None:
 
 
 def test_an_uneven_pipeline_split_is_one_megatron_core_accepts() -> None:
-    """64 layers over pp=6: middle stages of 11, 10 on the first and last; megatron-core checks the sum."""
+    """64 layers over pp=6: middle stages of 11, 11 on the first and 9 on the last (which also runs the output layer
+    and the loss); megatron-core checks the sum."""
     resolved = load_example("dense-32b-h800x128")
     plan = example_plan(resolved, "dense-32b-h800x128")
     uneven = dataclasses.replace(plan, train=dataclasses.replace(plan.train, pp=6, dp=1, cp=1, tp=1, accelerators=6))
     config = megatron_config(resolved, uneven)
     assert (config["transformer"]["num_layers_in_first_pipeline_stage"],
-            config["transformer"]["num_layers_in_last_pipeline_stage"]) == (10, 10)
+            config["transformer"]["num_layers_in_last_pipeline_stage"]) == (11, 9)
     transformer = _build(config)[0]
-    assert transformer.num_layers_in_first_pipeline_stage == 10
+    assert transformer.num_layers_in_first_pipeline_stage == 11
     args = megatron_lm_args(config)
-    assert ["--decoder-first-pipeline-num-layers", "10"] in args and ["--decoder-last-pipeline-num-layers", "10"] in args
-    config["transformer"]["num_layers_in_last_pipeline_stage"] = 11  # 10 + 4*11 + 11 = 65 layers
+    assert ["--decoder-first-pipeline-num-layers", "11"] in args and ["--decoder-last-pipeline-num-layers", "9"] in args
+    config["transformer"]["num_layers_in_last_pipeline_stage"] = 10  # 11 + 4*11 + 10 = 65 layers
     with pytest.raises(ValueError, match="number of layers at middle stage"):
         _build(config)
     even = megatron_config(resolved, dataclasses.replace(uneven, train=dataclasses.replace(

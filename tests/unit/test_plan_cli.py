@@ -138,12 +138,16 @@ def test_report_gives_a_colocated_plans_host_memory_moves() -> None:
     the trainer's state the other way: the report says how long, and a plan on separate accelerators has neither."""
     import re
 
+    from dora.planning import make_plan
     from dora.report import plan_report_text
+    from dora.spec import load_spec_text
     from planner.hardware import get_accelerator
     from planner.plan import Plan
     from planner.weight_sync import host_swap_s
 
-    plan = Plan.from_dict(json.loads((GOLDEN / "dense-32b-h800x128.plan.json").read_text()))
+    # the dense-32B example's best colocated plan (its chosen plan is disaggregated)
+    text = (SPECS / "dense-32b-h800x128.yaml").read_text() + "placement:\n  colocated: true\n"
+    plan = make_plan(load_spec_text(text, "dense-32b-colocated.yaml", SPECS)).plan
     assert plan.colocated and plan.mode == "streaming"
     p = plan.predictions
     text = " ".join(plan_report_text(plan, width=200).split())
@@ -566,7 +570,7 @@ def test_host_memory_rules_out_colocated_plans_and_names_its_field(tmp_path: Pat
     assert main(["plan", str(tiny)]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert f"{tiny}: nothing fits" in err and "Traceback" not in err
-    assert ("it lacks: does not fit host memory: 29.1 GiB per accelerator (trainer_state 19.1, reserved 10.0 GiB) "
+    assert ("it lacks: does not fit host memory: 37.0 GiB per accelerator (trainer_state 27.0, reserved 10.0 GiB) "
             "against its 25.0 GiB share of the node's 200 GiB over 8 accelerators") in err, err
     assert f"the spec sets: cluster.host_memory_gib_per_node = 200 (line {line})" in err
 

@@ -187,42 +187,47 @@ def test_infeasible_names_closest_candidate() -> None:
 def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
     planned = make_plan(load_spec(str(SPECS / "dense-32b-h800x128.yaml")))
     plan, outcome = planned.plan, planned.outcome
-    # colocated streaming: rollout and training take turns on all 128 devices, tails suspended across the turns
-    assert plan.mode == "streaming" and plan.colocated and plan.train.accelerators == 128
-    assert plan.predictions.speedup_vs_sync > 1.38  # 1.40 since engines keep to their KV cache (1.44 before)
+    # disaggregated streaming: training on 32 is trainer-bound and on 64 rollout-bound; the balanced split between
+    # them needs an uneven pipeline (64 layers over pp=3: 22/22/20, the last stage's LM head on 20, with tp=2 and
+    # cp=8 for the 32K-token microbatches). Colocated streaming, chosen until the last pipeline stage carried the LM
+    # head (at pp=16, 4 layers and a head of 2 layers' work), is 2.5% behind it.
+    assert plan.mode == "streaming" and not plan.colocated and plan.train.accelerators == 48
+    assert 64 % plan.train.pp != 0
+    assert plan.predictions.speedup_vs_sync > 1.38  # 1.43; 1.40 since engines keep to their KV cache (1.44 before)
     chosen = [c for c in plan.considered if c.status == "chosen"]
     assert len(chosen) == 1 and chosen[0].mode == "streaming"
-    # the best disaggregated streaming plan: training on 32 is trainer-bound and on 64 rollout-bound; the balanced
-    # split between them needs an uneven pipeline (64 layers over pp=3: 21/22/21, with tp=2 and cp=8 for the
-    # 32K-token microbatches)
     disagg = max((s for s in outcome.finalists if s.screened.mode == "streaming" and not s.screened.placement.colocated),
                  key=lambda s: s.trained_tokens_per_s)
-    assert disagg.screened.placement.train.accelerators == 48 and 64 % disagg.screened.placement.train.pp != 0
-    assert disagg.trained_tokens_per_s < chosen[0].trained_tokens_per_s
+    assert disagg.trained_tokens_per_s == chosen[0].trained_tokens_per_s
+    coloc = max((s for s in outcome.finalists if s.screened.mode == "streaming" and s.screened.placement.colocated),
+                key=lambda s: s.trained_tokens_per_s)
+    assert 0.95 * chosen[0].trained_tokens_per_s < coloc.trained_tokens_per_s < chosen[0].trained_tokens_per_s
     simulated = [c for c in plan.considered if c.stage == "simulated"]
     best = {m: max(c.trained_tokens_per_s for c in simulated if c.mode == m) for m in ("sync", "one-step-off")}
     assert best["sync"] < best["one-step-off"] < chosen[0].trained_tokens_per_s
     assert not any("slower by -" in c.reason for c in plan.considered)
     # a perfect schedule on any placement bounds streaming; the colocated one, rollout and training in turn on all 128
-    # devices at full occupancy, is the higher, and the chosen plan reaches most of it (the rest: engines of older
+    # devices at full occupancy, is the higher, and the colocated plan reaches most of it (the rest: engines of older
     # versions below full while their tails finish, as many as their KV cache holds, and the moves to and from host
     # memory): no schedule reaches 2x
     ceiling = plan.predictions.overlap_ceiling_tokens_per_s
     assert ceiling is not None and chosen[0].trained_tokens_per_s <= ceiling
     by_kind = {kind: rate for kind, rate, _ in outcome.ceiling_by_kind}
     assert ceiling == max(by_kind.values()) == by_kind["colocated"] > by_kind["disaggregated"]
-    assert 0.84 * by_kind["colocated"] < chosen[0].trained_tokens_per_s
+    assert 0.84 * by_kind["colocated"] < coloc.trained_tokens_per_s
     assert 0.9 * by_kind["disaggregated"] < disagg.trained_tokens_per_s
     assert ceiling < 2 * outcome.best_sync.trained_tokens_per_s
 
 
-@pytest.mark.parametrize("k, best", [(4, "disagg R40(tp2x20) T24(tp1 pp6 dp1 cp4) streaming k=4"),
-                                     (5, "disagg R40(tp2x20) T24(tp1 pp6 dp1 cp4) streaming k=5")])
+@pytest.mark.parametrize("k, best", [(4, "disagg R40(tp2c22x20) T24(tp1 pp3 dp1 cp8) streaming k=4"),
+                                     (5, "coloc R64(tp2c22x32) T64(tp1 pp1 dp8 cp8) streaming k=5")])
 def test_the_search_finds_what_an_exhaustive_search_finds_on_dense_8b(k: int, best: str) -> None:
     """dense-8b with a budget of 4 or 5: an exhaustive search (every screened candidate simulated, 15-20 s; run on
     2026-11-24) chooses tp2 engines on a 40/24 split. The screen once ranked it 31st and 23rd, and the search chose
     3.2% and 4.6% below it until it stepped between splits in simulation; since the screen charges streaming's tail at
-    its packed batch it ranks it first or second."""
+    its packed batch it ranks it first or second. Its trainer was pp6 cp4 until the last pipeline stage carried the
+    LM head (6 layers and a head of 4 layers' work there); the exhaustive search, rerun then (2026-11-25, with the
+    packing step after it), chooses pp3 cp8 at k = 4 and colocated tp2 at k = 5, both packed to 22 per engine."""
     resolved = _resolved((SPECS / "dense-8b-h800x64.yaml").read_text(),
                          **{"max_version_lag: 2": f"max_version_lag: {k}"})
     outcome = search(search_inputs(resolved))
@@ -322,8 +327,12 @@ def test_overlap_ceiling_bounds_every_screened_mode_and_the_simulation(prompts: 
     outcome = search(inputs)
     assert {f.screened.mode for f in outcome.finalists} >= {"sync", "streaming"}
     assert any(f.screened.placement.colocated for f in outcome.finalists)
+    # over the long runs: the ceiling is a steady state's, and a 6-step run of colocated streaming ends before the
+    # older versions' tails pile up (coloc R16(tp2x8) streaming k=2: 6 steps 5% above its ceiling, 24 steps 12% below)
+    long = max(f.sim_steps for f in outcome.finalists)
     for f in outcome.finalists:
-        assert f.trained_tokens_per_s <= 1.05 * screen.overlap_ceiling(f.screened.placement), f.screened.label
+        if f.sim_steps == long:
+            assert f.trained_tokens_per_s <= 1.05 * screen.overlap_ceiling(f.screened.placement), f.screened.label
     # the reported ceiling is the best over every placement, and bounds every finalist
     assert outcome.overlap_ceiling == max((screen.overlap_ceiling(p), p.label) for p in placements)
     assert all(f.trained_tokens_per_s <= 1.05 * outcome.overlap_ceiling[0] for f in outcome.finalists)
@@ -478,10 +487,7 @@ def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simula
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The warning's figure is a simulation of the chosen placement and mode at k + 1: beyond the budget a what-if
     (dense-8b, k=2: the trainer waits on the tail and k=3 trains more), within it a candidate like any other
-    (dense-32b with a budget of 4 and the knee rule's packing: k=4 simulated, not chosen, the rollout side limits the
-    plan; the packing step finds k=4 with twice the knee's cap 3.4% faster, which would hide it)."""
-    import planner.search.core as core
-
+    (k=4 simulated, not chosen, the rollout side limits the plan)."""
     planned = make_plan(load_spec(str(SPECS / "dense-8b-h800x64.yaml")))
     outcome = planned.outcome
     chosen, alt = outcome.chosen, outcome.one_more_version
@@ -493,9 +499,16 @@ def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simula
     (warning,) = [w for w in planned.plan.warnings if "oldest version's tail" in w]
     assert f"at k=2: raising staleness.max_version_lag to 3 trains {100 * gain:.0f}% more tokens/s" in warning
 
-    dense = _resolved((SPECS / "dense-32b-h800x128.yaml").read_text(), **{"max_version_lag: 3": "max_version_lag: 4"})
-    monkeypatch.setattr(core, "_pack_step", lambda *args: [])
-    planned = make_plan(dense)
+    # within the budget: local-tiny with a budget of 4 plans k=3, whose trainer waits 7% of a step on the tail, under
+    # the 10% that triggers the check; at a threshold of 0, k=4 is simulated as a candidate, ties, and the tie goes
+    # to the lower k
+    import planner.search.build as build
+    import planner.search.core as core
+
+    monkeypatch.setattr(core, "STALL_FRACTION", 0.0)
+    monkeypatch.setattr(build, "STALL_FRACTION", 0.0)
+    tiny = _resolved((SPECS / "local-tiny.yaml").read_text(), **{"max_version_lag: 3": "max_version_lag: 4"})
+    planned = make_plan(tiny)
     outcome = planned.outcome
     assert outcome.chosen.screened.k == 3 and outcome.one_more_version is None
     (k4,) = [s for s in outcome.finalists if s.screened.placement == outcome.chosen.screened.placement

@@ -11,6 +11,8 @@ from planner.train_cost import (
     TrainCostModel,
     activation_bytes_per_token_per_layer,
     dp_imbalance,
+    lm_head_flops,
+    lm_head_layers,
     pipeline_stage_imbalance,
     pipeline_stage_layers,
     train_flops,
@@ -28,12 +30,19 @@ IDEAL = Calibration(train_mfu_dense=1.0, train_mfu_moe=1.0, hbm_bandwidth_effici
                     dp_comm_overlap_fraction=0.0, train_reserved_bytes_per_device=0.0, moe_imbalance_factor=1.0)
 # One 100-token sequence: causal pairs (1e4 + 100)/2 = 5050 -> attention fwd 323,200; matmul fwd 2*1272*100.
 FWD = 2 * 1272 * 100 + 64 * 5050
+# Its LM head: 2*V*h = 160 FLOP per token forward, run 3 times (forward, two backward matmuls) on the last stage, and
+# the log-softmax's 52 B per logit over 100 tokens x 10 logits at DEV's 1e4 B/s (5.2 s). A layer's share of the rest
+# of 3*FWD takes (3*FWD - 48,000)/2 / 1e6 = 0.8424 s, so the last stage carries H = 5.248/0.8424 layers' extra work.
+HEAD = 2 * 10 * 8 * 100
+TOY_H = (3 * HEAD / 1e6 + 52 * 100 * 10 / 1e4) / ((3 * FWD - 3 * HEAD) / 2 / 1e6)
 
 
 def test_flops_hand_computed():
     assert train_flops(TOY, tokens=100, seq_len_sum_sq=1e4) == (3 * FWD, 3 * FWD)
     assert train_flops(TOY, tokens=100, seq_len_sum_sq=1e4, extra_forward_passes=2)[0] == 5 * FWD
-    assert train_flops(TOY, tokens=100, seq_len_sum_sq=1e4, recompute="full")[1] == 4 * FWD
+    # full recompute runs the layers' forward again, not the LM head (megatron-core checkpoints the layers only)
+    assert train_flops(TOY, tokens=100, seq_len_sum_sq=1e4, recompute="full")[1] == 4 * FWD - HEAD
+    assert lm_head_flops(TOY, tokens=100) == HEAD
     assert train_flops(TOY, tokens=100, seq_len_sum_sq=1e4, recompute="selective")[1] == 3 * FWD + 64 * 5050
     # Non-causal (Megatron/verl MFU convention): 6*N*T + 12*L*a*d*S2 for GQA.
     non_causal = train_flops(TOY, tokens=100, seq_len_sum_sq=1e4, causal=False)[0]
@@ -56,7 +65,9 @@ def test_single_device_step_hand_computed():
 def test_pipeline_bubble_hand_computed():
     r = train_step_time(TOY, DEV, tp=1, pp=2, dp=1, tokens=100, seq_len_sum_sq=1e4, num_microbatches=4,
                         calib=IDEAL)
-    compute = 3 * FWD / 2e6
+    # one layer per stage, the last also the head: 2*(1 + H)/(2 + H) of the mean stage
+    assert r.stage_imbalance == pytest.approx(2 * (1 + TOY_H) / (2 + TOY_H))
+    compute = r.stage_imbalance * 3 * FWD / 2e6
     assert r.compute_s == pytest.approx(compute)
     assert r.bubble_s == pytest.approx(compute / 4)                  # (p-1)/m of the ideal compute
     assert r.bubble_s / (r.compute_s + r.bubble_s) == pytest.approx(1 / 5)  # (p-1)/(m+p-1)
@@ -121,11 +132,13 @@ def test_dp_imbalance_hand_computed():
 
 
 def test_pipeline_stage_layers_follow_megatrons_uneven_split():
-    """Middle stages equal at ceil(L/p), the first and last share the rest; None when an end would get no layer."""
+    """Middle stages equal at ceil(L/p), the first and last share the rest, the last (which also runs the LM head and
+    the loss) as few as it may; None when an end would get no layer."""
     assert pipeline_stage_layers(64, 8) == (8, 8, 8)  # even
-    assert pipeline_stage_layers(64, 3) == (21, 22, 21)  # 21 + 22 + 21 = 64
-    assert pipeline_stage_layers(64, 6) == (10, 11, 10)  # 10 + 4*11 + 10
-    assert pipeline_stage_layers(36, 8) == (3, 5, 3)  # Megatron's own example: 3-5-5-5-5-5-5-3
+    assert pipeline_stage_layers(64, 3) == (22, 22, 20)  # 22 + 22 + 20 = 64
+    assert pipeline_stage_layers(64, 6) == (11, 11, 9)  # 11 + 4*11 + 9
+    assert pipeline_stage_layers(36, 8) == (5, 5, 1)  # Megatron's docs split it 3-5-5-5-5-5-5-3
+    assert pipeline_stage_layers(94, 32) == (3, 3, 1)  # Qwen3-235B at pp 32: 3 + 30*3 + 1
     assert pipeline_stage_layers(7, 2) == (4, 4, 3)
     assert pipeline_stage_layers(36, 11) is None  # 9 middle stages of 4 take all 36
     assert pipeline_stage_layers(64, 65) is None and pipeline_stage_layers(64, 0) is None
@@ -136,19 +149,69 @@ def test_pipeline_stage_layers_follow_megatrons_uneven_split():
                 first, middle, last = split
                 assert middle == -(-layers // pp) and 1 <= last <= first <= middle
                 assert (first + (pp - 2) * middle + last == layers) if pp > 1 else first == layers
+                if pp > 1:  # never slower than sharing the rest evenly between the ends, whatever the head costs
+                    rest = layers - (pp - 2) * middle
+                    for head in (0.0, 0.5, 2.0, 5.0):
+                        even_ends = max(-(-rest // 2), middle, rest // 2 + head)
+                        assert max(first, middle, last + head) <= even_ends
     assert pipeline_stage_imbalance(64, 8) == 1.0 and pipeline_stage_imbalance(64, 6) == 6 * 11 / 64
 
 
+def test_lm_head_and_loss_load_the_last_stage():
+    """The last stage runs its layers plus the LM head (3 x 2*V*h*T FLOPs) and the log-softmax over T*V logits
+    (memory-bound): H layers' worth, and every stage waits for it."""
+    # TOY on DEV, hand-computed above the tests: 5.248 s of head and loss against a layer's 0.8424 s.
+    assert TOY_H == pytest.approx(5.248 / 0.8424)
+    h = lm_head_layers(TOY, DEV, layers_hw_flops=3 * FWD - 3 * HEAD, tokens=100, extra_forward_passes=0,
+                       eta_train=1.0, hbm_efficiency=1.0)
+    assert h == pytest.approx(TOY_H)
+    # An extra forward pass (old log-probs): the head once more (4 x 16,000 FLOP: 0.064 s) and the forward of the
+    # log-softmax, 38 B per logit (52 + 38 = 90 B x 1000 logits at 1e4 B/s: 9 s); a layer (4*FWD - 64,000)/2 FLOP.
+    h1 = lm_head_layers(TOY, DEV, layers_hw_flops=4 * FWD - 4 * HEAD, tokens=100, extra_forward_passes=1,
+                        eta_train=1.0, hbm_efficiency=1.0)
+    assert h1 == pytest.approx((0.064 + 9.0) / ((4 * FWD - 4 * HEAD) / 2 / 1e6))
+    # busiest stage / mean stage, the mean carrying (L + H)/p layers
+    assert pipeline_stage_imbalance(28, 28, 0.84) == pytest.approx(28 * 1.84 / 28.84)  # every stage 1 layer
+    assert pipeline_stage_imbalance(64, 16, 2.0) == pytest.approx(16 * 6 / 66)  # 4 + 2 on the last
+    assert pipeline_stage_imbalance(36, 8, 2.0) == pytest.approx(8 * 5 / 38)  # (5, 5, 1): 1 + 2 fits under 5
+    assert pipeline_stage_imbalance(36, 1, 5.0) == 1.0  # one stage: the calibrated efficiency covers it all
+
+
+def test_longcat_last_stage_at_pp_28():
+    """LongCat-Flash at pp = L = 28 (the 560B example's old plan): the last stage's layer plus the head is 1.85x the
+    mean stage's work, where charging ceil(L/p) layers said 1.0. At 4096-token sequences a layer does
+    2*0.9409 G matmul FLOPs + 81,920 per (q, k) pair * 2048.5 pairs = 2.0496 GFLOP per token, the head
+    2*131072*6144 = 1.6106 G (0.786 layers); the loss's 52 B x 131072 logits at 0.8 x 3.35 TB/s against the layer's
+    3 x 2.0496 GFLOP at 0.3 x 989.5 TFLOP/s per token adds 0.123 layers."""
+    arch, acc = get_preset("longcat-flash"), get_accelerator("h800")
+    layer = 2 * (arch.matmul_params_per_token - 131072 * 6144) / 28 + 81920 * (4096 + 1) / 2
+    assert layer / 1e9 == pytest.approx(2.0496, abs=1e-4)
+    head = 1.6106e9 / layer + (52 * 131072 / (0.8 * 3.35e12)) / (3 * layer / (0.3 * 989.5e12))
+    assert head == pytest.approx(0.909, abs=1e-3)
+    kw = dict(tokens=32768 * 4096, seq_len_sum_sq=32768 * 4096**2, num_microbatches=64)
+    one = train_step_time(arch, acc, tp=4, pp=1, dp=1, ep=8, cp=8, **kw)
+    r = train_step_time(arch, acc, tp=4, pp=28, dp=1, ep=8, cp=8, **kw)
+    assert r.stage_imbalance == pytest.approx(28 * (1 + head) / (28 + head), rel=1e-3)  # 1.849
+    assert r.compute_s == pytest.approx(one.compute_s / 28 * r.stage_imbalance)
+
+
 def test_uneven_pipeline_charges_the_busiest_stage():
-    """Every stage runs at the pace of the one holding ceil(L/p) layers: compute scales by p*ceil(L/p)/L."""
+    """Every stage runs at the pace of the busiest, ceil(L/p) layers or the last stage's layers plus the LM head
+    and loss: compute scales by p*max(f, m, l + H)/(L + H)."""
     arch = dataclasses.replace(TOY, num_layers=3)
+    # Fast memory: the loss is 52 B x 64,000 logits / 1e12 B/s = 3.3 us; the head 3 x 160 x 6400 = 3.072 MFLOP
+    # against a layer's (3*fwd - 3.072e6)/3, fwd = 2*1864*6400 + 96*323,200 (3 layers of 576 matmul params and
+    # 56 norm weights, 32 attention FLOPs per pair each): H = 3.072e6 / 53.8624e6 = 0.0570 layers.
+    fast = dataclasses.replace(DEV, hbm_bandwidth_bytes_per_s=1e12)
     kw = {"tp": 1, "dp": 1, "tokens": 6400, "seq_len_sum_sq": 6.4e5, "num_microbatches": 4, "calib": IDEAL}
-    one = train_step_time(arch, DEV, pp=1, **kw)
-    two = train_step_time(arch, DEV, pp=2, **kw)  # stages of 2 and 1 layers: the busiest does 2/1.5 of the mean
-    assert two.stage_imbalance == 4 / 3 and one.stage_imbalance == 1.0
-    assert two.compute_s == pytest.approx(one.compute_s / 2 * 4 / 3)  # twice the devices, at 3/4 efficiency
-    three = train_step_time(arch, DEV, pp=3, **kw)
-    assert three.stage_imbalance == 1.0 and three.compute_s == pytest.approx(one.compute_s / 3)
+    head = (3.072 + 3.328e-6) / 53.8624
+    one = train_step_time(arch, fast, pp=1, **kw)
+    two = train_step_time(arch, fast, pp=2, **kw)  # stages of 2 and 1 + H layers: the busiest does 2/((3 + H)/2)
+    assert two.stage_imbalance == pytest.approx(4 / (3 + head)) and one.stage_imbalance == 1.0
+    assert two.compute_s == pytest.approx(one.compute_s / 2 * two.stage_imbalance)  # twice the devices
+    three = train_step_time(arch, fast, pp=3, **kw)  # 1, 1, 1 + H
+    assert three.stage_imbalance == pytest.approx(3 * (1 + head) / (3 + head))
+    assert three.compute_s == pytest.approx(one.compute_s / 3 * three.stage_imbalance)
     with pytest.raises(ValueError, match="cannot split 36 layers"):
         train_step_time(dataclasses.replace(TOY, num_layers=36), DEV, pp=11, **kw)
 
