@@ -221,9 +221,10 @@ def _with_pack(p: Placement, pack: int) -> Placement:
 def _pack_step(sims: list[Simulated], screen: Screen, inputs: SearchInputs,
                simulated: Callable[[Screened, int], Simulated], map_fn: MapFn) -> list[Simulated]:
     """The packing step (see ``search``): from the best ``PACK_TOP`` simulated streaming plans within ``SPLIT_MARGIN``
-    of the best plan, and the best of each kind of placement within it, the same plan with its packing cap halved and doubled (within 1 .. its slots), then on in the
-    direction that gained more than a tie, up to ``PACK_STEPS`` more times. Returns the simulations that gained more
-    than a tie over the plan they stepped from (one that only ties it is noise, not a better plan)."""
+    of the best plan, and the best of each kind of placement within it, the same plan with its packing cap halved and
+    doubled (within 1 .. its slots), then on in the direction that gained more than a tie, up to ``PACK_STEPS`` more
+    times. Returns the simulations that gained more than a tie over the plan they stepped from (one that only ties it
+    is noise, not a better plan)."""
     best_rate = max(objective_rate(s, inputs) for s in sims)
     near = [s for s in sims if s.screened.mode == "streaming" and not s.screened.placement.rollout.pack_stepped
             and objective_rate(s, inputs) >= best_rate * (1 - SPLIT_MARGIN)]
