@@ -361,6 +361,25 @@ class RolloutCostModel:
         roofline = max(bytes_moved / self.memory_rate_bytes_per_s, flops / self.decode_flops_per_s)
         return roofline + self._comm_s(batch_size, share) + self.step_overhead_s
 
+    def decode_step_ranks_s(self, batch_size: int, busiest_batch: int, busiest_context_tokens: float) -> float:
+        """One decode step with attention data parallelism, given how the sequences sit on the ranks (s): the busiest
+        rank decodes ``busiest_batch`` of the ``batch_size`` sequences (its dense layers and its share of the
+        all-to-all), and the rank holding the most context ``busiest_context_tokens`` of it (its KV reads and
+        attention). The ranks run in lockstep, so these set the step; taking both as one rank's overstates the
+        compute roofline when they are two ranks, which decode on these engines never reaches (memory-bound).
+        ``decode_step_s(B, C)`` is this at ``busiest_batch = ceil(B/dp)`` and ``busiest_context_tokens =
+        C ceil(B/dp) / B`` (an even spread of sequences and context); the simulator tracks the ranks instead.
+        """
+        if batch_size <= 0:
+            return 0.0
+        share = busiest_batch * self.dp / batch_size
+        bytes_moved = (self.nonexpert_weight_bytes_per_device + self._expert_bytes(batch_size)
+                       + busiest_context_tokens * self.kv_bytes_per_token_per_device * self.dp)
+        flops = (self.matmul_flops(batch_size, share)
+                 + busiest_context_tokens * self.decode_attn_flops_per_ctx_token_per_device * self.dp)
+        roofline = max(bytes_moved / self.memory_rate_bytes_per_s, flops / self.decode_flops_per_s)
+        return roofline + self._comm_s(batch_size, share) + self.step_overhead_s
+
     def decode_tokens_per_s(self, batch_size: int, total_context_tokens: float) -> float:
         """Generated tokens per second of the instance: B / t_dec."""
         step = self.decode_step_s(batch_size, total_context_tokens)
@@ -442,8 +461,9 @@ def make_rollout_cost_model(
     as under TP (its non-expert weights, 1/t on each device, are read every step; the all-reduces run over the t
     devices on the rank's B/dp tokens, none at t = 1), the experts run as under ep, and the tokens reach their
     experts by all-to-all over all t * dp devices (each device sends 1/t of its rank's). The per-device constants
-    below carry the 1/dp; the scheduler is taken to spread sequences and context evenly over the ranks (vLLM's DP
-    load balancing)."""
+    below carry the 1/dp; ``decode_step_s`` takes the sequences and their context spread evenly over the ranks, and
+    ``decode_step_ranks_s`` the busiest rank's as the simulator tracks them (vLLM's DP load balancer assigns requests by
+    count, so long ones can gather on a rank)."""
     _check_parallel(arch, tp, ep, dp)
     devices = tp * dp
     per_node = accelerators_per_node or acc.default_accelerators_per_node

@@ -449,7 +449,7 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
     return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,
                     accelerators_per_group=p.rollout.devices,
                     train_accelerators=max(1, round(p.train.accelerators * scale.replicas / p.replicas)),
-                    kv_capacity_tokens=p.rollout.memory.kv_capacity_tokens or math.inf)
+                    kv_capacity_tokens=p.rollout.memory.kv_capacity_tokens or math.inf, attention_dp=p.rollout.dp)
 
 
 def _pick_finalists(screened: list[Screened], limit: int, per_mode: bool) -> list[Screened]:

@@ -27,6 +27,7 @@ def simulate(
     accelerators_per_group: int = 1,
     train_accelerators: int = 1,
     kv_capacity_tokens: float = math.inf,
+    attention_dp: int = 1,
 ) -> SimResult:
     """Run ``config.total_steps`` training steps and return the metrics (and the trace if recorded).
 
@@ -34,7 +35,9 @@ def simulate(
     large specs and inside the plan search. ``accelerators_per_group`` and ``train_accelerators``
     only weight the utilisation/bubble metrics (with ``config.colocated`` the trainer uses the
     rollout pool's devices). ``kv_capacity_tokens`` is one replica's KV cache: sequences that outgrow it are
-    preempted and recomputed, as vLLM does (unlimited by default: only the slots bound a replica).
+    preempted and recomputed, as vLLM does (unlimited by default: only the slots bound a replica). With
+    ``attention_dp`` > 1 a replica is that many attention data-parallel ranks, each with its share of the slots and of
+    the cache, and its own sequences (``planner.sim.simulator``'s module doc).
     """
     return Simulator(
         config=config,
@@ -45,6 +48,7 @@ def simulate(
         accelerators_per_group=accelerators_per_group,
         train_accelerators=train_accelerators,
         kv_capacity_tokens=kv_capacity_tokens,
+        attention_dp=attention_dp,
     ).run()
 
 

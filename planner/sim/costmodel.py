@@ -73,6 +73,12 @@ class CostModelTiming:
     """batch size -> the terms of ``RolloutCostModel.decode_step_s`` that do not depend on the context (bytes, FLOPs,
     comm + overhead s), with the per-context-token rates and the roofline's two rates: the simulator calls
     decode_step_s ~10^6 times for few distinct batch sizes."""
+    _per_ranks_batch: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
+    """``decode_step_ranks_s``'s terms that depend on the batch alone: batch size -> (bytes), with the per-context-token
+    rates of one rank and the roofline's two rates."""
+    _per_ranks_busiest: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
+    """Those that depend on the busiest rank's batch too: ``batch_size * 2**20 + busiest_batch`` -> (matmul FLOPs,
+    comm + overhead s)."""
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
         """Same value as ``RolloutCostModel.decode_step_s`` (a test checks it), with the batch-only terms cached."""
@@ -91,6 +97,31 @@ class CostModelTiming:
         memory_s = (bytes_moved + total_context_tokens * kv_bytes_per_token) / memory_rate
         compute_s = (flops + total_context_tokens * attn_flops_per_token) / flops_rate
         return (compute_s if compute_s > memory_s else memory_s) + fixed_s  # max(memory_s, compute_s)
+
+    def decode_step_ranks_s(self, batch_size: int, busiest_batch: int, busiest_context_tokens: float) -> float:
+        """Same value as ``RolloutCostModel.decode_step_ranks_s`` (a test checks it), with the batch-only terms
+        cached."""
+        terms = self._per_ranks_batch.get(batch_size)
+        if terms is None:
+            if batch_size <= 0:
+                return 0.0
+            r = self.rollout
+            terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size),
+                     r.kv_bytes_per_token_per_device * r.dp, r.decode_attn_flops_per_ctx_token_per_device * r.dp,
+                     r.memory_rate_bytes_per_s, r.decode_flops_per_s)
+            self._per_ranks_batch[batch_size] = terms
+        key = (batch_size << 20) + busiest_batch
+        busiest = self._per_ranks_busiest.get(key)
+        if busiest is None:
+            r = self.rollout
+            share = busiest_batch * r.dp / batch_size
+            busiest = (r.matmul_flops(batch_size, share), r._comm_s(batch_size, share) + r.step_overhead_s)
+            self._per_ranks_busiest[key] = busiest
+        bytes_moved, kv_bytes_per_token, attn_flops_per_token, memory_rate, flops_rate = terms
+        flops, fixed_s = busiest
+        memory_s = (bytes_moved + busiest_context_tokens * kv_bytes_per_token) / memory_rate
+        compute_s = (flops + busiest_context_tokens * attn_flops_per_token) / flops_rate
+        return (compute_s if compute_s > memory_s else memory_s) + fixed_s
 
     def prefill_s(self, num_tokens: int, sequences: int = 1) -> float:
         """The prefill of ``num_tokens`` tokens of ``sequences`` sequences (``RolloutCostModel.prefill_s``)."""

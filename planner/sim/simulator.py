@@ -44,6 +44,15 @@ sequence it scheduled last (vLLM's recompute preemption): it goes back to the fr
 and, when it starts again, the replica first re-prefills its prompt and tokens (``prefill_s``). The next event of a
 replica is its next finish or that crossing, whichever comes first. A migrated request the destination cannot hold
 in its cache waits there the same way (its KV is recomputed when it starts).
+Attention data parallelism (``attention_dp`` = dp > 1, vLLM's ``data_parallel_size``): a replica is dp ranks, each an
+engine core with its own scheduler, ``ceil(slots_per_group / dp)`` sequences (the ``max_num_seqs`` dora gives each) and
+``kv_capacity_tokens / dp`` of KV cache. Each request joins a rank when it reaches the replica, as vLLM's DP load
+balancer (``DPLBAsyncMPClient.get_core_engine_for_request``) picks it: the lowest ``4 * waiting + running``, the first
+rank on a tie; it stays there (a preempted one waits at the front of its rank's queue). A rank starts its waiting
+sequences in order while it has a slot and KV room, and when its own running context would outgrow its share of the
+cache it preempts its own sequence scheduled last, whatever room the other ranks have. The ranks decode in lockstep,
+so a step takes what the busiest rank's does: ``decode_step_ranks_s(B, busiest rank's batch, largest rank context)``
+(the KV reads and attention of the rank holding the most context; ``decode_step_s`` takes an even spread instead).
 Controller round trip (``report_round_trip_s`` > 0, the ``cpu`` runtime): the policy does not hear of a finish at
 once. A replica's finishes wait for its poll to return them, which it does, as the runtime's worker does
 (``planner.policies.poll_batching``), once ``min_batch`` have finished, or ``linger_s`` after the first, or when the
@@ -62,7 +71,11 @@ import itertools
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import Any
+
+from librt.vecs import append, vec
+from mypy_extensions import i64
 
 from planner.policies import (
     Admit,
@@ -95,6 +108,24 @@ _LENGTH_BLOCK = 4096
 """Most response lengths drawn ahead at once (see ``Simulator.t_len``)."""
 _KV_WATERMARK = 0.01
 """Share of the KV cache kept free when a waiting sequence starts (vLLM's ``watermark``)."""
+
+
+def _one_rank(batch_size: int, busiest_batch: int, busiest_context_tokens: float) -> float:
+    raise AssertionError("decode_step_ranks_s on a replica of one rank")
+
+
+def _int_zeros(n: int) -> vec[i64]:
+    out = vec[i64]()
+    for _ in range(n):
+        out = append(out, 0)
+    return out
+
+
+def _float_zeros(n: int) -> vec[float]:
+    out = vec[float]()
+    for _ in range(n):
+        out = append(out, 0.0)
+    return out
 
 
 class LengthStream:
@@ -169,7 +200,10 @@ class Simulator:
         accelerators_per_group: int,
         train_accelerators: int,
         kv_capacity_tokens: float = math.inf,
+        attention_dp: int = 1,
     ) -> None:
+        if attention_dp < 1:
+            raise ValueError(f"attention_dp must be >= 1, got {attention_dp}")
         self.cfg = config
         self.policy = make_policy(config)
         self.timing = timing
@@ -279,6 +313,35 @@ class Simulator:
         self.kv_limited = self.kv_cap < math.inf
         self.kv_admit = self.kv_cap * (1.0 - _KV_WATERMARK)
         """A waiting sequence starts only if the running context plus its own stays below this."""
+        self.dp = attention_dp
+        self.ranked = attention_dp > 1
+        """Replicas of several attention data-parallel ranks: sequences, slots and KV cache are tracked per rank
+        (module doc); with one rank none of the per-rank state below is used."""
+        self.rank_cap = -(-config.slots_per_group // attention_dp)
+        """Sequences one rank runs at most (its ``max_num_seqs``)."""
+        self.rank_kv_cap = self.kv_cap / attention_dp
+        self.rank_kv_admit = self.rank_kv_cap * (1.0 - _KV_WATERMARK)
+        # Per rank, at ``r * dp + k`` for rank k of replica r (unboxed vectors: ``_ranks_step`` reads them all on every
+        # event of a replica, see ``planner.sim.seqheap``); sized 0 with one rank.
+        ranks = n * attention_dp if self.ranked else 0
+        self.rn = _int_zeros(ranks)
+        """Running sequences of each rank."""
+        self.rss = _float_zeros(ranks)
+        """The sum of their start positions (``e_sum_start`` per rank): rank k holds ``rn * (prompt + pos) - rss``."""
+        self.rw = _int_zeros(ranks)
+        """Waiting sequences of each rank (in its replica's queue, ``e_wait``)."""
+        self.t_rank = vec[i64]()
+        """Trajectory -> the rank of its replica it was last given (while it runs or waits there: when it joins a
+        replica's queue, ``_enqueue``)."""
+        self.ranks_dpos = 0.0
+        """``_ranks_step``'s steps until the replica's next event."""
+        self.e_capped = [False] * n
+        """Replica ``r``'s ranks last stopped starting their waiting sequences at the replica's slots."""
+        self.e_cross_rank = [0] * n
+        """The rank whose context reaches its cache at replica ``r``'s pending event (``e_cross``)."""
+        self.decode_step_ranks_s: Callable[[int, int, float], float] = (
+            timing.decode_step_ranks_s if self.ranked else _one_rank)
+        """Bound once, as ``decode_step_s`` (only replicas of several ranks call it)."""
         self.e_cross = [False] * n
         """Replica ``r``'s pending event is its running context reaching ``kv_cap`` (a preemption), not a finish."""
         self.sched_stamp: dict[int, int] = {}
@@ -337,15 +400,19 @@ class Simulator:
         dpos = h.top_key() - pos
         if dpos < 0.0:
             dpos = 0.0
-        ctx = b * (self.prompt + pos) - self.e_sum_start[r]
-        cross = False
-        if self.kv_limited and b > 1:
-            room = (self.kv_cap - ctx) / b  # steps until the running context fills the KV cache
-            if room < dpos:
-                dpos = room if room > 0.0 else 0.0
-                cross = True
-        self.e_cross[r] = cross
-        step = self.decode_step_s(b, ctx + b * dpos * 0.5)
+        if self.ranked:
+            step = self._ranks_step(r, pos, dpos)
+            dpos = self.ranks_dpos
+        else:
+            ctx = b * (self.prompt + pos) - self.e_sum_start[r]
+            cross = False
+            if self.kv_limited and b > 1:
+                room = (self.kv_cap - ctx) / b  # steps until the running context fills the KV cache
+                if room < dpos:
+                    dpos = room if room > 0.0 else 0.0
+                    cross = True
+            self.e_cross[r] = cross
+            step = self.decode_step_s(b, ctx + b * dpos * 0.5)
         if self.multi:
             busy = sum(1 for bv in self.e_vcount[r].values() if bv)
             if busy > 1:
@@ -354,6 +421,51 @@ class Simulator:
         self.e_step_s[r] = step
         seq = self.e_event[r] = self.next_seq()
         self.heap.push(self.e_t[r] + dpos * step, seq * self.n1 + r)
+
+    def _ranks_step(self, r: int, pos: float, dpos: float) -> float:
+        """Replica ``r`` of several ranks decodes from ``pos``: its step time until its next event, which comes
+        ``ranks_dpos`` steps from now, at most ``dpos`` (the next finish): the first rank's context reaching that rank's
+        cache, if one does before (``e_cross``, ``e_cross_rank``). The step is the busiest rank's (module doc), at the
+        interval's mean context."""
+        rn, rss = self.rn, self.rss
+        dp: i64 = self.dp
+        first: i64 = r * dp
+        end = first + dp
+        base = self.prompt + pos
+        half = dpos * 0.5
+        kv_limited, cap = self.kv_limited, self.rank_kv_cap
+        cross: i64 = -1
+        busiest: i64 = 0
+        total: i64 = 0
+        most = 0.0
+        for k in range(first, end):
+            n = rn[k]
+            if n == 0:
+                continue
+            total += n
+            if n > busiest:
+                busiest = n
+            fn = float(n)
+            c = fn * base - rss[k]  # rank k's context now
+            if kv_limited and n > 1:
+                room = (cap - c) / fn  # steps until rank k's context fills its cache
+                if room < dpos:
+                    dpos = room if room > 0.0 else 0.0
+                    cross = k - first
+            c += fn * half
+            if c > most:
+                most = c
+        if cross >= 0:  # the interval ends sooner: its mean context is lower
+            half = dpos * 0.5
+            most = 0.0
+            for k in range(first, end):
+                c = float(rn[k]) * (base + half) - rss[k]
+                if c > most:
+                    most = c
+        self.e_cross[r] = cross >= 0
+        self.e_cross_rank[r] = cross
+        self.ranks_dpos = dpos
+        return self.decode_step_ranks_s(total, busiest, most)
 
     # ------------------------------------------------------------------ run loop
     def run(self) -> SimResult:
@@ -393,6 +505,7 @@ class Simulator:
         watch_decoding = self.watch_decoding
         kv_limited, kv_cap, e_cross = self.kv_limited, self.kv_cap, self.e_cross
         delayed, unreported = self.delayed, self.unreported
+        ranked, rn, rss, rw, dp = self.ranked, self.rn, self.rss, self.rw, self.dp
         events = 0
         while True:  # not `while heap`: CPython 3.11 only specializes a loop's bytecode after a few JUMP_BACKWARDs
             if not len(heap):
@@ -452,11 +565,18 @@ class Simulator:
             e_pos[r] = pos = h.top_key()  # exact: the event was scheduled for this position
             limit = pos + eps
             halted = False  # an action suspended rollout (colocated streaming): the replica decodes no more
+            wake = False  # several ranks: a finish freed a slot on a rank with sequences waiting
             while True:
                 finish = h.top_key()
                 idx = h.pop()
                 length = t_len[idx]
                 e_sum_start[r] -= finish - length
+                if ranked:
+                    k = r * dp + self.t_rank[idx]
+                    rn[k] -= 1
+                    rss[k] -= finish - length
+                    if rw[k]:
+                        wake = True
                 gid = idx // spp
                 if multi:
                     self.e_vcount[r][policy.group_version[gid]] -= 1
@@ -472,7 +592,8 @@ class Simulator:
                         halted = self.suspended
                 if not len(h) or h.top_key() > limit:
                     break
-            if e_wait[r]:
+            if e_wait[r] and (not ranked or wake or self.e_capped[r]):
+                # a rank without a finish has no more room than when it last tried (its context only grew)
                 self._start_waiting(r)
             if delayed:
                 self._poll(r)
@@ -496,16 +617,20 @@ class Simulator:
             dpos = h.top_key() - pos
             if dpos < 0.0:
                 dpos = 0.0
-            ctx = nb * (prompt + pos) - e_sum_start[r]
-            if kv_limited:
-                cross = False
-                if nb > 1:
-                    room = (kv_cap - ctx) / nb
-                    if room < dpos:
-                        dpos = room if room > 0.0 else 0.0
-                        cross = True
-                e_cross[r] = cross
-            step = decode_step_s(nb, ctx + nb * dpos * 0.5)
+            if ranked:
+                step = self._ranks_step(r, pos, dpos)
+                dpos = self.ranks_dpos
+            else:
+                ctx = nb * (prompt + pos) - e_sum_start[r]
+                if kv_limited:
+                    cross = False
+                    if nb > 1:
+                        room = (kv_cap - ctx) / nb
+                        if room < dpos:
+                            dpos = room if room > 0.0 else 0.0
+                            cross = True
+                    e_cross[r] = cross
+                step = decode_step_s(nb, ctx + nb * dpos * 0.5)
             if multi:
                 busy = sum(1 for bv in self.e_vcount[r].values() if bv)
                 if busy > 1:
@@ -580,12 +705,29 @@ class Simulator:
     def _enqueue(self, r: int, items: list[tuple[int, float]]) -> None:
         """Trajectories ``(idx, tokens generated so far)`` join replica ``r``'s queue in order; each runs as soon as a
         slot is free."""
+        if self.ranked:
+            rn, rw, t_rank = self.rn, self.rw, self.t_rank
+            first: i64 = r * self.dp
+            end = first + self.dp
+            for idx, _ in items:  # vLLM's DP load balancer: the lowest 4 * waiting + running, the first on a tie
+                best = first
+                best_score = 4 * rw[first] + rn[first]
+                for k in range(first + 1, end):
+                    score = 4 * rw[k] + rn[k]
+                    if score < best_score:
+                        best = k
+                        best_score = score
+                rw[best] += 1
+                t_rank[idx] = best - first
         self.e_wait[r].extend(items)
         self._start_waiting(r)
 
     def _start_waiting(self, r: int) -> None:
         if self.suspended:
             return  # a stopped replica starts nothing (its KV re-prefills would run while the trainer holds it)
+        if self.ranked:
+            self._start_waiting_ranks(r)
+            return
         h, waiting = self.e_heap[r], self.e_wait[r]
         pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
         vcount = self.e_vcount[r] if self.multi else None
@@ -611,13 +753,79 @@ class Simulator:
                 v = self.policy.group_version[idx // self.spp]
                 vcount[v] = vcount.get(v, 0) + 1
         self.e_sum_start[r] = sum_start
-        if refill > 0.0:  # recompute the KV cache of the preempted sequences that start again
+        self._refill(r, refill, refilled)
+
+    def _refill(self, r: int, refill: float, refilled: int) -> None:
+        """Replica ``r`` recomputes the KV cache of ``refilled`` sequences that start again, ``refill`` tokens."""
+        if refill > 0.0:
             self.recomputed_tokens += refill
             now = self.now
             begin = max(self.e_t[r], now)
             duration = self.timing.prefill_s(round(refill), refilled)
             self.e_t[r] = begin + duration
             self.m.engine_busy(r, begin, duration, now)
+
+    def _start_waiting_ranks(self, r: int) -> None:
+        """``_start_waiting`` for a replica of several ranks: each rank starts its own waiting sequences, in the queue's
+        order, while it has a slot and KV room (the replica's slots bound the total, as the policy counts them)."""
+        h, waiting = self.e_heap[r], self.e_wait[r]
+        if not waiting:
+            return
+        pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
+        rn, rss, rw, t_rank = self.rn, self.rss, self.rw, self.t_rank
+        vcount = self.e_vcount[r] if self.multi else None
+        kv_limited, prompt, rank_cap, admit = self.kv_limited, self.prompt, self.rank_cap, self.rank_kv_admit
+        self.e_capped[r] = capped = len(h) >= cap
+        if capped:
+            return
+        first: i64 = r * self.dp
+        end = first + self.dp
+        base = prompt + pos
+        for k in range(first, end):  # the queue is not scanned when no rank with waiting sequences has room for one
+            n = rn[k]
+            if rw[k] and (n == 0 or (n < rank_cap and not (kv_limited and float(n) * base - rss[k] + prompt > admit))):
+                break
+        else:
+            return
+        blocked = 0  # bit k: rank k's queue waits for a finish there
+        kept: list[tuple[int, float]] = []
+        refill = 0.0
+        refilled = 0
+        for item in waiting:
+            idx, generated = item
+            rank = t_rank[idx]
+            if (blocked >> rank) & 1 or len(h) >= cap:
+                kept.append(item)
+                if len(h) >= cap:
+                    self.e_capped[r] = True
+                continue
+            k = first + rank
+            n = rn[k]
+            if n >= rank_cap or (kv_limited and n and float(n) * base - rss[k] + prompt + generated > admit):
+                blocked |= 1 << rank
+                kept.append(item)
+                continue
+            if kv_limited:
+                self.sched_stamp[idx] = self.next_stamp()
+                if idx in self.recompute:
+                    self.recompute.discard(idx)
+                    refill += prompt + generated
+                    refilled += 1
+                    self.recomputed_sequences += 1
+            start = pos - generated if generated else pos + self.ingest_steps
+            h.push(start + t_len[idx], idx)
+            sum_start += start
+            rss[k] += start
+            rn[k] = n + 1
+            rw[k] -= 1
+            if vcount is not None:
+                v = self.policy.group_version[idx // self.spp]
+                vcount[v] = vcount.get(v, 0) + 1
+        if len(kept) < len(waiting):
+            waiting.clear()
+            waiting.extend(kept)
+        self.e_sum_start[r] = sum_start
+        self._refill(r, refill, refilled)
 
     def _preempt(self, r: int) -> None:
         """Replica ``r``'s running context reached its KV cache: put the sequences it scheduled last back at the front
@@ -626,19 +834,33 @@ class Simulator:
         h, pos, prompt, t_len = self.e_heap[r], self.e_pos[r], self.prompt, self.t_len
         pairs = h.pairs()
         ctx = len(pairs) * (prompt + pos) - self.e_sum_start[r]
+        kv_cap = self.kv_cap
         stamp = self.sched_stamp
         latest_first = sorted(pairs, key=lambda pair: stamp[pair[1]], reverse=True)
+        rank = -1
+        k = 0
+        if self.ranked:  # the rank whose context reached its cache preempts its own sequences
+            rank = self.e_cross_rank[r]
+            k = r * self.dp + rank
+            t_rank = self.t_rank
+            latest_first = [pair for pair in latest_first if t_rank[pair[1]] == rank]
+            ctx = len(latest_first) * (prompt + pos) - self.rss[k]
+            kv_cap = self.rank_kv_cap
         out: set[int] = set()
         sum_start = self.e_sum_start[r]
         waiting = self.e_wait[r]
         vcount = self.e_vcount[r] if self.multi else None
         for finish, idx in latest_first:
-            if len(pairs) - len(out) <= 1 or (out and ctx <= self.kv_cap):
+            if len(latest_first) - len(out) <= 1 or (out and ctx <= kv_cap):
                 break
             start = finish - t_len[idx]
             generated = pos - start if pos > start else 0.0
             ctx -= prompt + generated
             sum_start -= start
+            if rank >= 0:
+                self.rn[k] -= 1
+                self.rss[k] -= start
+                self.rw[k] += 1
             out.add(idx)
             waiting.appendleft((idx, generated))
             if generated > 0.0:
@@ -768,8 +990,11 @@ class Simulator:
             self.lengths.draw(base + n)
         lengths = self.t_len[base:base + n]
         self.group_left.append(n)
+        if self.ranked:
+            while len(self.t_rank) < base + n:
+                self.t_rank = append(self.t_rank, 0)
         h, waiting = self.e_heap[r], self.e_wait[r]
-        if not waiting and len(h) + n <= self.cap and not self.kv_limited:
+        if not waiting and len(h) + n <= self.cap and not self.kv_limited and not self.ranked:
             # what _enqueue does when every sample fits: each starts now, at e_pos[r] (0 tokens generated)
             pos, sum_start = self.e_pos[r], self.e_sum_start[r]
             start = pos + self.ingest_steps
@@ -869,6 +1094,11 @@ class Simulator:
         h_src.clear()
         items.extend(self.e_wait[src])
         self.e_wait[src].clear()
+        if self.ranked:  # they join the ranks of their destinations (_enqueue)
+            for k in range(src * self.dp, (src + 1) * self.dp):
+                self.rn[k] = 0
+                self.rss[k] = 0.0
+                self.rw[k] = 0
         moves: list[tuple[int, int]] = []
         moved_ctx = 0.0
         caps = list(act.capacity)

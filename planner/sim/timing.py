@@ -4,6 +4,10 @@ Any object with these members works (the cost-model adapter in ``planner.sim.cos
 from architecture, accelerator, placement and calibration):
 
     decode_step_s(batch_size, total_context_tokens) -> s   one decode step of one engine replica
+    decode_step_ranks_s(batch_size, busiest_batch, busiest_context_tokens) -> s
+                                                            the same for a replica of attention data-parallel ranks
+                                                            (the simulator's ``attention_dp`` > 1), whose busiest
+                                                            rank decodes that batch and context
     prefill_s(num_tokens) -> s                              prefill of num_tokens on one replica
     train_step_s(num_tokens, sum_sq_seq_len, num_seqs) -> s one optimizer step over a batch
     weight_publish_s     trainer-side gather/reshard of a new version (trainer busy), s
@@ -77,6 +81,12 @@ class StepTiming(Protocol):
 
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float: ...
 
+    def decode_step_ranks_s(self, batch_size: int, busiest_batch: int, busiest_context_tokens: float) -> float:
+        """One decode step of a replica of attention data-parallel ranks decoding ``batch_size`` sequences in all, in
+        lockstep: ``busiest_batch`` of them on its busiest rank, and ``busiest_context_tokens`` on the rank that holds
+        the most context (called only by simulations with ``attention_dp`` > 1)."""
+        ...
+
     def prefill_s(self, num_tokens: int, sequences: int = 1) -> float:
         """The prefill of ``num_tokens`` tokens, of ``sequences`` sequences (which an engine with attention data
         parallelism spreads over its ranks)."""
@@ -130,6 +140,10 @@ class LinearTiming:
             + self.decode_per_seq_s * batch_size
             + self.decode_per_context_token_s * total_context_tokens
         )
+
+    def decode_step_ranks_s(self, batch_size: int, busiest_batch: int, busiest_context_tokens: float) -> float:
+        """The busiest rank's step: ``decode_step_s`` of its batch and context."""
+        return self.decode_step_s(busiest_batch, busiest_context_tokens)
 
     def prefill_s(self, num_tokens: int, sequences: int = 1) -> float:
         return self.prefill_per_token_s * num_tokens

@@ -676,3 +676,28 @@ def test_host_memory_parks_the_larger_side_of_a_colocated_placement() -> None:
     # the local engines' memory is the host's: nothing is parked
     local = search_inputs(load_spec(str(SPECS / "local-tiny.yaml")))
     assert all(host_memory(p, "streaming", local) is None for p in _placements(Space(local), Screen(Space(local))))
+
+
+def test_the_simulation_of_an_attention_dp_engine_tracks_its_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate's engines of dp attention data-parallel ranks are simulated as dp ranks (each with 1/dp of the
+    slots and of the KV cache, ``planner.sim.simulator``), an engine of one rank as one."""
+    import planner.search.core as core
+    from planner.search.screen import Screen
+
+    inputs = search_inputs(load_spec(str(SPECS / "moe-235b-h800x512.yaml")))
+    space = core.Space(inputs)
+    placements = core._placements(space, Screen(space))
+    seen: list[int] = []
+    real = core.simulate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["attention_dp"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(core, "simulate", spy)
+    screen = Screen(space)
+    for dp in (8, 1):
+        p = next(p for p in placements if p.rollout.dp == dp and not p.colocated)
+        core.simulate_candidate(space, screen.evaluate(p, "sync", 0), steps=1,
+                                scale=core.scale_for(inputs, p.replicas, 1, budget=2_000))
+    assert seen == [8, 1]

@@ -176,6 +176,15 @@ def test_cost_model_timing_cache_matches_the_cost_model() -> None:
             for ctx in (0.0, 1e3 * batch, 3e4 * batch):
                 assert timing.decode_step_s(batch, ctx) == pytest.approx(timing.rollout.decode_step_s(batch, ctx),
                                                                          rel=1e-12)
+                if dp > 1:  # by rank: the same at an even spread, and the cache matches the model at any
+                    busiest = -(-batch // dp)
+                    even = timing.decode_step_ranks_s(batch, busiest, ctx * busiest / batch)
+                    assert even == pytest.approx(timing.decode_step_s(batch, ctx), rel=1e-12)
+                    for rank_batch, rank_ctx in ((busiest, ctx), (batch, ctx / 2), (busiest + 1, ctx / dp)):
+                        assert timing.decode_step_ranks_s(batch, rank_batch, rank_ctx) == pytest.approx(
+                            timing.rollout.decode_step_ranks_s(batch, rank_batch, rank_ctx), rel=1e-12)
+                    if ctx and batch > 1:  # one rank holding all the context is slower than an even spread
+                        assert timing.decode_step_ranks_s(batch, busiest, ctx) > even
         assert timing.decode_step_s(0, 0.0) == 0.0
 
 
@@ -532,6 +541,76 @@ def test_every_mode_keeps_its_engines_within_their_kv_cache(mode, colocated, ver
     assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
     if mode != "partial-rollout" and mode != "bounded-async":
         assert r.mixed_trajectories == 0
+
+
+def test_a_rank_whose_cache_fills_preempts_its_own_sequences_whatever_room_the_others_have():
+    # sync, one engine of 2 attention data-parallel ranks (2 slots and half the 24-token KV cache, 12, each), one group
+    # of 4 sequences of a 1-token prompt, lengths 10, 2, 10, 2; decode 1 s, prefill 0.1 s per token. vLLM's DP load
+    # balancer (lowest 4 x waiting + running, first on a tie) puts them on ranks 0, 1, 0, 1, so both 10-token ones
+    # share rank 0. They start at 0.1; rank 1's end at pos 2; rank 0's context 2 x (1 + pos) reaches 12 at pos 5
+    # (t = 5.1), and rank 0 preempts g0/2, scheduled last, with 5 tokens, though the replica's 24 hold all 12 (rank 1
+    # is empty). g0/0 ends at 10.1; g0/2 restarts on rank 0 after a 6-token re-prefill (0.6 s), its last 5 tokens end
+    # at 15.7, and the step trains 15.7-16.7. One rank of the whole cache never preempts: it trains 10.1-11.1.
+    timing = LinearTiming(decode_base_s=1.0, train_base_s=1.0, prefill_per_token_s=0.1)
+    c = cfg("sync", max_version_lag=0, slots_per_group=4, samples_per_prompt=4, prompts_per_step=1, total_steps=1)
+    ranks = simulate(c, _scripted([10, 2, 10, 2], 10), timing, seed=0, kv_capacity_tokens=24, attention_dp=2)
+    finished = {e["traj"]: e["t"] for e in ranks.events if e["type"] == "finished"}
+    assert finished == pytest.approx({"g0/0": 10.1, "g0/1": 2.1, "g0/2": 15.7, "g0/3": 2.1})
+    assert ranks.preemptions == 1 and ranks.recomputed_tokens == 6 and [s.end_s for s in ranks.steps] == pytest.approx(
+        [16.7])
+    pooled = simulate(c, _scripted([10, 2, 10, 2], 10), timing, seed=0, kv_capacity_tokens=24)
+    assert pooled.preemptions == 0 and [s.end_s for s in pooled.steps] == pytest.approx([11.1])
+
+
+def test_ranks_decode_at_the_pace_of_the_busiest():
+    # one engine of 2 ranks, lengths 10, 2, 10, 2 as above (no KV limit): ranks 0, 1, 0, 1. A step takes 1 s plus 1 s
+    # per sequence on the busiest rank (LinearTiming.decode_step_ranks_s): 3 s while each rank holds 2 (pos 0-2, to
+    # t = 6), and still 3 s once rank 0 holds both long ones (pos 2-10, to t = 30): the other rank idles
+    timing = LinearTiming(decode_base_s=1.0, decode_per_seq_s=1.0, train_base_s=1.0)
+    c = cfg("sync", max_version_lag=0, slots_per_group=4, samples_per_prompt=4, prompts_per_step=1, total_steps=1)
+    r = simulate(c, _scripted([10, 2, 10, 2], 10), timing, seed=0, attention_dp=2)
+    finished = {e["traj"]: e["t"] for e in r.events if e["type"] == "finished"}
+    assert finished == pytest.approx({"g0/0": 30.0, "g0/1": 6.0, "g0/2": 30.0, "g0/3": 6.0})
+    # lengths 10, 10, 2, 2 put a long one on each rank: after pos 2 each rank holds 1 and a step takes 2 s (to t = 22)
+    even = simulate(c, _scripted([10, 10, 2, 2], 10), timing, seed=0, attention_dp=2)
+    assert max(e["t"] for e in even.events if e["type"] == "finished") == pytest.approx(6.0 + 8 * 2.0)
+
+
+class _RankContextLog(LinearTiming):
+    """LinearTiming that remembers the largest rank context a decode step was evaluated at."""
+
+    most: float = 0.0
+
+    def decode_step_ranks_s(self, batch_size: int, busiest_batch: int, busiest_context_tokens: float) -> float:
+        _RankContextLog.most = max(_RankContextLog.most, busiest_context_tokens)
+        return super().decode_step_ranks_s(batch_size, busiest_batch, busiest_context_tokens)
+
+
+@pytest.mark.parametrize("mode,colocated,versions", [
+    ("sync", False, 1), ("one-step-off", False, 1), ("bounded-async", False, 1), ("partial-rollout", False, 1),
+    ("streaming", False, 1), ("streaming", True, 1), ("streaming", False, 3)])
+def test_every_mode_keeps_each_rank_within_its_share_of_the_kv_cache(mode, colocated, versions):
+    """As the test above, with engines of 2 attention data-parallel ranks of 4 slots and 400 KV tokens each (800 per
+    engine): ranks preempt, every rank stays within its 400, and nothing is lost or mixed."""
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=600, max_tokens=300), prompt_tokens=5)
+    k = 0 if mode == "sync" else 2
+    c = cfg(mode, max_version_lag=k, num_rollout_groups=4, slots_per_group=8, prompts_per_step=5, samples_per_prompt=4,
+            total_steps=5, allow_version_mixing=mode == "partial-rollout", colocated=colocated,
+            max_versions_per_engine=versions)
+    t = _RankContextLog(decode_base_s=0.01, decode_per_context_token_s=1e-5, train_base_s=0.4, weight_publish_s=0.1,
+                        weight_load_trainer_s=0.3, weight_load_peer_s=0.1, prefill_per_token_s=0.001,
+                        kv_migration_s_per_token=1e-5)
+    _RankContextLog.most = 0.0
+    r = simulate(c, w, t, seed=3, kv_capacity_tokens=800, attention_dp=2)
+    assert r.preemptions > 0 and 0 < _RankContextLog.most <= 400
+    rep = check_trace(list(r.events), k=k, allow_version_mixing=True)
+    assert rep.ok, rep.violations[:3]
+    assert len(r.steps) == 5 and rep.num_consumed == 5 * 5 * 4
+    assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
+    if mode != "partial-rollout" and mode != "bounded-async":
+        assert r.mixed_trajectories == 0
+    pooled = simulate(c, w, t, seed=3, kv_capacity_tokens=800)
+    assert pooled.preemptions < r.preemptions  # one cache of 800 holds what two of 400 do not
 
 
 def test_a_preempted_sequence_is_recomputed_after_a_colocated_step_not_during_it():
