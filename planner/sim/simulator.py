@@ -729,31 +729,41 @@ class Simulator:
             self._start_waiting_ranks(r)
             return
         h, waiting = self.e_heap[r], self.e_wait[r]
-        pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
+        pos, cap, sum_start = self.e_pos[r], self.cap, self.e_sum_start[r]
         vcount = self.e_vcount[r] if self.multi else None
         kv_limited, prompt = self.kv_limited, self.prompt
         refill = 0.0
         refilled = 0
         while waiting and len(h) < cap:
             idx, generated = waiting[0]
-            if kv_limited:
-                if len(h) and len(h) * (prompt + pos) - sum_start + prompt + generated > self.kv_admit:
-                    break  # no room in the KV cache: wait for a finish
-                self.sched_stamp[idx] = self.next_stamp()
-                if idx in self.recompute:
-                    self.recompute.discard(idx)
-                    refill += prompt + generated
-                    refilled += 1
-                    self.recomputed_sequences += 1
+            if kv_limited and len(h) and len(h) * (prompt + pos) - sum_start + prompt + generated > self.kv_admit:
+                break  # no room in the KV cache: wait for a finish
             waiting.popleft()
-            start = pos - generated if generated else pos + self.ingest_steps
-            h.push(start + t_len[idx], idx)
+            start, again = self._start(idx, generated, pos, h, vcount)
             sum_start += start
-            if vcount is not None:
-                v = self.policy.group_version[idx // self.spp]
-                vcount[v] = vcount.get(v, 0) + 1
+            if again > 0.0:
+                refill += again
+                refilled += 1
         self.e_sum_start[r] = sum_start
         self._refill(r, refill, refilled)
+
+    def _start(self, idx: int, generated: float, pos: float, h: SeqHeap,
+               vcount: dict[int, int] | None) -> tuple[float, float]:
+        """Start waiting sequence ``idx`` (``generated`` tokens so far) on a replica at position ``pos``, heap ``h``:
+        (its start position, the tokens whose KV cache it recomputes: 0 unless it was preempted)."""
+        again = 0.0
+        if self.kv_limited:
+            self.sched_stamp[idx] = self.next_stamp()
+            if idx in self.recompute:
+                self.recompute.discard(idx)
+                again = self.prompt + generated
+                self.recomputed_sequences += 1
+        start = pos - generated if generated else pos + self.ingest_steps
+        h.push(start + self.t_len[idx], idx)
+        if vcount is not None:
+            v = self.policy.group_version[idx // self.spp]
+            vcount[v] = vcount.get(v, 0) + 1
+        return start, again
 
     def _refill(self, r: int, refill: float, refilled: int) -> None:
         """Replica ``r`` recomputes the KV cache of ``refilled`` sequences that start again, ``refill`` tokens."""
@@ -771,7 +781,7 @@ class Simulator:
         h, waiting = self.e_heap[r], self.e_wait[r]
         if not waiting:
             return
-        pos, t_len, cap, sum_start = self.e_pos[r], self.t_len, self.cap, self.e_sum_start[r]
+        pos, cap, sum_start = self.e_pos[r], self.cap, self.e_sum_start[r]
         rn, rss, rw, t_rank = self.rn, self.rss, self.rw, self.t_rank
         vcount = self.e_vcount[r] if self.multi else None
         kv_limited, prompt, rank_cap, admit = self.kv_limited, self.prompt, self.rank_cap, self.rank_kv_admit
@@ -805,22 +815,14 @@ class Simulator:
                 blocked |= 1 << rank
                 kept.append(item)
                 continue
-            if kv_limited:
-                self.sched_stamp[idx] = self.next_stamp()
-                if idx in self.recompute:
-                    self.recompute.discard(idx)
-                    refill += prompt + generated
-                    refilled += 1
-                    self.recomputed_sequences += 1
-            start = pos - generated if generated else pos + self.ingest_steps
-            h.push(start + t_len[idx], idx)
+            start, again = self._start(idx, generated, pos, h, vcount)
+            if again > 0.0:
+                refill += again
+                refilled += 1
             sum_start += start
             rss[k] += start
             rn[k] = n + 1
             rw[k] -= 1
-            if vcount is not None:
-                v = self.policy.group_version[idx // self.spp]
-                vcount[v] = vcount.get(v, 0) + 1
         if len(kept) < len(waiting):
             waiting.clear()
             waiting.extend(kept)
