@@ -518,22 +518,27 @@ class _ContextLog(LinearTiming):
         return super().decode_step_s(batch_size, total_context_tokens)
 
 
+def _simulate_kv_limited(mode, colocated, versions, log, **kw):
+    """4 engines of 8 slots, a long tail (the longest sequence takes 305 tokens), 5 steps, timed by ``log`` (its
+    ``most`` context reset first)."""
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=600, max_tokens=300), prompt_tokens=5)
+    c = cfg(mode, max_version_lag=0 if mode == "sync" else 2, num_rollout_groups=4, slots_per_group=8,
+            prompts_per_step=5, samples_per_prompt=4, total_steps=5, allow_version_mixing=mode == "partial-rollout",
+            colocated=colocated, max_versions_per_engine=versions)
+    t = log(decode_base_s=0.01, decode_per_context_token_s=1e-5, train_base_s=0.4, weight_publish_s=0.1,
+            weight_load_trainer_s=0.3, weight_load_peer_s=0.1, prefill_per_token_s=0.001, kv_migration_s_per_token=1e-5)
+    log.most = 0.0
+    return simulate(c, w, t, seed=3, **kw)
+
+
 @pytest.mark.parametrize("mode,colocated,versions", [
     ("sync", False, 1), ("one-step-off", False, 1), ("bounded-async", False, 1), ("partial-rollout", False, 1),
     ("streaming", False, 1), ("streaming", True, 1), ("streaming", False, 3)])
 def test_every_mode_keeps_its_engines_within_their_kv_cache(mode, colocated, versions):
     """A 400-token KV cache per engine of 8 slots, where the longest sequence takes 305: engines preempt, and still
     nothing is lost, mixed or run beyond the cache."""
-    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=600, max_tokens=300), prompt_tokens=5)
     k = 0 if mode == "sync" else 2
-    c = cfg(mode, max_version_lag=k, num_rollout_groups=4, slots_per_group=8, prompts_per_step=5, samples_per_prompt=4,
-            total_steps=5, allow_version_mixing=mode == "partial-rollout", colocated=colocated,
-            max_versions_per_engine=versions)
-    t = _ContextLog(decode_base_s=0.01, decode_per_context_token_s=1e-5, train_base_s=0.4, weight_publish_s=0.1,
-                    weight_load_trainer_s=0.3, weight_load_peer_s=0.1, prefill_per_token_s=0.001,
-                    kv_migration_s_per_token=1e-5)
-    _ContextLog.most = 0.0
-    r = simulate(c, w, t, seed=3, kv_capacity_tokens=400)
+    r = _simulate_kv_limited(mode, colocated, versions, _ContextLog, kv_capacity_tokens=400)
     assert r.preemptions > 0 and _ContextLog.most <= 400
     rep = check_trace(list(r.events), k=k, allow_version_mixing=True)
     assert rep.ok, rep.violations[:3]
@@ -592,16 +597,8 @@ class _RankContextLog(LinearTiming):
 def test_every_mode_keeps_each_rank_within_its_share_of_the_kv_cache(mode, colocated, versions):
     """As the test above, with engines of 2 attention data-parallel ranks of 4 slots and 400 KV tokens each (800 per
     engine): ranks preempt, every rank stays within its 400, and nothing is lost or mixed."""
-    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=600, max_tokens=300), prompt_tokens=5)
     k = 0 if mode == "sync" else 2
-    c = cfg(mode, max_version_lag=k, num_rollout_groups=4, slots_per_group=8, prompts_per_step=5, samples_per_prompt=4,
-            total_steps=5, allow_version_mixing=mode == "partial-rollout", colocated=colocated,
-            max_versions_per_engine=versions)
-    t = _RankContextLog(decode_base_s=0.01, decode_per_context_token_s=1e-5, train_base_s=0.4, weight_publish_s=0.1,
-                        weight_load_trainer_s=0.3, weight_load_peer_s=0.1, prefill_per_token_s=0.001,
-                        kv_migration_s_per_token=1e-5)
-    _RankContextLog.most = 0.0
-    r = simulate(c, w, t, seed=3, kv_capacity_tokens=800, attention_dp=2)
+    r = _simulate_kv_limited(mode, colocated, versions, _RankContextLog, kv_capacity_tokens=800, attention_dp=2)
     assert r.preemptions > 0 and 0 < _RankContextLog.most <= 400
     rep = check_trace(list(r.events), k=k, allow_version_mixing=True)
     assert rep.ok, rep.violations[:3]
@@ -609,7 +606,7 @@ def test_every_mode_keeps_each_rank_within_its_share_of_the_kv_cache(mode, coloc
     assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
     if mode != "partial-rollout" and mode != "bounded-async":
         assert r.mixed_trajectories == 0
-    pooled = simulate(c, w, t, seed=3, kv_capacity_tokens=800)
+    pooled = _simulate_kv_limited(mode, colocated, versions, _RankContextLog, kv_capacity_tokens=800)
     assert pooled.preemptions < r.preemptions  # one cache of 800 holds what two of 400 do not
 
 
