@@ -307,8 +307,14 @@ class RolloutCostModel:
     def matmul_flops(self, num_tokens: float, share: float = 1.0) -> float:
         """The weight matmuls' FLOPs of ``num_tokens`` tokens on the busiest device: the dense layers ``share`` times
         an even split (``rank_share``), the experts' over every rank's tokens."""
-        expert = self.expert_flops_per_token_per_device * self.expert_token_copies * self.ep_imbalance(num_tokens)
-        return num_tokens * (self.dense_flops_per_token_per_device * share + expert)
+        return (num_tokens * share * self.dense_flops_per_token_per_device
+                + self.expert_flops(num_tokens, self.ep_imbalance(num_tokens)))
+
+    def expert_flops(self, num_tokens: float, imbalance: float) -> float:
+        """The experts' FLOPs of ``num_tokens`` tokens on the busiest expert-parallel device, ``imbalance`` =
+        ``ep_imbalance(num_tokens)`` (apart, so that a caller varying the ranks' split of one batch computes it
+        once)."""
+        return num_tokens * self.expert_flops_per_token_per_device * self.expert_token_copies * imbalance
 
     def experts_touched_per_layer(self, num_tokens: float) -> float:
         """U(n) = E * (1 - (1 - k/(E+Z))^n): expected distinct routed experts hit by n tokens."""
@@ -326,8 +332,13 @@ class RolloutCostModel:
         return self.num_moe_layers * touched * self.expert_bytes_on_device
 
     def _comm_s(self, num_tokens: float, share: float = 1.0) -> float:
+        return self.comm_rank_s(num_tokens * share / self.dp, self.ep_imbalance(num_tokens))
+
+    def comm_rank_s(self, rank_tokens: float, imbalance: float) -> float:
+        """The collectives of a decode step whose busiest attention rank holds ``rank_tokens`` tokens, ``imbalance``
+        the whole batch's ``ep_imbalance`` (without attention data parallelism, ``rank_tokens`` is the batch)."""
         # the all-reduces run inside each rank, over its tp devices, on its share of the tokens (all of them, dp = 1)
-        payload = num_tokens * share / self.dp * self.hidden_bytes_per_token
+        payload = rank_tokens * self.hidden_bytes_per_token
         t = self.allreduces_per_pass * ring_all_reduce_s(
             payload, group_size=self.tp, bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
             efficiency=self.link_efficiency, latency_s=self.collective_latency_s)
@@ -339,10 +350,10 @@ class RolloutCostModel:
             # Dispatch and combine: each device scatters its 1/e of the tokens' k routed copies (with attention data
             # parallelism, 1/tp of its rank's: ``share`` times an even split on the busiest rank); the busiest device
             # receives imbalance x the mean.
-            per_rank = (num_tokens / self.ep * self.expert_slots_per_token * self.hidden_bytes_per_token * share
+            per_rank = (rank_tokens * self.dp / self.ep * self.expert_slots_per_token * self.hidden_bytes_per_token
                         * self.expert_token_copies)
             t += 2 * self.num_moe_layers * all_to_all_s(
-                per_rank * self.ep_imbalance(num_tokens), group_size=self.ep, bandwidth_bytes_per_s=self.ep_link_bandwidth_bytes_per_s,
+                per_rank * imbalance, group_size=self.ep, bandwidth_bytes_per_s=self.ep_link_bandwidth_bytes_per_s,
                 efficiency=self.ep_link_efficiency, latency_s=self.collective_latency_s)
         return t
 

@@ -75,11 +75,8 @@ class CostModelTiming:
     decode_step_s ~10^6 times for few distinct batch sizes."""
     _per_ranks_batch: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
     """``decode_step_ranks_s``'s terms that depend on the batch alone: batch size -> (bytes), with the per-context-token
-    rates of one rank and the roofline's two rates."""
-    _per_ranks_busiest: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
-    """Those that depend on the busiest rank's batch too: ``batch_size * 2**20 + busiest_batch`` -> (matmul FLOPs,
-    comm + overhead s)."""
-
+    rates of one rank, the roofline's two rates, the experts' FLOPs, and the dense FLOPs and the collectives' time
+    (with the step's fixed cost) as affine functions of the busiest rank's sequences."""
     def decode_step_s(self, batch_size: int, total_context_tokens: float) -> float:
         """Same value as ``RolloutCostModel.decode_step_s`` (a test checks it), with the batch-only terms cached."""
         terms = self._per_batch.get(batch_size)
@@ -106,19 +103,21 @@ class CostModelTiming:
             if batch_size <= 0:
                 return 0.0
             r = self.rollout
+            imbalance = r.ep_imbalance(batch_size)
+            # the collectives are affine in the busiest rank's sequences (``RolloutCostModel.comm_rank_s``: latencies,
+            # then bytes over bandwidth), as are the dense layers' FLOPs: two points give every busiest rank
+            one = r.comm_rank_s(1, imbalance) + r.step_overhead_s
             terms = (r.nonexpert_weight_bytes_per_device + r._expert_bytes(batch_size),
                      r.kv_bytes_per_token_per_device * r.dp, r.decode_attn_flops_per_ctx_token_per_device * r.dp,
-                     r.memory_rate_bytes_per_s, r.decode_flops_per_s)
+                     r.memory_rate_bytes_per_s, r.decode_flops_per_s, r.expert_flops(batch_size, imbalance),
+                     r.dp * r.dense_flops_per_token_per_device, one,
+                     r.comm_rank_s(2, imbalance) + r.step_overhead_s - one)
             self._per_ranks_batch[batch_size] = terms
-        key = (batch_size << 20) + busiest_batch
-        busiest = self._per_ranks_busiest.get(key)
-        if busiest is None:
-            r = self.rollout
-            share = busiest_batch * r.dp / batch_size
-            busiest = (r.matmul_flops(batch_size, share), r._comm_s(batch_size, share) + r.step_overhead_s)
-            self._per_ranks_busiest[key] = busiest
-        bytes_moved, kv_bytes_per_token, attn_flops_per_token, memory_rate, flops_rate = terms
-        flops, fixed_s = busiest
+        (bytes_moved, kv_bytes_per_token, attn_flops_per_token, memory_rate, flops_rate, expert_flops, rank_dense_flops,
+         fixed_one_s, fixed_per_sequence_s) = terms
+        # RolloutCostModel.matmul_flops and _comm_s at share = busiest_batch * dp / batch_size
+        flops = busiest_batch * rank_dense_flops + expert_flops
+        fixed_s = fixed_one_s + (busiest_batch - 1) * fixed_per_sequence_s
         memory_s = (bytes_moved + busiest_context_tokens * kv_bytes_per_token) / memory_rate
         compute_s = (flops + busiest_context_tokens * attn_flops_per_token) / flops_rate
         return (compute_s if compute_s > memory_s else memory_s) + fixed_s
