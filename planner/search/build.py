@@ -64,6 +64,11 @@ def _faster_sync_elsewhere(outcome: SearchOutcome, any_placement: Simulated | No
     return any_placement if any_placement is not None and any_placement.trained_tokens_per_s > pinned else None
 
 
+def _run(s: Simulated) -> str:
+    """How ``s`` was simulated: its steps, and its scale when reduced (``core.scale_for``: a little fast)."""
+    return f"{s.sim_steps} steps" + ("" if s.scale == 1.0 else f" at 1/{s.scale:.3g} scale")
+
+
 def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs,
                     elsewhere: Simulated | None = None) -> tuple[Candidate, ...]:
     chosen = outcome.chosen
@@ -87,8 +92,8 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs,
     for s in sorted(outcome.finalists, key=lambda s: -s.sim_steps):
         if s is chosen:
             why = (f"highest simulated {'trained tokens/s' if not measure else 'samples/s over the whole run'} "
-                   f"({s.sim_steps} steps)" if rate(s) >= top else
-                   f"ties the fastest within 1% at the lowest staleness, in the preferred mode ({s.sim_steps} steps)")
+                   f"({_run(s)})" if rate(s) >= top else
+                   f"ties the fastest within 1% at the lowest staleness, in the preferred mode ({_run(s)})")
             rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="chosen", reason=why))
             continue
         slower = 1 - rate(s) / best if best else 0.0
@@ -98,11 +103,12 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs,
             reason = (f"ties within 1% ({100 * -slower:+.1f}%) at the same staleness; {chosen.screened.mode} is "
                       f"preferred (order: {', '.join(MODE_PREFERENCE)})")
         elif s.sim_steps < chosen.sim_steps:
-            reason = (f"slower by {100 * slower:.1f}% on a {s.sim_steps}-step run{measure}, still filling its "
+            reason = (f"slower by {100 * slower:.1f}% on a {s.sim_steps}-step run{measure}"
+                      f"{'' if s.scale == 1.0 else f' at 1/{s.scale:.3g} scale'}, still filling its "
                       f"pipeline, against the chosen plan's {chosen.sim_steps} steps; only plans near the lead run "
                       "longer")
         else:
-            reason = f"slower by {100 * slower:.1f}% (simulated, {s.sim_steps} steps{measure})"
+            reason = f"slower by {100 * slower:.1f}% (simulated, {_run(s)}{measure})"
         rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))
     base = outcome.best_sync
     if base is not None and base.screened.label not in sim_labels:
@@ -110,12 +116,12 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs,
         placed = {True: " and a colocated placement", False: " and a disaggregated placement", None: ""}
         rows.append(row(base.screened, stage="simulated", tps=base.trained_tokens_per_s, status="rejected",
                         reason=f"the sync baseline of the speedup figure (the spec pins {chosen.screened.mode}"
-                               f"{placed[inputs.pins.colocated]}; {base.sim_steps} steps)"))
+                               f"{placed[inputs.pins.colocated]}; {_run(base)})"))
         sim_labels.add(base.screened.label)
     if elsewhere is not None and elsewhere.screened.label not in sim_labels:
         rows.append(row(elsewhere.screened, stage="simulated", tps=elsewhere.trained_tokens_per_s, status="rejected",
                         reason=f"the best sync plan on any placement (the spec's placement pins lifted; "
-                               f"{elsewhere.sim_steps} steps): this plan is "
+                               f"{_run(elsewhere)}): this plan is "
                                f"{chosen.trained_tokens_per_s / elsewhere.trained_tokens_per_s:.2f}x it"))
         sim_labels.add(elsewhere.screened.label)
     screen_best = outcome.screened[0].trained_tokens_per_s
@@ -287,7 +293,6 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
     sync_t = c.screened.sync_s
     # the cost counts every accelerator of the cluster, so the bubble does too: a placement that leaves some idle
     # (pinned sizes) adds them to the simulated bubble of the ones it uses
-    kv = outcome.chosen_whole or s  # the KV cache's figures, from the whole batch (SearchOutcome.chosen_whole)
     used = p.rollout_accelerators + (0 if p.colocated else p.train.accelerators)
     bubble = 1 - (1 - s.bubble_fraction) * min(used, n) / n
     preds = Predictions(
@@ -298,9 +303,9 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         engine_swap_s=s.suspend_wall_s_total / len(s.steps) if s.steps else 0.0,
         trainer_swap_s=trainer_swap_s(inputs.accelerator, state_bytes_per_device=train_state_bytes(p),
                                       calib=inputs.calibration) if p.colocated else 0.0,
-        kv_preemptions_per_step=kv.preemptions / len(kv.steps) if kv.steps else 0.0,
-        kv_recomputes_per_step=kv.recomputed_sequences / len(kv.steps) if kv.steps else 0.0,
-        kv_recomputed_tokens_per_step=kv.recomputed_tokens / len(kv.steps) if kv.steps else 0.0,
+        kv_preemptions_per_step=s.preemptions / len(s.steps) if s.steps else 0.0,
+        kv_recomputes_per_step=s.recomputed_sequences / len(s.steps) if s.steps else 0.0,
+        kv_recomputed_tokens_per_step=s.recomputed_tokens / len(s.steps) if s.steps else 0.0,
         mean_staleness=_mean_staleness(c),
         max_live_versions=s.max_live_versions, total_time_s=total_time, accelerator_hours=acc_hours,
         cost_usd=acc_hours * price if price is not None else None,

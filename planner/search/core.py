@@ -20,7 +20,6 @@ beat its k + 1), beyond it as a what-if the report quotes (``SearchOutcome.one_m
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -99,9 +98,6 @@ class SearchOutcome:
     one_more_version: Simulated | None = None
     """When the chosen plan's trainer stalls on the oldest version's tail (``tail_stall``) and the spec's budget
     stops at its k: the same placement and mode at k + 1, simulated as long, to say what a larger budget buys."""
-    chosen_whole: SimResult | None = None
-    """The chosen candidate simulated over the whole cluster and batch, when ``chosen`` ran at a reduced scale: the
-    source of the KV-cache figures (preemptions and recomputes), which depend on the batch's longest responses."""
 
 
 def tail_stall(c: Simulated) -> tuple[float, float]:
@@ -132,7 +128,7 @@ def forced_wait(c: Simulated, wait: float) -> float:
 def one_more_version_of(c: Simulated, sims: Sequence[Simulated]) -> Simulated | None:
     """The simulation in ``sims`` of ``c``'s placement and mode at k + 1, as long as ``c``'s, if there is one."""
     return next((s for s in sims if s.screened.placement == c.screened.placement and s.screened.mode == c.screened.mode
-                 and s.screened.k == c.screened.k + 1 and s.sim_steps == c.sim_steps), None)
+                 and s.screened.k == c.screened.k + 1 and s.sim_steps == c.sim_steps and s.scale == c.scale), None)
 
 
 STALL_FRACTION = 0.10
@@ -308,6 +304,21 @@ MAX_SCALE = {"sync": 8.0}
 optimistic at 1/4 (fewer replicas hold the oldest version's tail on fewer, faster-decoding engines); sync stays within
 5% of the full cluster down to 1/8."""
 DEFAULT_MAX_SCALE = 2.0
+SYNC_SCALE_BIAS = 0.08
+"""How much faster than on the whole cluster a sync plan may run at its reduced scale (``MAX_SCALE``; see
+``WHOLE_MARGIN``): the sync plans this close to the best are run on the whole cluster with it."""
+MIN_SCALED_REPLICAS = 2
+"""A reduced-scale simulation keeps at least this many replicas (all of them, if fewer): one replica holds one
+version's tail and no other engine finishes early. The 235B example's best sync plan, 4 replicas simulated as 1, ran
+18% faster than on the whole cluster (75.6K trained tokens/s against 62.1K), as 2 within 1.4%."""
+WHOLE_MARGIN = 0.01
+"""The last look runs the leading plan, and the best sync plan, again on the whole cluster, then every reduced-scale
+run within this of the best whole-cluster one (of the best sync one), until none is left: the chosen plan and the
+baseline are whole-cluster runs. A reduced-scale run is faster than the whole cluster, so one below the best whole run
+cannot lead; the margin covers the rest, noise. Against the whole cluster, on the MoE examples' chosen plans
+(2026-11-25): sync at 1/2 scale ran 1.4-1.5% fast, at 1/4 3.5-6.0% (8 to 20 replicas), at 1/8 7.0-7.9%, 4 replicas as
+1 18%; streaming at 1/2 3.8% fast on 4 replicas and 0.2% slow to 0.1% fast on 32 and 56: fewer replicas draw fewer
+chances of one slow one."""
 MAX_BATCH_SAMPLES = 1_000_000
 """The largest batch (prompts x samples per step) the search plans. A finalist is simulated at no less than 1/2 scale
 (1/8 in sync) for at least 3 steps, so its shortest simulation generates at least 1.5 trajectories per batch sample:
@@ -382,13 +393,15 @@ def scale_for(inputs: SearchInputs, replicas: int, steps: int, max_factor: float
     """Reduced-scale simulation for very large specs.
 
     Rollout replicas are identical and share one admission queue, so R/f replicas serving P/f prompt groups, with
-    the trainer charged for the full batch, follow the same step-time dynamics as the whole cluster as long as the
-    scaled batch still samples the tail and the replicas hold it as the full cluster would (``max_factor``). The prompt count is scaled by exactly the replica
-    ratio actually used, so the slots-per-prompt balance is unchanged.
+    the trainer charged for the full batch, follow about the same step-time dynamics as the whole cluster as long as
+    the scaled batch still samples the tail and the replicas hold it as the full cluster would (``max_factor``,
+    ``MIN_SCALED_REPLICAS``). The prompt count is scaled by exactly the replica ratio actually used, so the
+    slots-per-prompt balance is unchanged. Fewer replicas still run a little fast (``WHOLE_MARGIN``): the search
+    simulates its leaders again on the whole cluster.
     """
     f = max(1.0, inputs.batch_samples * steps / budget)
     f = min(f, max_factor, float(replicas))
-    r = max(1, round(replicas / f))
+    r = max(min(replicas, MIN_SCALED_REPLICAS), round(replicas / f))
     if r == replicas:
         return Scaled(replicas=replicas, prompts_per_step=inputs.prompts_per_step, factor=1.0)
     prompts = max(1, round(inputs.prompts_per_step * r / replicas))
@@ -450,6 +463,21 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
                     accelerators_per_group=p.rollout.devices,
                     train_accelerators=max(1, round(p.train.accelerators * scale.replicas / p.replicas)),
                     kv_capacity_tokens=p.rollout.memory.kv_capacity_tokens or math.inf, attention_dp=p.rollout.dp)
+
+
+def _scaled_contenders(ranked: list[Simulated], rate: Callable[[Simulated], float],
+                       ahead: float = 0.0) -> list[Simulated]:
+    """The reduced-scale runs of ``ranked`` (best first) that could still lead once run on the whole cluster: while the
+    first is one, it and those within ``ahead`` of it (the ones its whole-cluster run would likely leave in the race:
+    run together, the runs wait for one another once, not once each); else those within ``WHOLE_MARGIN`` of the best
+    whole-cluster run (a reduced-scale run is optimistic but for noise, ``MIN_SCALED_REPLICAS``)."""
+    if not ranked:
+        return []
+    if ranked[0].scale != 1.0:
+        first = rate(ranked[0])
+        return [s for s in ranked if s.scale != 1.0 and rate(s) >= first * (1 - ahead)]
+    best = max(rate(s) for s in ranked if s.scale == 1.0)
+    return [s for s in ranked if s.scale != 1.0 and rate(s) >= best * (1 - WHOLE_MARGIN)]
 
 
 def _pick_finalists(screened: list[Screened], limit: int, per_mode: bool) -> list[Screened]:
@@ -605,7 +633,15 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
          and _fits_host(space, p, "sync", host_rejected)),
         key=lambda c: (-c.trained_tokens_per_s, c.label))
     picked_labels = {c.label for c in picked}
-    baseline_todo = [c for c in itertools.islice(sync_pool, SYNC_BASELINE_CANDIDATES) if c.label not in picked_labels]
+    pool = list(sync_pool)
+    # and the best of each kind of placement and engine (with attention data parallelism or not), whatever the screen
+    # says: on the 10,240-GPU example it put four dp16 and dp32 sync plans first, and a tp32 one, not simulated,
+    # simulated 8% faster than the best of those (356.6K trained tokens/s against 329.5K), which flattered the speedup
+    sync_kinds = sorted({(c.placement.colocated, c.placement.rollout.dp > 1) for c in pool})
+    firsts = [next(c for c in pool if (c.placement.colocated, c.placement.rollout.dp > 1) == kind)
+              for kind in sync_kinds]
+    baseline_todo = [c for c in {c.label: c for c in pool[:SYNC_BASELINE_CANDIDATES] + firsts}.values()
+                     if c.label not in picked_labels]
     # The screen's leader, when it is asynchronous at the budget's k, gets its k + 1 simulated alongside, in parallel:
     # if it is chosen and stalls on the tail, the report quotes what one more version buys (a what-if, see below).
     top = screened[0]
@@ -738,9 +774,44 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
         kinds[kind] = max(kinds.get(kind, (0.0, "")), (screen.overlap_ceiling(p), p.label))
     by_kind = tuple((kind, *kinds[kind]) for kind in ("colocated", "disaggregated") if kind in kinds)
     ceiling = max(kinds.values(), default=None)
+    # Last look: the whole cluster. A reduced-scale run is a little fast, by an amount that depends on the replica
+    # count (``WHOLE_MARGIN``), so the leaders and the sync plans near the best run again on the whole cluster, until
+    # every plan within the margin of the best has. The figures dora reports are these; the KV cache's too (half the
+    # batch holds fewer of the longest responses: on the dense-32b example the 1/2-scale run counted 2.5 preemptions a
+    # step against 9.7 for the whole cluster).
+    def whole(c: Screened, steps: int) -> Simulated:
+        return Simulated(screened=c, sim=simulate_candidate(space, c, steps=steps), sim_steps=steps)
+
+    def settle(sims: list[Simulated], baseline: list[Simulated]) -> tuple[list[Simulated], list[Simulated]]:
+        while True:
+            _rank(sims, inputs)
+            syncs = _syncs(sims, baseline)
+            rerun = {s.screened.label: s for s in _scaled_contenders(sims, lambda s: objective_rate(s, inputs))}
+            rerun.update((s.screened.label, s) for s in _scaled_contenders(syncs, lambda s: s.trained_tokens_per_s,
+                                                                          ahead=SYNC_SCALE_BIAS))
+            if not rerun:
+                return sims, baseline
+            todo = [(s.screened, s.sim_steps) for s in rerun.values()]
+            lead = sims[0]
+            stall, step = tail_stall(lead)
+            if lead.scale != 1.0 and stall > STALL_FRACTION * step:  # its k + 1, which the loop below will want
+                ahead = screen.evaluate(lead.screened.placement, lead.screened.mode, lead.screened.k + 1)
+                known = what_if.get(ahead.label)
+                if known is None or known.scale != 1.0 or known.sim_steps != lead.sim_steps:
+                    todo.append((ahead, lead.sim_steps))
+            # the slowest first (sync runs quickest), so that the processes finish together
+            todo.sort(key=lambda cn: cn[0].mode == "sync")
+            wholes: dict[str, Simulated] = {}
+            for n in sorted({n for _, n in todo}):
+                wholes.update((s.screened.label, s) for s in map_fn(_at_steps(whole, n), [c for c, m in todo if m == n]))
+            what_if.update((label, s) for label, s in wholes.items() if label not in rerun)
+            sims = [wholes.get(s.screened.label, s) for s in sims]
+            baseline = [wholes.get(s.screened.label, s) for s in baseline]
+
+    sims, baseline = settle(sims, baseline)
     # A chosen plan that stalls on the oldest version's tail: what would one more version of staleness buy? Within the
     # budget, that candidate competes (the screen may have ranked it too low to be simulated); beyond it, it is a
-    # what-if for the report.
+    # what-if for the report. Either runs as the chosen plan did: as long, on the whole cluster.
     one_more = None
     while True:
         c = sims[0]
@@ -750,18 +821,14 @@ def search(inputs: SearchInputs, *, finalists: int | None = None, exhaustive: bo
             break
         candidate = screen.evaluate(c.screened.placement, c.screened.mode, k)
         alt = what_if.get(candidate.label)
-        if alt is None or alt.sim_steps != c.sim_steps:
-            alt = simulated(candidate, c.sim_steps)
+        if alt is None or alt.sim_steps != c.sim_steps or alt.scale != c.scale:
+            alt = whole(candidate, c.sim_steps) if c.scale == 1.0 else simulated(candidate, c.sim_steps)
         if k > inputs.max_version_lag:
             one_more = alt
             break
-        sims.append(alt)
-        _rank(sims, inputs)
-    chosen = sims[0]
-    # The KV cache's figures come from the whole batch: half of it holds fewer of the longest responses, and on the
-    # dense-32b example the 1/2-scale run counted 2.5 preemptions a step against 9.7 for the whole cluster (0.25 s)
-    whole = (simulate_candidate(space, chosen.screened, steps=chosen.sim_steps) if chosen.scale != 1.0 else None)
-    return SearchOutcome(chosen=chosen, best_sync=syncs[0] if syncs else None, finalists=tuple(sims),
+        sims = [s for s in sims if s.screened.label != alt.screened.label] + [alt]  # a shorter or scaled run of it
+        sims, baseline = settle(sims, baseline)
+    syncs = _syncs(sims, baseline)
+    return SearchOutcome(chosen=sims[0], best_sync=syncs[0] if syncs else None, finalists=tuple(sims),
                          screened=tuple(screened), rejections=rejections, modes_not_allowed=tuple(excluded),
-                         overlap_ceiling=ceiling, ceiling_by_kind=by_kind, one_more_version=one_more,
-                         chosen_whole=whole)
+                         overlap_ceiling=ceiling, ceiling_by_kind=by_kind, one_more_version=one_more)

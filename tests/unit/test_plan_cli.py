@@ -174,7 +174,7 @@ def test_report_gives_a_colocated_plans_host_memory_moves() -> None:
     sync = dataclasses.replace(plan, mode="sync", predictions=dataclasses.replace(p, engine_swap_s=0.0))
     row = next(line for line in plan_report_text(sync, width=200).splitlines() if "host memory moves" in line)
     assert "engines" not in row and f"trainer state out and back {p.trainer_swap_s:.1f} s" in row
-    apart = Plan.from_dict(json.loads((GOLDEN / "dense-8b-h800x64.plan.json").read_text()))
+    apart = Plan.from_dict(json.loads((GOLDEN / "dense-32b-h800x128.plan.json").read_text()))
     assert not apart.colocated
     assert apart.predictions.engine_swap_s == apart.predictions.trainer_swap_s == 0.0
     assert "host memory moves" not in plan_report_text(apart, width=200)
