@@ -135,7 +135,8 @@ class RolloutMemory:
 
     devices: int
     usable_bytes_per_device: float
-    """gpu_memory_utilization x device memory: what the engine may take."""
+    """gpu_memory_utilization x device memory: what the engine may take (on ``cpu``, what dora's torch engine takes:
+    ``_torch_engine_memory``)."""
     weights_bytes_per_device: float
     extra_version_bytes_per_device: float
     """Extra policy versions held resident (multi-version rollout) beyond the serving one."""
@@ -150,6 +151,33 @@ class RolloutMemory:
     """Weights + extra versions + reserve + the pages of one sequence of `context_tokens`."""
     fits: bool
     message: str
+
+
+TORCH_KV_DTYPE_BYTES = 4
+"""dora's torch engine keeps its KV cache in float32, torch's default (``runtime.engines.tiny_model.KVCache``)."""
+
+
+def _torch_engine_memory(arch: ModelArch, acc: Accelerator, *, weights: float, extra: float, reserve: float,
+                         usable: float, context_tokens: int, max_num_seqs: int) -> RolloutMemory:
+    """``rollout_instance_memory`` of dora's CPU engine: one thread, one device, and a KV cache preallocated for every
+    slot at the whole context (``KVCache``: [layers, slots, kv heads, max_model_len, head dim], keys and values), not
+    vLLM's pool of pages sized to what the weights leave. It never preempts: every slot holds a whole sequence.
+    ``usable_bytes_per_device`` is what the engine takes; it fits when that is within ``usable``."""
+    kv_tok = arch.kv_bytes_per_token_per_device(TORCH_KV_DTYPE_BYTES, tp=1)
+    kv_bytes = max_num_seqs * context_tokens * kv_tok
+    takes = weights + extra + reserve + kv_bytes
+    fits = takes <= usable
+    message = (f"fits: {max_num_seqs} slots of {context_tokens} tokens preallocated ({gib(kv_bytes)} GiB)" if fits else
+               f"does not fit: the engine preallocates {max_num_seqs} slots of {context_tokens} tokens "
+               f"({gib(kv_bytes)} GiB of KV cache) beside {gib(weights + extra)} GiB of weights and a {gib(reserve)} "
+               f"GiB reserve, over the {gib(usable)} GiB it may take on {acc.name}; lower "
+               f"placement.rollout.max_num_seqs or the lengths")
+    return RolloutMemory(
+        devices=1, usable_bytes_per_device=takes, weights_bytes_per_device=weights,
+        extra_version_bytes_per_device=extra, reserved_bytes_per_device=reserve, kv_bytes_per_device=kv_bytes,
+        kv_bytes_per_token_per_device=kv_tok, kv_capacity_tokens=max_num_seqs * context_tokens,
+        context_tokens=context_tokens, max_concurrent_seqs=max_num_seqs if fits else 0,
+        needed_bytes_per_device=takes, fits=fits, message=message)
 
 
 def rollout_instance_memory(
@@ -200,6 +228,9 @@ def rollout_instance_memory(
         arch, tp=tp, dp=dp, dtype_bytes=dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes)
     extra = extra_versions * weights
     reserve = vllm_reserved_bytes(arch, tp=tp, ep=ep, max_num_seqs=max_num_seqs, calib=calib, dp=dp)
+    if acc.name == "cpu":
+        return _torch_engine_memory(arch, acc, weights=weights, extra=extra, reserve=reserve, usable=usable,
+                                    context_tokens=context_tokens, max_num_seqs=max_num_seqs)
     kv_tok_rank = arch.kv_bytes_per_token_per_device(kv_b, tp=tp)  # a sequence's KV on each device of its rank
     kv_tok = kv_tok_rank / dp
     kv_bytes = max(0.0, usable - weights - extra - reserve)

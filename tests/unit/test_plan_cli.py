@@ -336,8 +336,8 @@ def test_report_rounding_never_misleads() -> None:
             decimals = len(uses.split()[0].split(".")[1])
             assert round(sum(numeric), decimals) == float(uses.split()[0]), line  # the parts add up to the total
     tiny_rows = plan_report_text(tiny, width=200)
-    assert "extra_versions <0.01, kv_cache 6.95, reserved 0.25, weights <0.01 (GiB)" in tiny_rows
-    assert "│ 7.20 GiB │" in tiny_rows
+    assert "extra_versions <0.01, kv_cache 0.01, reserved 0.25, weights <0.01 (GiB)" in tiny_rows
+    assert "│ 0.26 GiB │" in tiny_rows
     assert (_dur(0.9996), _dur(119.97), _dur(0.0001), _dur(0.25)) == ("1.0 s", "2.0 min", "<1 ms", "250 ms")
     # a total in minutes and parts in seconds never add up to the digit: the fewest decimals, not '100.000 s'
     from types import SimpleNamespace
@@ -470,6 +470,20 @@ def test_nothing_fits_names_each_side_that_has_no_layout(tmp_path: Path, capsys:
     assert main(["plan", str(spec)]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "nothing fits" in err and "and on the other side" not in err
+
+
+def test_a_cpu_engine_whose_preallocated_cache_does_not_fit_is_refused(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """dora's CPU engine preallocates every slot at the whole context: 40 slots of 200,004 tokens are 7.6 GiB of
+    local-tiny's KV cache, over the 7.2 GiB of an 8 GiB core. The plan used to take it (the memory model was vLLM's
+    page pool) and the run would have allocated it."""
+    spec = tmp_path / "long.yaml"
+    spec.write_text((SPECS / "local-tiny.yaml").read_text().replace("p99_tokens: 96, max_tokens: 128}",
+                                                                     "p99_tokens: 96, max_tokens: 200000}"))
+    assert main(["plan", str(spec)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "nothing fits" in err and "the engine preallocates 40 slots of 200004 tokens (7.6 GiB of KV cache)" in err
+    assert "lower placement.rollout.max_num_seqs or the lengths" in err and "placement.rollout.max_num_seqs = 40" in err
 
 
 def test_an_absurd_architecture_prints_its_needs_in_powers_of_ten(tmp_path: Path,

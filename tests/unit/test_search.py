@@ -723,3 +723,23 @@ def test_a_reduced_scale_simulation_keeps_two_replicas_and_the_batch_per_replica
     assert scale_for(inputs, 1, 24, max_factor=8.0).factor == 1.0
     big = scale_for(inputs, 64, 24, max_factor=8.0)  # far from the floor: 8,192 x 24 samples over the budget, 1/3.28
     assert (big.replicas, big.prompts_per_step, big.factor) == (20, 160, 3.2)
+
+
+def test_a_cpu_plans_kv_cache_is_what_the_torch_engine_allocates() -> None:
+    """dora's CPU engine preallocates every slot at the whole context (KVCache), not vLLM's pool of pages over what the
+    weights leave: the memory table printed 6.95 GiB of KV cache for local-tiny, whose engines allocate 5.4 MB."""
+    from dora.planning import make_plan
+    from dora.runtime.engines.tiny_model import KVCache, TinyModelConfig
+
+    resolved = load_spec(str(SPECS / "local-tiny.yaml"))
+    plan = make_plan(resolved).plan
+    a = search_inputs(resolved).arch
+    cache = KVCache(TinyModelConfig(num_layers=a.num_layers, hidden_size=a.hidden_size, num_heads=a.num_attention_heads,
+                                    num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, ffn_size=a.ffn_hidden_size,
+                                    vocab_size=a.vocab_size),
+                    num_slots=plan.rollout.max_num_seqs, max_len=plan.rollout.max_model_len)
+    allocated = sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
+    rollout = next(m for m in plan.memory if m.side == "rollout")
+    assert rollout.detail["kv_cache"] == allocated == 5_406_720
+    assert plan.rollout.kv_capacity_tokens == plan.rollout.max_num_seqs * plan.rollout.max_model_len
+    assert rollout.need_bytes == sum(v for k, v in rollout.detail.items())  # weights, versions, cache and reserve
