@@ -14,7 +14,10 @@ to ``SPLIT_STEPS`` rounds: the screen ranks one layout's splits less well than t
 finalist with the highest simulated trained tokens/s; ties (within 1%) go to lower staleness, then the preferred
 mode. A chosen streaming or bounded-async plan whose trainer stalls on the oldest version's tail (``tail_stall``) is
 simulated again at k + 1: within the budget as one more candidate (until the chosen one no longer stalls or already
-beat its k + 1), beyond it as a what-if the report quotes (``SearchOutcome.one_more_version``).
+beat its k + 1), beyond it as a what-if the report quotes (``SearchOutcome.one_more_version``). A large batch is
+simulated at a reduced scale (``scale_for``), which runs a little fast; before that last step the leader and the sync
+plans near the best sync plan run again on the whole cluster, until every reduced-scale run that could still lead has
+(``WHOLE_MARGIN``): the chosen plan, its what-if and the baseline are whole-cluster runs.
 """
 
 from __future__ import annotations
@@ -301,8 +304,9 @@ SEARCH_SAMPLES_BUDGET = 500_000
 MAX_SCALE = {"sync": 8.0}
 """How far a finalist's simulation may be scaled down (see ``scale_for``). Measured on the 10,240-accelerator example
 (bench/simulate_scale.py): streaming's simulated step time at 1/2 scale is within 7% of the full cluster's but 31%
-optimistic at 1/4 (fewer replicas hold the oldest version's tail on fewer, faster-decoding engines); sync stays within
-5% of the full cluster down to 1/8."""
+optimistic at 1/4 (fewer replicas hold the oldest version's tail on fewer, faster-decoding engines); sync stayed within
+5% of the full cluster down to 1/8 then, and ran 7-8% fast at 1/8 on 2026-11-25 (``WHOLE_MARGIN``): the search ranks
+at these scales and reruns its leaders on the whole cluster."""
 DEFAULT_MAX_SCALE = 2.0
 SYNC_SCALE_BIAS = 0.08
 """How much faster than on the whole cluster a sync plan may run at its reduced scale (``MAX_SCALE``; see
