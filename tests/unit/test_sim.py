@@ -531,6 +531,17 @@ def _simulate_kv_limited(mode, colocated, versions, log, **kw):
     return simulate(c, w, t, seed=3, **kw)
 
 
+def _check_kv_limited_run(r, mode, k):
+    """What every ``_simulate_kv_limited`` run keeps: the three constraints, all 5 steps of 5 groups of 4 trained, every
+    started trajectory consumed or left unfinished, and no mixing outside the modes that mix."""
+    rep = check_trace(list(r.events), k=k, allow_version_mixing=True)
+    assert rep.ok, rep.violations[:3]
+    assert len(r.steps) == 5 and rep.num_consumed == 5 * 5 * 4
+    assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
+    if mode != "partial-rollout" and mode != "bounded-async":
+        assert r.mixed_trajectories == 0
+
+
 @pytest.mark.parametrize("mode,colocated,versions", [
     ("sync", False, 1), ("one-step-off", False, 1), ("bounded-async", False, 1), ("partial-rollout", False, 1),
     ("streaming", False, 1), ("streaming", True, 1), ("streaming", False, 3)])
@@ -540,12 +551,7 @@ def test_every_mode_keeps_its_engines_within_their_kv_cache(mode, colocated, ver
     k = 0 if mode == "sync" else 2
     r = _simulate_kv_limited(mode, colocated, versions, _ContextLog, kv_capacity_tokens=400)
     assert r.preemptions > 0 and _ContextLog.most <= 400
-    rep = check_trace(list(r.events), k=k, allow_version_mixing=True)
-    assert rep.ok, rep.violations[:3]
-    assert len(r.steps) == 5 and rep.num_consumed == 5 * 5 * 4
-    assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
-    if mode != "partial-rollout" and mode != "bounded-async":
-        assert r.mixed_trajectories == 0
+    _check_kv_limited_run(r, mode, k)
 
 
 def test_a_rank_whose_cache_fills_preempts_its_own_sequences_whatever_room_the_others_have():
@@ -600,12 +606,7 @@ def test_every_mode_keeps_each_rank_within_its_share_of_the_kv_cache(mode, coloc
     k = 0 if mode == "sync" else 2
     r = _simulate_kv_limited(mode, colocated, versions, _RankContextLog, kv_capacity_tokens=800, attention_dp=2)
     assert r.preemptions > 0 and 0 < _RankContextLog.most <= 400
-    rep = check_trace(list(r.events), k=k, allow_version_mixing=True)
-    assert rep.ok, rep.violations[:3]
-    assert len(r.steps) == 5 and rep.num_consumed == 5 * 5 * 4
-    assert rep.num_trajectories == rep.num_consumed + len(rep.unfinished_at_end)
-    if mode != "partial-rollout" and mode != "bounded-async":
-        assert r.mixed_trajectories == 0
+    _check_kv_limited_run(r, mode, k)
     pooled = _simulate_kv_limited(mode, colocated, versions, _RankContextLog, kv_capacity_tokens=800)
     assert pooled.preemptions < r.preemptions  # one cache of 800 holds what two of 400 do not
 
