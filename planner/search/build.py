@@ -103,10 +103,8 @@ def _candidate_rows(outcome: SearchOutcome, inputs: SearchInputs,
             reason = (f"ties within 1% ({100 * -slower:+.1f}%) at the same staleness; {chosen.screened.mode} is "
                       f"preferred (order: {', '.join(MODE_PREFERENCE)})")
         elif s.sim_steps < chosen.sim_steps:
-            reason = (f"slower by {100 * slower:.1f}% on a {s.sim_steps}-step run{measure}"
-                      f"{'' if s.scale == 1.0 else f' at 1/{s.scale:.3g} scale'}, still filling its "
-                      f"pipeline, against the chosen plan's {chosen.sim_steps} steps; only plans near the lead run "
-                      "longer")
+            reason = (f"slower by {100 * slower:.1f}% ({_run(s)}{measure}, still filling its pipeline; only plans "
+                      f"near the lead run {chosen.sim_steps})")
         else:
             reason = f"slower by {100 * slower:.1f}% (simulated, {_run(s)}{measure})"
         rows.append(row(s.screened, stage="simulated", tps=s.trained_tokens_per_s, status="rejected", reason=reason))
