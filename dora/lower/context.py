@@ -127,6 +127,13 @@ def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: boo
                      "install DeepEP on the GPU image (vLLM's expert-parallel deployment guide), or expect slower "
                      "steps with vLLM's default, allgather_reducescatter, which brings every rank's tokens to every "
                      "device.")
+    if has_vllm and plan.rollout.ep > 1:
+        lines.append("vllm note: expert-parallel load balancing (enable_eplb) is left off: EPLB moves experts between "
+                     "physical slots while an RL weight update addresses logical experts, so a reload lands on the "
+                     "wrong slots unless the rollout worker maps them (prime-rl pull request 3583 shows the "
+                     "corruption on vLLM 0.28). The cost model charges the routed load at moe_imbalance_factor (a "
+                     "prior of 1.2) times the chance maximum of each device's tokens; if the engines' measured "
+                     "balance is worse, calibrate the factor and plan again.")
     lines += [f"BLOCKED: {_one_line(b)}" for b in blocked]
     lines += [f"megatron limitation: {_one_line(m)}" for m in limits]
     lines += [f"megatron note: {_one_line(m)}" for m in megatron_notes]

@@ -141,6 +141,12 @@ def test_vllm_engine_args_follow_the_plan() -> None:
     one_rank = dataclasses.replace(plan, rollout=dataclasses.replace(
         plan.rollout, tp=16, ep=16, accelerators_per_replica=16, replicas=plan.rollout.accelerators // 16))
     assert "all2all_backend" not in json.loads(render_launch(resolved, one_rank)["launch/vllm/engine_args.json"])
+    # EPLB stays off (an RL weight update addresses logical experts), and the notes say why and what is assumed
+    assert "enable_eplb" not in args
+    assert "enable_eplb) is left off" in files["launch/NOTES.txt"] and "moe_imbalance_factor" in files["launch/NOTES.txt"]
+    dense = render_launch(load_example("dense-32b-h800x128"), example_plan(load_example("dense-32b-h800x128"),
+                                                                           "dense-32b-h800x128"))
+    assert "enable_eplb" not in dense["launch/NOTES.txt"]
     argv = shlex.split(files["launch/vllm/serve.args"])
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-235B-A22B"]
     assert argv[argv.index("--max-model-len") + 1] == "34816"
