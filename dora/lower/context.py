@@ -17,6 +17,7 @@ from dora.lower import megatron, ray, vllm
 from dora.lower.runtime import runtime_config
 from dora.runtime.config import GPU_ENGINES_MISSING
 from dora.spec.loader import ResolvedSpec
+from planner.calibration import DEFAULT_CALIBRATION
 from planner.plan import Plan
 
 
@@ -131,9 +132,11 @@ def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: boo
         lines.append("vllm note: expert-parallel load balancing (enable_eplb) is left off: EPLB moves experts between "
                      "physical slots while an RL weight update addresses logical experts, so a reload lands on the "
                      "wrong slots unless the rollout worker maps them (prime-rl pull request 3583 shows the "
-                     "corruption on vLLM 0.28). The cost model charges the routed load at moe_imbalance_factor (a "
-                     "prior of 1.2) times the chance maximum of each device's tokens; if the engines' measured "
-                     "balance is worse, calibrate the factor and plan again.")
+                     "corruption on vLLM 0.28). The cost model charges the routed load at the calibration's "
+                     "moe_imbalance_factor (catalog prior "
+                     f"{DEFAULT_CALIBRATION.moe_imbalance_factor:g}; the plan names its calibration) times the "
+                     "chance maximum of each device's tokens; if the engines' measured balance is worse, calibrate "
+                     "the factor and plan again.")
     lines += [f"BLOCKED: {_one_line(b)}" for b in blocked]
     lines += [f"megatron limitation: {_one_line(m)}" for m in limits]
     lines += [f"megatron note: {_one_line(m)}" for m in megatron_notes]
