@@ -44,11 +44,13 @@ from __future__ import annotations
 from planner.policies.base import PolicyBase
 from planner.policies.batch import BatchPolicy
 from planner.policies.config import (
+    EARLY_STEP_MODES,
     MODES,
     POLL_LINGER_S,
     Mode,
     PolicyConfig,
     admission_queue_for,
+    early_steps_for,
     poll_batching,
     update_for,
 )
@@ -86,6 +88,7 @@ def make_policy(config: PolicyConfig) -> PolicyBase:
 
 
 __all__ = [
+    "EARLY_STEP_MODES",
     "MODES",
     "POLL_LINGER_S",
     "Action",
@@ -100,6 +103,7 @@ __all__ = [
     "PolicyBase",
     "PolicyConfig",
     "admission_queue_for",
+    "early_steps_for",
     "poll_batching",
     "PublishWeights",
     "RequestsMigrated",

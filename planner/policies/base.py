@@ -13,6 +13,11 @@ more unconsumed groups of versions <= v than steps s+1 .. v+k+1 can take, ``U(<=
 (v + k + 1 - s) * P`` -- in particular step s needs every group of version s - k - 1 finished.
 Admission is bounded so that this is always satisfiable (AReaL's rule): groups admitted so far
 <= (latest_version + k + 1) * P, hence U(<=v) <= (v + k + 1 - (s - 1)) * P before step s.
+Early steps (``PolicyConfig.early_steps``, separate accelerators): a step held only by the unfinished groups of
+version s - k - 1 (every one of which it must take) starts anyway, on P groups counting those: the trainer takes the
+finished ones at once and each of those as it finishes (``StartTrainStep.joining``). The trainer's wait for the oldest
+version's tail then overlaps the rest of the step's work. The batch, its versions and the bound are those the step
+would have had by waiting.
 Colocated (rollout and training take turns on the same accelerators): once a step is ready the policy first
 suspends rollout (``SuspendRollout``), and chooses and starts the step when every engine has stopped.
 
@@ -24,6 +29,7 @@ the publish's reply. Colocated policies keep waiting for the publish: the engine
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
 
@@ -70,6 +76,9 @@ class PolicyBase:
         self.unconsumed_groups: dict[int, int] = {}
         """version -> admitted, not yet consumed groups."""
         self.next_step = 1
+        self.early_steps = config.early_steps
+        self.joining: set[int] = set()
+        """Groups a running early step took while they were still generating (their finish queues nothing)."""
         self.training = False
         self.steps_done = 0
         self.suspended = RUNNING
@@ -107,7 +116,9 @@ class PolicyBase:
         self.engine_active[rollout_group] -= 1
         left = self.group_remaining[group_id] - 1
         self.group_remaining[group_id] = left
-        if left == 0:
+        if left == 0 and self.joining and group_id in self.joining:
+            self.joining.discard(group_id)  # the running step takes it now
+        elif left == 0:
             v = self.group_version[group_id]
             queue = self.finished_groups.get(v)
             if queue is None:
@@ -181,7 +192,7 @@ class PolicyBase:
         """Groups that may still be admitted under the staleness bound (AReaL's rule, see module doc)."""
         return (self.latest_version + self.k + 1) * self.prompts_per_step - len(self.group_version)
 
-    def _consume(self, step: int, group_ids: list[int], out: list[Action]) -> None:
+    def _consume(self, step: int, group_ids: list[int], out: list[Action], joining: tuple[int, ...] = ()) -> None:
         for gid in group_ids:
             v = self.group_version[gid]
             left = self.unconsumed_groups[v] - 1
@@ -191,7 +202,7 @@ class PolicyBase:
                 del self.unconsumed_groups[v]
         self.training = True
         self.next_step = step + 1
-        out.append(StartTrainStep(step=step, group_ids=tuple(group_ids)))
+        out.append(StartTrainStep(step=step, group_ids=tuple(group_ids), joining=joining))
 
     def _try_train_oldest_first(self, out: list[Action]) -> None:
         """Start the next step if the forced groups are finished and P finished groups exist."""
@@ -201,7 +212,8 @@ class PolicyBase:
             return  # the previous step's weights are still being published (separate accelerators: see above)
         step = self.next_step
         per_step = self.prompts_per_step
-        unconsumed_upto = finished_upto = 0
+        bound = step - self.k - 1  # the step takes every group of this version (none older is left)
+        unconsumed_upto = finished_upto = joining = 0
         for v in sorted(self.unconsumed_groups):
             unconsumed_upto += self.unconsumed_groups[v]
             finished_upto += len(self.finished_groups.get(v, ()))
@@ -210,7 +222,10 @@ class PolicyBase:
             if must_take > per_step:
                 raise AssertionError(f"versions <= {v} hold {unconsumed_upto} groups; step {step} cannot keep k")
             if finished_upto < must_take:
-                return  # the only allowed stall: waiting for an old version's tail at the bound
+                if not self.early_steps or v != bound:
+                    return  # the only allowed stall: waiting for an old version's tail at the bound
+                joining = must_take - finished_upto  # an early step takes them as they finish (module doc)
+                finished_upto = must_take
         if finished_upto < per_step:
             return
         if self.suspended != STOPPED and self.config.colocated:
@@ -218,7 +233,7 @@ class PolicyBase:
                 self.suspended = CHANGING
                 out.append(SuspendRollout())
             return
-        need = per_step
+        need = per_step - joining  # the bound version's finished groups come first: all of them are taken
         chosen: list[int] = []
         for v in sorted(self.finished_groups):
             queue = self.finished_groups[v]
@@ -228,4 +243,12 @@ class PolicyBase:
                 del self.finished_groups[v]
             if len(chosen) == need:
                 break
-        self._consume(step, chosen, out)
+        late: tuple[int, ...] = ()
+        if joining:
+            versions, remaining = self.group_version, self.group_remaining  # admitted in version order
+            late = tuple(g for g in range(bisect_left(versions, bound), bisect_right(versions, bound)) if remaining[g])
+            if len(late) != joining:
+                raise AssertionError(f"step {step}: {len(late)} groups of v{bound} generating, {joining} expected")
+            self.joining.update(late)
+            chosen.extend(late)
+        self._consume(step, chosen, out, late)

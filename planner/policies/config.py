@@ -7,6 +7,8 @@ from typing import Literal
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
 MODES: tuple[Mode, ...] = ("sync", "one-step-off", "bounded-async", "partial-rollout", "streaming")
+EARLY_STEP_MODES: tuple[Mode, ...] = ("bounded-async", "partial-rollout", "streaming")
+"""The modes whose trainer takes the oldest version first, and so may start a step early (``early_steps``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,6 +45,11 @@ class PolicyConfig:
     """streaming only: the most requests an engine may hold after taking in migrated requests of an older version
     (None: all its slots, DORA's packing; the planner sets the engine's batching knee at a tail's context, within its KV
     cache, see ``StreamingPolicy``)."""
+    early_steps: bool = False
+    """Separate accelerators, modes that train oldest version first (bounded-async, partial-rollout, streaming): a step
+    held only by the unfinished groups it must take at the staleness bound starts anyway, on the groups that have
+    finished, and takes those as they finish (``StartTrainStep.joining``; the trainer accumulates gradients over the
+    step and steps the optimizer once at its end, so it needs one optimizer step per training step)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -79,6 +86,12 @@ class PolicyConfig:
             raise ValueError(f"{self.mode} with max_version_lag (k) = 0 is synchronous: use mode 'sync'")
         if self.colocated and self.mode not in ("sync", "streaming"):
             raise ValueError(f"colocated rollout/training time-shares in modes 'sync' and 'streaming', not {self.mode!r}")
+        if self.early_steps and (self.colocated or self.mode not in EARLY_STEP_MODES):
+            raise ValueError(
+                f"early_steps is for separate accelerators in modes 'bounded-async', 'partial-rollout' and 'streaming' "
+                f"(their trainer takes the oldest version first), not {'colocated ' if self.colocated else ''}"
+                f"{self.mode!r}"
+            )
         if self.update not in ("drain", "interrupt"):
             raise ValueError(f"update must be 'drain' or 'interrupt', got {self.update!r}")
         if self.update == "interrupt" and self.mode != "bounded-async":
@@ -160,3 +173,10 @@ def update_for(mode: str, allow_version_mixing: bool) -> Literal["drain", "inter
     """What bounded-async does at a weight update, for the planner's simulation and the runtime alike: interrupt and
     resume in-flight requests on the new weights when the spec allows version mixing (AReaL, ROLL), else drain."""
     return "interrupt" if mode == "bounded-async" and allow_version_mixing else "drain"
+
+
+def early_steps_for(mode: str, colocated: bool, optimizer_steps: int) -> bool:
+    """Whether the planner simulates, and the runtime runs, early steps (``PolicyConfig.early_steps``): on separate
+    accelerators, in the modes of ``EARLY_STEP_MODES``, when a training step takes one optimizer step (several
+    minibatches or PPO epochs need the whole batch before the first one)."""
+    return not colocated and mode in EARLY_STEP_MODES and optimizer_steps == 1

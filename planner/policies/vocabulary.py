@@ -81,11 +81,14 @@ class MigrateRequests:
 class StartTrainStep:
     """Run training step ``step`` on the finished trajectories of these prompt groups (whole groups).
 
-    Driver reports ``TrainStepFinished(step)`` once the trainer holds version ``step``.
+    ``joining`` (``PolicyConfig.early_steps``): those of ``group_ids`` still generating when the step starts. The
+    trainer takes the others at once and each of these when its last trajectory finishes (one optimizer step at the
+    end). Driver reports ``TrainStepFinished(step)`` once the trainer holds version ``step``.
     """
 
     step: int
     group_ids: tuple[int, ...]
+    joining: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,7 +7,8 @@
    accounted for by ``discarded`` or ``unfinished_at_end`` (never both; a later ``regenerated`` supersedes either, and
    the new attempt must be used or accounted for again); nothing is consumed that was not admitted.
    The trace must also be possible: each attempt (an admission, or a ``regenerated`` and its admission) finishes at
-   most once; admitted <= finished <= the consuming step's ``start_t``; every version a trajectory is admitted,
+   most once; admitted <= finished <= the consuming step's ``start_t`` (or the time it joined an early step, within
+   the step, ``joined``); every version a trajectory is admitted,
    regenerated or finished on exists by then (version 0, or a ``train_step`` that produced it ended by then, and its
    ``weights_published``, if the trace has one, came by then); a step number is trained once; and
    ``unfinished_at_end``'s ``finished`` says whether the trajectory had finished since it was last (re)admitted.
@@ -80,7 +81,7 @@ class _Life:
     version_uses: list[tuple[float, str, int]] = field(default_factory=list)
     """``(t, how, version)``: admitted / regenerated on a version, or finished with tokens from it."""
     consumptions: list[tuple[int, float]] = field(default_factory=list)
-    """``(step, start_t)`` per ``train_step`` event listing it."""
+    """``(step, t)`` per ``train_step`` event listing it: its ``start_t``, or when it joined the step."""
     wrong_flags: list[tuple[float, bool, tuple[float, ...]]] = field(default_factory=list)
     """``unfinished_at_end`` events whose ``finished`` is wrong: ``(t, finished, finishes of the attempt)``."""
 
@@ -110,8 +111,9 @@ def _lives(events: list[dict[str, Any]]) -> dict[str, _Life]:
             for v in dict.fromkeys(v for v, _ in e["spans"]):
                 life.version_uses.append((t, "finished with tokens of", v))
         elif etype == "train_step":
+            joined = e.get("joined", {})
             for traj in e["consumed"]:
-                lives.setdefault(traj, _Life()).consumptions.append((e["step"], e["start_t"]))
+                lives.setdefault(traj, _Life()).consumptions.append((e["step"], joined.get(traj, e["start_t"])))
         elif etype == "unfinished_at_end":
             life = lives.setdefault(e["traj"], _Life())
             finishes = tuple(life.attempt().finishes)

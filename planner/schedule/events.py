@@ -20,7 +20,9 @@ weights_load_started   rollout_group, version, source ("trainer" | "peer")
 weights_loaded         rollout_group, version
 version_dropped        rollout_group, version  (multi-version engine freed a drained version)
 train_step             step, start_t, consumed: [traj, ...], produced_version (== step);
-                       ``t`` is when the step finished
+                       ``t`` is when the step finished; optional joined: {traj: t} (an early step: those of
+                       consumed still generating at start_t, each with when it joined the step, within
+                       [start_t, t])
 discarded              traj, reason: str  (dropped on purpose; never consumed)
 regenerated            traj, version  (earlier tokens dropped; generation restarts on version; it
                        supersedes an earlier ``discarded`` or ``unfinished_at_end`` of traj: that attempt's
@@ -68,6 +70,9 @@ SCHEMA: dict[str, dict[str, str]] = {
     "rollout_suspended": {},
     "rollout_resumed": {},
 }
+
+_OPTIONAL = {("train_step", "joined")}
+"""Fields an event may leave out (checked in ``event_problems``)."""
 
 
 class TraceError(ValueError):
@@ -149,7 +154,7 @@ def event_problems(index: int, event: Any) -> list[str]:
         if problem:
             problems.append(f"{where} ({etype}): {name!r} {problem}, got {event[name]!r}")
     for name in event:
-        if name not in fields and name not in ("t", "type"):
+        if name not in fields and name not in ("t", "type") and (etype, name) not in _OPTIONAL:
             problems.append(f"{where} ({etype}): unknown field {name!r}; allowed: {', '.join(sorted(fields))}")
     if etype == "finished" and not problems:
         total = sum(tokens for _, tokens in event["spans"])
@@ -163,6 +168,17 @@ def event_problems(index: int, event: Any) -> list[str]:
             )
         if event["start_t"] > event["t"]:
             problems.append(f"{where} (train_step): start_t {event['start_t']} is after t {event['t']}")
+        joined = event.get("joined", {})
+        if not isinstance(joined, dict) or not all(isinstance(k, str) and _is_num(v) for k, v in joined.items()):
+            problems.append(f"{where} (train_step): 'joined' must map trajectory ids to times, got {joined!r}")
+        else:
+            consumed = set(event["consumed"])
+            for traj, t in joined.items():
+                if traj not in consumed:
+                    problems.append(f"{where} (train_step): {traj} joined step {event['step']} but is not consumed")
+                elif not event["start_t"] <= t <= event["t"]:
+                    problems.append(f"{where} (train_step): {traj} joined at t={t}, outside the step "
+                                    f"[{event['start_t']}, {event['t']}]")
     if etype == "weights_load_started" and not problems and event["source"] not in ("trainer", "peer"):
         problems.append(f"{where} (weights_load_started): source must be 'trainer' or 'peer', got {event['source']!r}")
     return problems

@@ -66,6 +66,10 @@ class RunMetrics:
         self.train_busy_s += end_s - end
         self._train_ahead[-1] = (start, end_s)
 
+    def train_idled(self, step: int, idle_s: float) -> None:
+        """An early step's trainer waited ``idle_s`` until now for a group that joins it (counted as its wait)."""
+        self._step_rows[step]["trainer_wait_s"] += idle_s
+
     def publish_started(self, start: float, duration_s: float) -> None:
         """The trainer publishes a version from ``start`` (now) for ``duration_s``."""
         self.trainer_busy(start, duration_s)

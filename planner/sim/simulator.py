@@ -225,6 +225,12 @@ class Simulator:
         """The running training step."""
         self.train_trace: dict[str, Any] = {}
         """The running step's ``train_step`` record (``record_events``): its end moves with the contention."""
+        self.train_waiting: set[int] = set()
+        """Early steps (``PolicyConfig.early_steps``): the running step's groups still generating (``_joined``)."""
+        self.join_work: dict[int, tuple[float, float]] = {}
+        """Early steps: group -> (its share of the step's work, that group trained alone as a step): ``_train``."""
+        self.train_idle_t = -1.0
+        """Early steps: since when the trainer, its work done, waits for a group of ``train_waiting`` (-1: it does not)."""
         self.publishing = False
         """A publish occupies the trainer (``weight_publish_s``)."""
         self.train_queued: StartTrainStep | None = None
@@ -504,7 +510,7 @@ class Simulator:
         decode_step_s, next_seq, eps = self.decode_step_s, self.next_seq, _EPS
         watch_decoding = self.watch_decoding
         kv_limited, kv_cap, e_cross = self.kv_limited, self.kv_cap, self.e_cross
-        delayed, unreported = self.delayed, self.unreported
+        delayed, unreported, train_waiting = self.delayed, self.unreported, self.train_waiting
         ranked, rn, rss, rw, dp = self.ranked, self.rn, self.rss, self.rw, self.dp
         events = 0
         while True:  # not `while heap`: CPython 3.11 only specializes a loop's bytecode after a few JUMP_BACKWARDs
@@ -581,6 +587,8 @@ class Simulator:
                 if multi:
                     self.e_vcount[r][policy.group_version[gid]] -= 1
                 group_left[gid] -= 1
+                if train_waiting and not group_left[gid] and gid in train_waiting:
+                    self._joined(gid)
                 if record:
                     self._record_finish(idx, r, length)
                 if delayed:  # the replica's poll returns it later (module doc)
@@ -1141,15 +1149,32 @@ class Simulator:
         self._execute(self.policy.on_requests_migrated(src, tuple(moves)))
 
     def _train(self, act: StartTrainStep) -> None:
+        """Start step ``act.step``. An early step's groups still generating (``act.joining``) join it as they finish
+        (``_joined``); the trainer trains the others first. Each joining group's share of the step's work, in
+        proportion to its tokens, waits for it; after the last one the step still has at least that group's work
+        as a step of its own (its microbatches through the pipeline, and the optimizer step)."""
         step, gids, spp = act.step, act.group_ids, self.spp
         tokens, sq, prompt, t_len = 0, 0.0, self.prompt, self.t_len
+        group_left, waiting = self.group_left, self.train_waiting
+        for g in act.joining:
+            if group_left[g]:
+                waiting.add(g)
         for g in gids:
-            if self.group_left[g]:
-                raise ValueError(f"step {step} consumes group {g} with {self.group_left[g]} unfinished samples")
+            if group_left[g] and g not in waiting:
+                raise ValueError(f"step {step} consumes group {g} with {group_left[g]} unfinished samples")
             for length in t_len[g * spp:(g + 1) * spp]:
                 tokens += prompt + length
                 sq += (prompt + length) ** 2  # whole numbers: exact in any order while below 2**53
         work = self.timing.train_step_s(tokens, sq, len(gids) * spp)
+        if waiting:
+            for g in waiting:
+                g_tokens, g_sq = 0, 0.0
+                for length in t_len[g * spp:(g + 1) * spp]:
+                    g_tokens += prompt + length
+                    g_sq += (prompt + length) ** 2
+                share = work * g_tokens / tokens
+                self.join_work[g] = (share, self.timing.train_step_s(g_tokens, g_sq, spp))
+                work -= share
         contended = self.train_contention != 1.0 and self._decoding() > 0
         duration = work * self.train_contention if contended else work
         self.train_left, self.train_t, self.train_contended = work, self.now, contended
@@ -1166,7 +1191,43 @@ class Simulator:
             consumed = [f"g{g}/{i}" for g in gids for i in range(spp)]
             self.train_trace = {"t": self.now + duration, "type": "train_step", "step": step, "start_t": self.now,
                                 "consumed": consumed, "produced_version": step}
+            if waiting:
+                self.train_trace["joined"] = {}
             self.trace.append(self.train_trace)
+
+    def _joined(self, g: int) -> None:
+        """Group ``g`` of the running early step finished: the trainer takes its share of the step's work now (from
+        where it is, or from idle)."""
+        self.train_waiting.discard(g)
+        share, alone = self.join_work.pop(g)
+        if self.record:
+            joined = self.train_trace["joined"]
+            for i in range(self.spp):
+                joined[f"g{g}/{i}"] = self.now
+        idle = self.train_idle_t >= 0.0
+        if idle:
+            self.m.train_idled(self.train_step, self.now - self.train_idle_t)
+            self.train_idle_t = -1.0
+            left = share
+            self._set_training(True)
+        else:
+            rate = self.train_contention if self.train_contended else 1.0
+            left = max(0.0, self.train_left - (self.now - self.train_t) / rate) + share
+        if not self.train_waiting:
+            left = max(left, alone)
+        self.train_left = left
+        self.train_t = self.now
+        self.train_token += 1
+        contended = self.train_contention != 1.0 and self._decoding() > 0
+        self.train_contended = contended
+        end = self.now + left * (self.train_contention if contended else 1.0)
+        if idle:
+            self.m.trainer_busy(self.now, end - self.now)
+        else:
+            self.m.train_retimed(end)
+        self._push(end, _EV_TRAINED, self.train_step, self.train_token)
+        if self.record:
+            self.train_trace["t"] = end
 
     def _set_training(self, on: bool) -> None:
         """Start or end a training step."""
@@ -1218,6 +1279,9 @@ class Simulator:
 
     def _trained(self, step: int) -> None:
         self._set_training(False)
+        if self.train_waiting:  # an early step's trainer ran out of work: it waits for the next joining group
+            self.train_idle_t = self.now
+            return
         self.m.train_finished(step, self.now)
         self._execute(self.policy.on_train_step_finished(step))
 

@@ -5,7 +5,7 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.policies import PolicyConfig
+from planner.policies import EARLY_STEP_MODES, PolicyConfig
 from planner.schedule import check_trace
 from planner.sim import LinearTiming, simulate
 from planner.workload import LengthDistribution, Workload
@@ -27,6 +27,7 @@ runs = st.fixed_dictionaries(
         "pack": st.one_of(st.none(), st.integers(1, 12)),
         "round_trip": st.sampled_from([0.0, 0.0, 0.004, 0.05]),  # the controller's, as on cpu (0: none)
         "queue": st.booleans(),  # streaming: two groups queued per engine, as on cpu
+        "early": st.booleans(),  # separate accelerators: a step held at the bound starts early (joining groups)
         # rollout / training / engine contention of disaggregated cpu plans (training's end moves as engines start
         # and stop decoding)
         "contention": st.sampled_from([(1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (1.45, 1.33, 1.43), (1.0, 3.0, 1.0)]),
@@ -43,6 +44,7 @@ def _run(mode, p, *, mixing, colocated=False):
         max_versions_per_engine=min(p["versions"], k + 1) if mode == "streaming" else 1,
         consolidation_batch=p["pack"] if mode == "streaming" else None,
         admission_queue=2 * p["spp"] if mode == "streaming" and p.get("queue") else 0,
+        early_steps=bool(p.get("early")) and not colocated and mode in EARLY_STEP_MODES,
     )
     dist = LengthDistribution.lognormal(median=p["median"], p99=p["median"] * p["tail"], max_tokens=400)
     timing = LinearTiming(decode_base_s=0.01, train_base_s=p["train_s"], weight_load_trainer_s=p["load_s"],

@@ -77,6 +77,12 @@ def test_integrity_violations():
     early = check_trace([adm(0, "g0/0", 0), step(2, 1, ["g0/0"]), fin(3, "g0/0", [(0, 3)])], k=0,
                         allow_version_mixing=False)
     assert "before it finished" in early.of("integrity")[0].message
+    # an early step takes a trajectory that finishes after its start, at the time the step records it joined
+    joined = {**step(4, 1, ["g0/0"], start=2), "joined": {"g0/0": 3}}
+    assert check_trace([adm(0, "g0/0", 0), fin(3, "g0/0", [(0, 3)]), joined], k=0, allow_version_mixing=False).ok
+    too_soon = {**joined, "joined": {"g0/0": 2.5}}
+    rep = check_trace([adm(0, "g0/0", 0), fin(3, "g0/0", [(0, 3)]), too_soon], k=0, allow_version_mixing=False)
+    assert "consumed by step 1 at t=2.5 before it finished (t=3)" in rep.of("integrity")[0].message
     ghost = check_trace([step(2, 1, ["g9/9"])], k=0, allow_version_mixing=False)
     assert "never admitted" in ghost.of("integrity")[0].message
     discarded = base + [step(2, 1, ["g0/0"]), {"t": 2, "type": "discarded", "traj": "g0/1", "reason": "bad reward"}]
@@ -121,6 +127,12 @@ def test_regenerated_supersedes_an_earlier_discard():
         ({"t": 1, "type": "train_step", "step": 2, "start_t": 0, "consumed": [], "produced_version": 3},
          "must produce version 2"),
         ("not a dict", "must be an object"),
+        ({"t": 2, "type": "train_step", "step": 1, "start_t": 1, "consumed": ["g0/0"], "produced_version": 1,
+          "joined": {"g0/0": 3}}, r"g0/0 joined at t=3, outside the step \[1, 2\]"),
+        ({"t": 2, "type": "train_step", "step": 1, "start_t": 1, "consumed": [], "produced_version": 1,
+          "joined": {"g0/0": 1.5}}, "g0/0 joined step 1 but is not consumed"),
+        ({"t": 2, "type": "train_step", "step": 1, "start_t": 1, "consumed": [], "produced_version": 1,
+          "joined": [1]}, "'joined' must map trajectory ids to times"),
     ],
 )
 def test_parser_rejects_malformed_events_with_index(event, match):

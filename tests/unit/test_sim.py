@@ -741,3 +741,57 @@ def test_streaming_migrates_with_a_controller_round_trip_and_keeps_every_constra
     assert check_trace(list(r.events), k=3, allow_version_mixing=False).ok
     instant = simulate(c, w, dataclasses.replace(t, report_round_trip_s=0.0), seed=11)
     assert r.rollout_slot_occupancy < instant.rollout_slot_occupancy  # the freed slots idle through the round trip
+
+
+def _early_runs(mode: str, **kw):
+    """One workload run twice on separate accelerators, the trainer waiting at the bound, or starting early."""
+    w = Workload(response_length=LengthDistribution.lognormal(median=40, p99=1500, max_tokens=2000), prompt_tokens=5)
+    timing = LinearTiming(decode_base_s=0.01, train_base_s=0.5, train_per_token_s=2e-4, weight_publish_s=0.05,
+                          weight_load_trainer_s=0.1, weight_load_peer_s=0.05, **kw)
+    cfg = PolicyConfig(mode=mode, max_version_lag=1, num_rollout_groups=4, slots_per_group=16, prompts_per_step=8,
+                       samples_per_prompt=4, total_steps=12)
+    waits = simulate(cfg, w, timing, seed=3, record_events=True)
+    early = simulate(dataclasses.replace(cfg, early_steps=True), w, timing, seed=3, record_events=True)
+    return cfg, timing, waits, early
+
+
+@pytest.mark.parametrize("mode", ["streaming", "bounded-async"])
+def test_early_steps_train_the_finished_groups_while_the_tail_finishes(mode):
+    cfg, timing, waits, early = _early_runs(mode)
+    steps = [e for e in early.events if e["type"] == "train_step"]
+    joining = [e for e in steps if e.get("joined")]
+    assert joining, "no step started early: the scenario must make the trainer wait at the bound"
+    assert not any(e.get("joined") for e in waits.events if e["type"] == "train_step")
+    finished = {e["traj"]: e["t"] for e in early.events if e["type"] == "finished"}
+    for e in joining:
+        for traj, t in e["joined"].items():  # a group joins when its last trajectory finishes, during the step
+            group = traj.split("/")[0]
+            assert t == max(f for tr, f in finished.items() if tr.split("/")[0] == group)
+            assert finished[traj] <= t and e["start_t"] < t <= e["t"]
+        # after the last group joins, the step still trains that group as a step of its own
+        last = max(e["joined"].values())
+        assert e["t"] >= last + timing.train_base_s - 1e-9
+    for run in (waits, early):
+        rep = check_trace(list(run.events), k=1, allow_version_mixing=False)
+        assert rep.ok, rep.violations[:3]
+        assert rep.num_consumed == cfg.total_steps * cfg.batch_samples
+    # the wait for the tail overlaps the rest of the step: fewer seconds per step, the same batches' sizes
+    assert early.step_time_s < waits.step_time_s
+    assert sum(s.trainer_wait_s for s in early.steps) < sum(s.trainer_wait_s for s in waits.steps)
+
+
+def test_early_steps_keep_the_training_contention_accounting():
+    """On one host (cpu) a training step slows while an engine decodes: an early step's trainer, idle between joining
+    groups, resumes at the contended rate, and its busy time stays within the run."""
+    _, _, waits, early = _early_runs("streaming", rollout_contention=1.3, train_contention=1.5)
+    assert any(e.get("joined") for e in early.events if e["type"] == "train_step")
+    assert 0.0 < early.train_busy_fraction <= 1.0
+    assert check_trace(list(early.events), k=1, allow_version_mixing=False).ok
+
+
+def test_early_steps_are_refused_where_the_trainer_cannot_take_groups_late():
+    base = dict(max_version_lag=1, num_rollout_groups=2, slots_per_group=8, prompts_per_step=2, samples_per_prompt=2,
+                total_steps=2, early_steps=True)
+    for mode, colocated in (("sync", False), ("one-step-off", False), ("streaming", True)):
+        with pytest.raises(ValueError, match="early_steps"):
+            PolicyConfig(mode=mode, colocated=colocated, **{**base, "max_version_lag": 0 if mode == "sync" else 1})
