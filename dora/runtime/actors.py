@@ -467,6 +467,11 @@ class TrainerActor:
         self._megatron = None  # a Megatron trainer starts from the warmed weights
         return len(losses), time.perf_counter() - start, notes
 
+    def train_part(self, part: list[ScoredTrajectory]) -> None:
+        """Part of an early step's batch (whole groups), trained at once; its ``train_step`` call brings the last part
+        (``torch_trainer.StepInParts``)."""
+        self._policy().train_part(part)
+
     def train_step(self, batch: list[ScoredTrajectory], save_to: str | None = None) -> TrainMetrics:
         """One GRPO step; with ``save_to``, then ``save_state(save_to)`` in the same call (a checkpointed step
         costs the controller no extra round trip, and the controller never waits on the save)."""

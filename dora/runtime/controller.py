@@ -210,6 +210,19 @@ Phase = Callable[[str], None]
 while with nothing else to show."""
 
 
+@dataclass(kw_only=True)
+class _EarlyStep:
+    """A training step the policy started before all its groups finished (``StartTrainStep.joining``)."""
+
+    step: int
+    waiting: set[int]
+    """Its groups still generating."""
+    joined: dict[int, float]
+    """group -> when it finished and went to the trainer."""
+    finish: Callable[[list[ScoredTrajectory]], None]
+    """Submits the step's ``train_step`` with the last group's trajectories."""
+
+
 class Controller:
     """One run (or one resumed attempt) of ``config.policy.mode``. Call ``run()`` once, with Ray initialised.
 
@@ -253,6 +266,8 @@ class Controller:
         controller knows the trainer free."""
         self._publishing: list[int] | None = None
         """While a publish is in flight: the steps submitted behind it (at most one); None otherwise."""
+        self._early: _EarlyStep | None = None
+        """The running early step while some of its groups generate (``PolicyConfig.early_steps``)."""
         self._prompts: dict[int, Prompt] = {}
         self._group_version: dict[int, int] = {}
         self._scored: dict[int, list[ScoredTrajectory]] = {}
@@ -555,6 +570,9 @@ class Controller:
         )
         self.stats.finished_trajectories += 1
         self.stats.mixed_trajectories += len(traj.version_spans) > 1
+        early = self._early
+        if early is not None and gid in early.waiting and len(self._scored[gid]) == self.spp:
+            self._joined(early, gid)  # after its ``finished`` event: the group joins the step when (not before) it is
         self._progressed()
         self._execute(self.policy.handle(TrajectoryFinished(
             group_id=self._local_group[gid], sample=sample, rollout_group=r, num_tokens=len(traj.response_ids))))
@@ -771,10 +789,15 @@ class Controller:
         self._execute(self.policy.handle(RequestsMigrated(src=w.index, moves=tuple(moves))))
 
     def _train(self, act: StartTrainStep) -> None:
+        """Submit step ``act.step`` to the trainer. An early step's groups still generating (``act.joining``) go to
+        it as each finishes (``_joined``): the others now as a ``train_part``, the last one with the ``train_step``."""
         step = act.step + self.base
         groups = [self._data_group(j) for j in act.group_ids]
+        waiting = {g for g in map(self._data_group, act.joining) if len(self._scored[g]) < self.spp}
         batch: list[ScoredTrajectory] = []
         for g in groups:
+            if g in waiting:
+                continue
             if len(self._scored[g]) != self.spp:
                 raise RuntimeError(f"step {step} consumes group {g} with {len(self._scored[g])}/{self.spp} finished")
             batch.extend(self._scored[g])
@@ -784,16 +807,23 @@ class Controller:
         if self._publishing is not None:
             self._publishing.append(step)
         versions = [self._group_version[g] for g in groups for _ in range(self.spp)]
+        joined: dict[int, float] = {}
+        """group -> when it joined the step (``_joined``)."""
 
         def trained(ref: Any) -> None:
             metrics: TrainMetrics = self._get_trainer(ref, f"while training step {step}")
             end, start = self.now(), self._train_start.pop(step)
+            scored = [s for g in groups for s in self._scored[g]]
             event = {"t": round(self.trace.offset_s + end, 6), "type": "train_step", "step": step,
                      "start_t": round(self.trace.offset_s + start, 6),
-                     "consumed": [s.trajectory.request_id for s in batch], "produced_version": step}
+                     "consumed": [s.trajectory.request_id for s in scored], "produced_version": step}
+            late = {s.trajectory.request_id: round(self.trace.offset_s + joined[g], 6)
+                    for g in groups if joined.get(g, start) > start for s in self._scored[g]}
+            if late:  # groups that finished before the step's span began (behind a publish) simply joined it then
+                event["joined"] = late
             self._trained_groups.update(groups)
             record = self.stats.step_finished(
-                step=step, start_s=start, end_s=end, metrics=metrics, rewards=[s.reward for s in batch],
+                step=step, start_s=start, end_s=end, metrics=metrics, rewards=[s.reward for s in scored],
                 versions=versions, counters=self._latest_counters(), live=self._live(), engines=self._engines(),
             ).to_json()
             # the trainer saved; commit before the trace and the metrics record the step (see checkpoint)
@@ -805,12 +835,35 @@ class Controller:
                 self.on_progress(self.stats)
             self._execute(self.policy.handle(TrainStepFinished(step=act.step)))
 
-        self._submit(self._trainer.train_step.remote(batch, self._trainer_file(step)), trained)
-        # Every policy publishes a step's weights as soon as the step ends (PolicyBase.on_train_step_finished). Asked
-        # now, behind the step in the trainer's queue, the trainer exports them the moment it has trained and saved,
-        # not a round trip and the controller's bookkeeping of the step (checkpoint commit, trace, display) later.
-        # Nothing sees them before the policy's PublishWeights: `_publish` takes these refs then.
-        self._asked_publish = (step, *self._trainer.publish.options(num_returns=2).remote(step))
+        def finish(last: list[ScoredTrajectory]) -> None:
+            self._submit(self._trainer.train_step.remote(last, self._trainer_file(step)), trained)
+            # Every policy publishes a step's weights as soon as the step ends (PolicyBase.on_train_step_finished).
+            # Asked now, behind the step in the trainer's queue, the trainer exports them the moment it has trained and
+            # saved, not a round trip and the controller's bookkeeping of the step (checkpoint commit, trace, display)
+            # later. Nothing sees them before the policy's PublishWeights: `_publish` takes these refs then.
+            self._asked_publish = (step, *self._trainer.publish.options(num_returns=2).remote(step))
+
+        if not waiting:
+            finish(batch)
+            return
+        self._early = _EarlyStep(step=step, waiting=waiting, joined=joined, finish=finish)
+        self._train_part(step, batch)
+
+    def _train_part(self, step: int, part: list[ScoredTrajectory]) -> None:
+        if part:
+            self._submit(self._trainer.train_part.remote(part),
+                         lambda ref: self._get_trainer(ref, f"while training part of step {step}"))
+
+    def _joined(self, early: _EarlyStep, g: int) -> None:
+        """Group ``g``, which the running early step took while it generated, finished: the trainer takes it now,
+        with the step's optimizer step if it is the last."""
+        early.waiting.discard(g)
+        early.joined[g] = self.now()
+        if early.waiting:
+            self._train_part(early.step, self._scored[g])
+        else:
+            self._early = None
+            early.finish(self._scored[g])
 
     def _publish(self, act: PublishWeights) -> None:
         v = act.version + self.base

@@ -81,7 +81,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     from dora.runtime.engines.torch_rollout import RolloutConfig
     from dora.runtime.engines.torch_trainer import TrainerConfig
     from dora.runtime.tasks import MIN_RESPONSE_TOKENS, TaskConfig
-    from planner.policies import PolicyConfig, admission_queue_for, update_for
+    from planner.policies import PolicyConfig, admission_queue_for, early_steps_for, update_for
     from planner.workload import LengthDistribution
 
     check_engines(rc)
@@ -115,6 +115,7 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
         max_versions_per_engine=rc.versions_per_engine,
         consolidation_batch=rc.consolidation_batch,
         colocated=rc.colocated, admission_queue=admission_queue_for(rc.mode, rc.accelerator, rc.samples_per_prompt),
+        early_steps=early_steps_for(rc.mode, rc.colocated, a.minibatches_per_step * a.ppo_epochs),
     )
     # A request still ingesting its prompt has no token yet: resumed on new weights it would start on a version
     # other than the one it was admitted on. Modes that interrupt in-flight requests prefill in one forward.

@@ -259,3 +259,26 @@ def test_the_megatron_trainer_trains_beside_the_torch_engines(tmp_path):
     (checkpoint,) = sorted((out / "checkpoint").glob("trainer-*.pt"))[-1:]
     state = torch.load(checkpoint, weights_only=True)
     assert state["version"] == STEPS and "decoder.layers.0.self_attention.linear_qkv.weight" in state["model"]
+
+
+def test_early_steps_take_the_tail_groups_as_they_finish_and_audit_clean(tmp_path):
+    """k=1 disaggregated streaming on the real CPU engines (``PolicyConfig.early_steps``): a step held by the oldest
+    version's tail starts on the finished groups, the trainer takes each tail group as it finishes (``train_part``)
+    and steps the optimizer once; the trace records when each joined, and the audit passes."""
+    spec = _short_spec(tmp_path, max_version_lag=1, placement={"colocated": False,
+                                                               "rollout": {"versions_per_engine": 2}})
+    out = tmp_path / "early"
+    steps = 8
+    code, text = _apply(spec, "streaming", out, steps=steps)
+    assert code == 0, text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["audit"]["ok"], summary["audit"]["violations"]
+    assert summary["audit"]["num_consumed"] == steps * PROMPTS * SAMPLES
+    events = read_jsonl(out / "trace.jsonl")
+    early = [e for e in events if e["type"] == "train_step" and e.get("joined")]
+    assert early, "no step started early: a k=1 run with a long tail must wait at the bound"
+    finished = {e["traj"]: e["t"] for e in events if e["type"] == "finished"}
+    for e in early:
+        assert all(e["start_t"] < t <= e["t"] and finished[traj] <= t for traj, t in e["joined"].items())
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert all(r["num_sequences"] == PROMPTS * SAMPLES for r in rows)

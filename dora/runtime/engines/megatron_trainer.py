@@ -61,10 +61,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dora.runtime.engines.base import ScoredTrajectory, TrainMetrics
 from dora.runtime.engines.sampling import logit_scale
 from dora.runtime.engines.tiny_model import packed_attention_mask
-from dora.runtime.engines.torch_trainer import GRPOSettings, PackedRows, grpo_step
+from dora.runtime.engines.torch_trainer import (
+    GRPOSettings,
+    GRPOSteps,
+    PackedRows,
+    scale_gradients,
+)
 
 
 class MegatronTrainerError(ValueError):
@@ -542,7 +546,7 @@ def _load(model: Any, weights: dict[str, torch.Tensor]) -> None:
                                    f"unexpected {result.unexpected_keys[:4]}")
 
 
-class MegatronTrainer:
+class MegatronTrainer(GRPOSteps):
     """Implements ``Trainer`` (see ``base.py``) on megatron-core; see the module docstring."""
 
     def __init__(self, config: MegatronTrainerConfig, *,
@@ -603,16 +607,14 @@ class MegatronTrainer:
         self.optimizer.step()
         return grad_norm
 
-    def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
-        self.model.train()
-        try:
-            metrics = grpo_step(batch, self.config.grpo, self.version, self.logprobs, self,
-                                reference=self._reference_logprobs())
-        finally:
-            self.model.eval()
-        self.version += 1
-        self.step += 1
-        return metrics
+    def scale_gradients(self, factor: float) -> None:
+        if self.on_gpu:
+            self.ddp.scale_gradients(factor)  # its contiguous gradient buffer
+        else:
+            scale_gradients(self.model, factor)
+
+    def grpo_settings(self) -> GRPOSettings:
+        return self.config.grpo
 
     def export_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         """``(version, weights)`` under the checkpoint's names (``hf_weights``)."""

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -39,6 +39,8 @@ from dora.runtime.engines.tiny_model import (
 )
 from dora.runtime.grpo import LossStats, OffPolicyCorrection, group_advantages, policy_loss
 from dora.runtime.tasks import LengthSampler, TaskConfig, warmup_examples
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,11 +201,14 @@ class GRPOSettings:
 
 class GradientSteps(Protocol):
     """How a trainer applies gradients; ``grpo_step`` calls, per minibatch: ``zero_grad``, ``backward`` once per
-    microbatch, then ``apply_gradients`` (clip and update; returns the gradient norm)."""
+    microbatch, then ``apply_gradients`` (clip and update; returns the gradient norm). ``StepInParts`` calls
+    ``scale_gradients`` (multiply the accumulated gradients) before ``apply_gradients``."""
 
     def zero_grad(self) -> None: ...
 
     def backward(self, loss: torch.Tensor) -> None: ...
+
+    def scale_gradients(self, factor: float) -> None: ...
 
     def apply_gradients(self) -> float: ...
 
@@ -270,34 +275,47 @@ def grpo_step(
         for minibatch, prox_list, ref_list in zip(plan, proximal, ref_logp, strict=True):
             gradients.zero_grad()
             for (micro, rows), prox, ref in zip(minibatch, prox_list, ref_list, strict=True):
-                logp = logprobs(rows)
-                behaviour = torch.tensor([lp for i in micro for lp in batch[i].trajectory.behaviour_logprobs],
-                                         device=logp.device)
-                adv = torch.tensor([advantages[i] for i in micro for _ in batch[i].trajectory.response_ids],
-                                   device=logp.device)
-                loss_sum, st = policy_loss(
-                    logp, logp.detach() if prox is None else prox, behaviour, adv,
-                    correction=cfg.off_policy_correction, clip_eps=cfg.ppo_clip_eps,
-                    is_weight_cap=cfg.is_weight_cap,
-                )
-                if ref is not None:
-                    log_ratio = ref - logp
-                    kl_sum = (torch.exp(log_ratio) - log_ratio - 1.0).sum()
-                    loss_sum = loss_sum + cfg.kl_coef * kl_sum
-                    kl_total += float(kl_sum.detach())
+                loss_sum, kl_sum, st = _microbatch_loss(batch, micro, rows, advantages, prox, ref, cfg, logprobs)
+                kl_total += kl_sum
                 loss = loss_sum / total_tokens
                 gradients.backward(loss)
                 loss_total += float(loss.detach())
                 stats.append(st)
             grad_norm = gradients.apply_gradients()
+    return _metrics(batch, version, loss_total / cfg.ppo_epochs, kl_total, stats, grad_norm,
+                    time.perf_counter() - start)
+
+
+def _microbatch_loss(batch: list[ScoredTrajectory], micro: list[int], rows: PackedRows, advantages: list[float],
+                     prox: torch.Tensor | None, ref: torch.Tensor | None, cfg: GRPOSettings,
+                     logprobs: Callable[[PackedRows], torch.Tensor]) -> tuple[torch.Tensor, float, LossStats]:
+    """One microbatch's summed token loss (the KL term added when ``ref`` is given), that KL sum, and its stats."""
+    logp = logprobs(rows)
+    behaviour = torch.tensor([lp for i in micro for lp in batch[i].trajectory.behaviour_logprobs], device=logp.device)
+    adv = torch.tensor([advantages[i] for i in micro for _ in batch[i].trajectory.response_ids], device=logp.device)
+    loss_sum, st = policy_loss(
+        logp, logp.detach() if prox is None else prox, behaviour, adv,
+        correction=cfg.off_policy_correction, clip_eps=cfg.ppo_clip_eps, is_weight_cap=cfg.is_weight_cap,
+    )
+    kl = 0.0
+    if ref is not None:
+        log_ratio = ref - logp
+        kl_sum = (torch.exp(log_ratio) - log_ratio - 1.0).sum()
+        loss_sum = loss_sum + cfg.kl_coef * kl_sum
+        kl = float(kl_sum.detach())
+    return loss_sum, kl, st
+
+
+def _metrics(batch: list[ScoredTrajectory], version: int, loss: float, kl_total: float, stats: list[LossStats],
+             grad_norm: float, train_time_s: float) -> TrainMetrics:
     staleness = [version - s.trajectory.version for s in batch]
     n_tok = sum(s.num_tokens for s in stats)
     return TrainMetrics(
         version=version + 1,
-        loss=loss_total / cfg.ppo_epochs,
+        loss=loss,
         kl_mean=kl_total / n_tok,
         num_sequences=len(batch),
-        num_trained_tokens=total_tokens,
+        num_trained_tokens=sum(len(s.trajectory.response_ids) for s in batch),
         num_forward_tokens=sum(s.trajectory.num_tokens for s in batch),
         forward_sum_sq_tokens=sum(s.trajectory.num_tokens ** 2 for s in batch),
         reward_mean=sum(s.reward for s in batch) / len(batch),
@@ -308,13 +326,129 @@ def grpo_step(
         mean_staleness=sum(staleness) / len(staleness),
         max_staleness=max(staleness),
         grad_norm=grad_norm,
-        train_time_s=time.perf_counter() - start,
+        train_time_s=train_time_s,
         train_threads=torch.get_num_threads(),
     )
 
 
-class TorchTrainer:
+class StepInParts:
+    """One GRPO training step whose batch arrives in parts, whole prompt groups each: an early step
+    (``PolicyConfig.early_steps``) takes the groups still generating when it starts as they finish.
+
+    Each part's microbatches run forward and backward as the part arrives, accumulating the gradients of their
+    summed token losses; ``finish`` divides them by the whole batch's trained tokens (what ``grpo_step`` divides each
+    microbatch's loss by, known only once the last part is in) and takes the step's one optimizer step. The step is
+    ``grpo_step``'s with one minibatch and one PPO epoch (advantages are per group, so per part): the only kind of step
+    that can start before its batch is complete. ``train_time_s`` counts the parts' work, not the waits between them.
+    """
+
+    def __init__(self, settings: GRPOSettings, version: int, logprobs: Callable[[PackedRows], torch.Tensor],
+                 gradients: GradientSteps, reference: Callable[[PackedRows], torch.Tensor] | None = None) -> None:
+        if settings.num_minibatches * settings.ppo_epochs != 1:
+            raise ValueError(f"a step in parts takes one optimizer step: {settings.num_minibatches} minibatches x "
+                             f"{settings.ppo_epochs} PPO epochs need the whole batch before the first")
+        if settings.kl_coef > 0 and reference is None:
+            raise ValueError(f"kl_coef {settings.kl_coef} needs the reference policy's log-probs, and none were given")
+        self.settings, self.version, self.logprobs, self.gradients = settings, version, logprobs, gradients
+        self.reference = reference if settings.kl_coef > 0 else None
+        self.batch: list[ScoredTrajectory] = []
+        self.loss_sum = self.kl_total = self.busy_s = 0.0
+        self.stats: list[LossStats] = []
+        gradients.zero_grad()
+
+    def add(self, part: list[ScoredTrajectory]) -> None:
+        """Forward and backward over ``part`` (whole groups), its gradients added to the step's."""
+        start = time.perf_counter()
+        advantages = group_advantages([s.reward for s in part], [s.group_id for s in part])
+        for micro, rows in _microbatches(part, list(range(len(part))), self.settings):
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = self.reference(rows)
+            loss_sum, kl, st = _microbatch_loss(part, micro, rows, advantages, None, ref, self.settings, self.logprobs)
+            self.gradients.backward(loss_sum)
+            self.loss_sum += float(loss_sum.detach())
+            self.kl_total += kl
+            self.stats.append(st)
+        self.batch.extend(part)
+        self.busy_s += time.perf_counter() - start
+
+    def finish(self, last: list[ScoredTrajectory]) -> TrainMetrics:
+        """Add the ``last`` part, scale the accumulated gradients to the batch's token mean and take the optimizer
+        step."""
+        if last:
+            self.add(last)
+        if not self.batch:
+            raise ValueError("train_step needs a non-empty batch")
+        start = time.perf_counter()
+        total_tokens = sum(len(s.trajectory.response_ids) for s in self.batch)
+        self.gradients.scale_gradients(1.0 / total_tokens)
+        grad_norm = self.gradients.apply_gradients()
+        return _metrics(self.batch, self.version, self.loss_sum / total_tokens, self.kl_total, self.stats, grad_norm,
+                        self.busy_s + time.perf_counter() - start)
+
+
+def scale_gradients(model: torch.nn.Module, factor: float) -> None:
+    """Multiply every accumulated gradient of ``model`` by ``factor``."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(factor)
+
+
+def train_mode(model: torch.nn.Module, run: Callable[[], T]) -> T:
+    """``run()`` with ``model`` in training mode, back in evaluation mode after (the engines' forwards are too)."""
+    model.train()
+    try:
+        return run()
+    finally:
+        model.eval()
+
+
+class GRPOSteps:
+    """``train_part`` and ``train_step`` for a trainer that has ``model``, ``version`` and ``step``, the
+    ``GradientSteps`` methods, ``grpo_settings()``, ``logprobs(rows)`` and ``_reference_logprobs()``."""
+
+    model: torch.nn.Module
+    version: int
+    step: int
+    parts: StepInParts | None = None
+    """The step ``train_part`` began, until ``train_step`` ends it."""
+
+    def grpo_settings(self) -> GRPOSettings:
+        raise NotImplementedError
+
+    def logprobs(self, rows: PackedRows) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _reference_logprobs(self) -> Callable[[PackedRows], torch.Tensor] | None:
+        raise NotImplementedError
+
+    def train_part(self, part: list[ScoredTrajectory]) -> None:
+        """Part of the next step's batch (whole groups), the rest to come: see ``StepInParts``."""
+        if self.parts is None:
+            self.parts = StepInParts(self.grpo_settings(), self.version, self.logprobs, self,  # type: ignore[arg-type]
+                                     reference=self._reference_logprobs())
+        parts = self.parts
+        train_mode(self.model, lambda: parts.add(part))
+
+    def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
+        """One GRPO step on ``batch``, or, after ``train_part`` calls, on their parts and this last one."""
+        parts, self.parts = self.parts, None
+        if parts is None:
+            metrics = train_mode(self.model, lambda: grpo_step(
+                batch, self.grpo_settings(), self.version, self.logprobs, self,  # type: ignore[arg-type]
+                reference=self._reference_logprobs()))
+        else:
+            metrics = train_mode(self.model, lambda: parts.finish(batch))
+        self.version += 1
+        self.step += 1
+        return metrics
+
+
+class TorchTrainer(GRPOSteps):
     """Implements ``Trainer`` (see ``base.py``)."""
+
+    model: TinyTransformer
 
     def __init__(self, config: TrainerConfig, *, initial_weights: dict[str, torch.Tensor] | None = None) -> None:
         torch.set_num_threads(config.num_threads)
@@ -370,22 +504,19 @@ class TorchTrainer:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
+    def scale_gradients(self, factor: float) -> None:
+        scale_gradients(self.model, factor)
+
     def apply_gradients(self) -> float:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
         self.optimizer.step()
         return grad_norm
 
-    def train_step(self, batch: list[ScoredTrajectory]) -> TrainMetrics:
-        self.model.train()
-        try:
-            metrics = grpo_step(batch, GRPOSettings.of(self.config), self.version,
-                                lambda rows: token_logprobs(self.model, rows, self.config.temperature), self,
-                                reference=self._reference_logprobs())
-        finally:
-            self.model.eval()
-        self.version += 1
-        self.step += 1
-        return metrics
+    def grpo_settings(self) -> GRPOSettings:
+        return GRPOSettings.of(self.config)
+
+    def logprobs(self, rows: PackedRows) -> torch.Tensor:
+        return token_logprobs(self.model, rows, self.config.temperature)
 
     def supervised_step(
         self,
