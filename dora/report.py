@@ -135,7 +135,9 @@ def placement_lines(plan: Plan) -> list[str]:
         + (f"; an older version is packed up to {r.consolidation_batch} sequences per engine"
            if r.consolidation_batch is not None else ""),
         f"training      {_count(t.accelerators, 'accelerator')}: {train}, {_count(t.num_microbatches, 'microbatch')} of "
-        f"{t.micro_batch_tokens} tokens{', full recompute' if t.recompute else ''}",
+        f"{t.micro_batch_tokens} tokens{', full recompute' if t.recompute else ''}"
+        + ("; a step held by the oldest version's tail starts on the finished groups and takes the rest as they "
+           "finish" if plan.early_steps else ""),
     ]
 
 
@@ -278,8 +280,8 @@ def _flatten(value: Any, prefix: str = "", keyed: Mapping[str, str] | None = Non
     return {prefix: value}
 
 
-DIFF_SECTIONS = ("objective", "mode", "max_version_lag", "colocated", "allow_version_mixing", "rollout", "train", "predictions",
-                 "memory", "warnings", "spec_hash", "calibration_fingerprint", "catalog_fingerprint", "format_version",
+DIFF_SECTIONS = ("objective", "mode", "max_version_lag", "colocated", "allow_version_mixing", "early_steps", "rollout",
+                 "train", "predictions", "memory", "warnings", "spec_hash", "calibration_fingerprint", "catalog_fingerprint", "format_version",
                  "spec_name", "calibration_source")
 """What a plan diff counts as changes; the considered-candidates table is not part of the plan's decision."""
 

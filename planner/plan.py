@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 """Bump on any change that an older dora could not read correctly."""
 
 Mode = Literal["sync", "one-step-off", "bounded-async", "partial-rollout", "streaming"]
@@ -201,6 +201,10 @@ class Plan:
     max_version_lag: int
     allow_version_mixing: bool
     colocated: bool
+    early_steps: bool
+    """The trainer starts a step held only by the oldest version's unfinished groups, and takes them as they finish
+    (``planner.policies.PolicyConfig.early_steps``; the runtime derives the same from the mode, the placement and
+    the algorithm, ``early_steps_for``)."""
     rollout: RolloutPlan
     train: TrainPlan
     memory: tuple[MemoryReport, ...]

@@ -17,6 +17,7 @@ from planner.plan import (
     TrainPlan,
     format_rate,
 )
+from planner.policies import early_steps_for
 from planner.search.core import (
     MODE_PREFERENCE,
     REFINE_MARGIN,
@@ -357,7 +358,9 @@ def build_plan(outcome: SearchOutcome, inputs: SearchInputs, *, dora_version: st
         spec_hash=spec_hash, inputs=spec_inputs, catalog_fingerprint=_catalog_fingerprint(),
         calibration_fingerprint=inputs.calibration.fingerprint(), calibration_source=inputs.calibration.source,
         seed=inputs.seed, objective=inputs.objective, mode=c.screened.mode, max_version_lag=c.screened.k,
-        allow_version_mixing=inputs.allow_version_mixing, colocated=p.colocated, rollout=rollout, train=train,
+        allow_version_mixing=inputs.allow_version_mixing, colocated=p.colocated,
+        early_steps=inputs.early_steps and early_steps_for(c.screened.mode, p.colocated, inputs.optimizer_steps),
+        rollout=rollout, train=train,
         memory=memory, predictions=preds, considered=_candidate_rows(outcome, inputs, elsewhere),
         warnings=tuple(warnings),
     )

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.hardware import gib
-from planner.policies import PolicyConfig, admission_queue_for, update_for
+from planner.policies import PolicyConfig, admission_queue_for, early_steps_for, update_for
 from planner.policies.config import Mode
 from planner.search.inputs import SearchInputs
 from planner.search.screen import Placement, Screen, Screened, host_memory, train_state_bytes
@@ -460,7 +460,8 @@ def simulate_candidate(space: Space, c: Screened, *, steps: int, scale: Scaled |
         update=update_for(c.mode, inp.allow_version_mixing),
         colocated=p.colocated, max_versions_per_engine=versions_per_engine(c),
         consolidation_batch=consolidation_batch(c),
-        admission_queue=admission_queue_for(c.mode, inp.accelerator.name, inp.samples_per_prompt))
+        admission_queue=admission_queue_for(c.mode, inp.accelerator.name, inp.samples_per_prompt),
+        early_steps=inp.early_steps and early_steps_for(c.mode, p.colocated, inp.optimizer_steps))
     workload = Workload(response_length=inp.response_lengths, prompt_tokens=max(1, round(space.prompt_mean)),
                         length_per_prompt=inp.lengths_per_prompt)
     return simulate(config, workload, timing, seed=inp.seed, record_events=record_events,

@@ -65,6 +65,9 @@ class SearchInputs:
     optimizer_steps: int
     """Optimizer steps per RL step (minibatches x PPO epochs): each pays the DP gradient sync, the Adam update and
     a pipeline flush."""
+    early_steps: bool = True
+    """Plans whose trainer can start a step early do (``planner.policies.early_steps_for``); False: every step waits
+    for its whole batch (what ``bench/early_steps.py`` compares with)."""
     samples_per_minibatch: int
     """Samples per optimizer step (batch / minibatches): training data parallelism must divide it, as Megatron's
     global batch must be a multiple of dp."""

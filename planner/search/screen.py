@@ -30,8 +30,9 @@ with Pbar the mean prompt: prompt and response tokens, the simulator's definitio
                 turns on the same devices (every slot busy while it rolls out, no tail, no exposed load)
                 with T_thr at min(S, (k+1) N / R) sequences per replica: no schedule within the budget k holds more
                 than (k+1) N trajectories in flight (``ceiling_batch``); and, unless the spec allows version mixing,
-                T >= (Lmax * t(1) + T_train + T_pub) / (k+1) (colocated: T_train + T_pub + Lmax * t(1) / (k+1)):
-                the longest response, decoded alone, is trained within k+1 steps of its version (``tail_bound``)
+                T >= (Lmax * t(1) + T_train + T_pub) / (k+1) (colocated: T_train + T_pub + Lmax * t(1) / (k+1);
+                with early steps, (Lmax * t(1) + T_pub) / (k+1)): the longest response, decoded alone, is trained
+                within k+1 steps of its version (``tail_bound``)
 The last streaming term is the staleness bound: a tail trajectory of the oldest live version must finish within
 k+1 steps or the trainer waits for it. It decodes where streaming packs an older version's tails, at t_pack = the
 decode step of ``consolidation_batch`` sequences at the tail context (``Space.ctx_tail``), and never faster than alone
@@ -46,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.policies.config import Mode
+from planner.policies.config import Mode, early_steps_for
 from planner.rollout_cost import CPU_DECODE_INGEST_MAX_TOKENS, RolloutCostModel, make_rollout_cost_model
 from planner.search.inputs import SearchInputs
 from planner.search.space import RolloutOption, Space, TrainOption
@@ -228,15 +229,22 @@ class Screen:
         at best, t_L = Lmax * t(1), on the weights of one version v, and must be trained by step v + k + 1.
 
         It starts once step v has trained and v is published, and step v + k + 1 starts (k + 1) T after step v did,
-        so t_L <= (k + 1) T - W, with W = T_train + T_pub: T >= (t_L + W) / (k + 1). Colocated, it decodes only
-        while the devices roll out, and the window holds k more steps' training: t_L <= (k + 1)(T - W), so
-        T >= W + t_L / (k + 1). 0 when the spec allows version mixing (a tail may finish on newer weights)."""
+        so t_L <= (k + 1) T - W, with W = T_train + T_pub: T >= (t_L + W) / (k + 1). Where the trainer can start
+        a step early (``early_steps_for``) that step may start before the tail finishes and take it last, so only
+        the publish precedes its window: W = T_pub (what training it alone adds after it finishes is left out: a
+        bound). Colocated, it decodes only while the devices roll out, and the window holds k more steps'
+        training: t_L <= (k + 1)(T - W), so T >= W + t_L / (k + 1). 0 when the spec allows version mixing (a tail
+        may finish on newer weights)."""
         inp = self.space.inp
         if inp.allow_version_mixing:
             return 0.0
         l_max = self.expected_max_response()
         alone = l_max * self.rollout_model(p.rollout).decode_step_s(1, self.space.prompt_mean + l_max / 2)
-        train = self._trainer_s(p)
+        if inp.early_steps and early_steps_for("streaming", p.colocated, inp.optimizer_steps):
+            sync = self.weight_sync(p)
+            train = sync.gather_s + sync.convert_s
+        else:
+            train = self._trainer_s(p)
         k1 = inp.max_version_lag + 1
         return train + alone / k1 if p.colocated else (alone + train) / k1
 

@@ -525,7 +525,7 @@ def test_calibrate_tries_its_output_directory_before_measuring(capsys) -> None:
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    (("rollout", "max_num_seqs"), 10**12, "rollout.max_num_seqs 1,000,000,000,000 is more than the 512 trajectories"),
+    (("rollout", "max_num_seqs"), 10**12, "rollout.max_num_seqs 1,000,000,000,000 is more than the 384 trajectories"),
     (("rollout", "gpu_memory_utilization"), 5.0, "rollout.gpu_memory_utilization 5 is more than all of the memory"),
     (("rollout", "tp"), 64, "rollout.tp 64 is more than the cluster's 2 accelerators"),
     (("train", "pp"), 64, "train.pp 64 is more than the cluster's 2 accelerators"),

@@ -32,7 +32,7 @@ def test_values_mirror_spec_and_plan() -> None:
     plan = example_plan(resolved, "local-tiny")
     config = runtime_config(resolved, plan)
     spec = resolved.spec
-    assert (config.mode, config.max_version_lag, config.rollout_workers) == (plan.mode, 3, plan.rollout.replicas)
+    assert (config.mode, config.max_version_lag, config.rollout_workers) == (plan.mode, 2, plan.rollout.replicas)
     assert config.versions_per_engine == plan.rollout.versions_per_engine
     assert config.algorithm.learning_rate == spec.algorithm.learning_rate == 1.0e-3
     assert config.task is not None and config.task.warmup_steps == 500

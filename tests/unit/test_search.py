@@ -10,6 +10,7 @@ import pytest
 from dora.planning import make_plan, search_inputs
 from dora.spec import load_spec, load_spec_text
 from planner.search import InfeasibleError, search
+from planner.search.core import Space, simulate_candidate
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = REPO / "specs"
@@ -227,22 +228,24 @@ def test_the_search_finds_what_an_exhaustive_search_finds_on_dense_8b(k: int, be
     3.2% and 4.6% below it until it stepped between splits in simulation; since the screen charges streaming's tail at
     its packed batch it ranks it first or second. Its trainer was pp6 cp4 until the last pipeline stage carried the
     LM head (6 layers and a head of 4 layers' work there); the exhaustive search, rerun then (2026-11-25, with the
-    packing step after it), chooses pp3 cp8 at k = 4 and colocated tp2 at k = 5, both packed to 22 per engine."""
+    packing step after it), chooses pp3 cp8 at k = 4 and colocated tp2 at k = 5, both packed to 22 per engine. Those
+    runs had every step wait for its whole batch; so does this one (``SearchInputs.early_steps``)."""
     resolved = _resolved((SPECS / "dense-8b-h800x64.yaml").read_text(),
                          **{"max_version_lag: 2": f"max_version_lag: {k}"})
-    outcome = search(search_inputs(resolved))
+    outcome = search(dataclasses.replace(search_inputs(resolved), early_steps=False))
     assert outcome.chosen.screened.label == best
 
 
 def test_the_split_and_packing_steps_find_faster_plans_on_the_560b_example(monkeypatch: pytest.MonkeyPatch) -> None:
     """The 560B example at k = 1 held to disaggregated placements (2026-11-25). Stepping between splits: the best split
     of its tp8dp16ep128 engines is a neighbour of the screen's. Stepping the packing cap of older versions up from the
-    knee rule's: 64 per engine, faster again (311,233 trained tokens/s on R2816/T1280)."""
+    knee rule's: 64 per engine, faster again (311,233 trained tokens/s on R2816/T1280). Every step waits for its whole
+    batch, as when these figures were found (``SearchInputs.early_steps``)."""
     import planner.search.core as core
 
     resolved = _resolved((SPECS / "moe-560b-x4096.yaml").read_text(), **{"max_version_lag: 3": "max_version_lag: 1"})
     inputs = search_inputs(resolved)
-    inputs = dataclasses.replace(inputs, pins=dataclasses.replace(inputs.pins, colocated=False))
+    inputs = dataclasses.replace(inputs, pins=dataclasses.replace(inputs.pins, colocated=False), early_steps=False)
     packed = search(inputs).chosen
     monkeypatch.setattr(core, "_pack_step", lambda *args: [])
     stepped = search(inputs).chosen
@@ -340,7 +343,9 @@ def test_overlap_ceiling_bounds_every_screened_mode_and_the_simulation(prompts: 
 
 def test_ceiling_keeps_the_staleness_budget() -> None:
     """No schedule within budget k holds more than (k + 1) batches in flight, nor trains the longest response later
-    than k + 1 steps after its version: the ceiling counts both, and only the second goes with version mixing."""
+    than k + 1 steps after its version: the ceiling counts both, and only the second goes with version mixing. On
+    separate accelerators an early step may start before the longest response finishes: only the publish precedes
+    its window there."""
     import dataclasses
 
     from planner.search.core import Space, _placements
@@ -359,8 +364,11 @@ def test_ceiling_keeps_the_staleness_budget() -> None:
         assert (screen.train_s(p) > p.train.step_s) == p.colocated
         l_max = screen.expected_max_response()
         alone = l_max * screen.rollout_model(p.rollout).decode_step_s(1, screen.space.prompt_mean + l_max / 2)
-        expect = train + alone / 3 if p.colocated else (alone + train) / 3
+        expect = train + alone / 3 if p.colocated else (alone + sync.gather_s + sync.convert_s) / 3
         assert screen.tail_bound(p) == pytest.approx(expect)
+        if not p.colocated:  # every step waiting for its whole batch: the training comes before the window too
+            waits = Screen(Space(dataclasses.replace(inputs, early_steps=False)))
+            assert waits.tail_bound(p) == pytest.approx((alone + train) / 3)
         assert screen.space.step_tokens / screen.overlap_ceiling(p) >= screen.tail_bound(p) * (1 - 1e-12)
     # a larger budget only raises the ceiling; mixing drops the tail's bound
     for k, mixing in ((4, False), (2, True)):
@@ -487,7 +495,15 @@ def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simula
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The warning's figure is a simulation of the chosen placement and mode at k + 1: beyond the budget a what-if
     (dense-8b, k=2: the trainer waits on the tail and k=3 trains more), within it a candidate like any other
-    (k=4 simulated, not chosen, the rollout side limits the plan)."""
+    (k=4 simulated, not chosen, the rollout side limits the plan). Both where the trainer cannot start a step early
+    (several optimizer steps per step, or colocated: ``early_steps_for``), as here by patching; where it can, the
+    dense-8b plan's trainer no longer waits on the tail (``test_early_steps_hide_the_tail_stall``)."""
+    import planner.search.build as build
+    import planner.search.core as core
+    import planner.search.screen as screen
+
+    for module in (core, build, screen):
+        monkeypatch.setattr(module, "early_steps_for", lambda mode, colocated, optimizer_steps: False)
     planned = make_plan(load_spec(str(SPECS / "dense-8b-h800x64.yaml")))
     outcome = planned.outcome
     chosen, alt = outcome.chosen, outcome.one_more_version
@@ -502,9 +518,6 @@ def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simula
     # within the budget: local-tiny with a budget of 4 plans k=3, whose trainer waits 7% of a step on the tail, under
     # the 10% that triggers the check; at a threshold of 0, k=4 is simulated as a candidate, ties, and the tie goes
     # to the lower k
-    import planner.search.build as build
-    import planner.search.core as core
-
     monkeypatch.setattr(core, "STALL_FRACTION", 0.0)
     monkeypatch.setattr(build, "STALL_FRACTION", 0.0)
     tiny = _resolved((SPECS / "local-tiny.yaml").read_text(), **{"max_version_lag: 3": "max_version_lag: 4"})
@@ -517,6 +530,22 @@ def test_a_tail_stall_is_reported_with_what_one_more_version_of_staleness_simula
     assert gain < 0.01  # a tie at most, which goes to the lower k
     (warning,) = [w for w in planned.plan.warnings if "oldest version's tail" in w]
     assert f"but k=4 changes trained tokens/s by only {100 * gain:+.1f}% (simulated): the rollout side" in warning
+
+
+def test_early_steps_hide_the_tail_stall() -> None:
+    """dense-8b's disaggregated plan at k=2, whose trainer waits on the oldest version's tail when every step waits
+    for its whole batch, starts those steps early: no tail-stall warning, and more trained tokens/s than the same
+    placement without early steps."""
+    planned = make_plan(load_spec(str(SPECS / "dense-8b-h800x64.yaml")))
+    chosen = planned.outcome.chosen
+    assert planned.plan.early_steps and not chosen.screened.placement.colocated and chosen.screened.k == 2
+    assert planned.outcome.one_more_version is None
+    assert not [w for w in planned.plan.warnings if "oldest version's tail" in w]
+    inputs = search_inputs(load_spec(str(SPECS / "dense-8b-h800x64.yaml")))
+    waits = simulate_candidate(Space(dataclasses.replace(inputs, early_steps=False)), chosen.screened,
+                               steps=chosen.sim_steps)
+    assert chosen.sim.tokens_per_s > 1.1 * waits.tokens_per_s
+    assert sum(s.trainer_wait_s for s in chosen.sim.steps[1:]) < sum(s.trainer_wait_s for s in waits.steps[1:])
 
 
 def test_fp8_quantizes_the_rollout_weights_only() -> None:

@@ -9,6 +9,6 @@ address="${RAY_ADDRESS:-$default_address}"
 exec ray job submit \
   --address "$address" \
   --runtime-env-json '{"env_vars": {"PYTHONUNBUFFERED": "1"}, "excludes": ["/runs/qwen2-5-32b-h800x128/"], "working_dir": "."}' \
-  --metadata-json '{"dora_max_version_lag": "3", "dora_mode": "streaming", "dora_spec_hash": "642da7c09e8cf9e43f644edca58adf97dbacd19d2ed0d6d920cf42f5420a86d3", "dora_spec_name": "qwen2.5-32b-h800x128", "dora_version": "0.1.0"}' \
+  --metadata-json '{"dora_max_version_lag": "2", "dora_mode": "streaming", "dora_spec_hash": "642da7c09e8cf9e43f644edca58adf97dbacd19d2ed0d6d920cf42f5420a86d3", "dora_spec_name": "qwen2.5-32b-h800x128", "dora_version": "0.1.0"}' \
   --entrypoint-num-cpus 1 \
   -- python -m dora.runtime.driver --config launch/runtime.json

@@ -9,6 +9,6 @@ address="${RAY_ADDRESS:-$default_address}"
 exec ray job submit \
   --address "$address" \
   --runtime-env-json '{"env_vars": {"PYTHONUNBUFFERED": "1"}, "excludes": ["/runs/local-tiny/"], "working_dir": "."}' \
-  --metadata-json '{"dora_max_version_lag": "3", "dora_mode": "streaming", "dora_spec_hash": "c0708aa7c0550ad0411ccb789b29627e1757939e7455a49498df6173293f7a1f", "dora_spec_name": "local-tiny", "dora_version": "0.1.0"}' \
+  --metadata-json '{"dora_max_version_lag": "2", "dora_mode": "streaming", "dora_spec_hash": "c0708aa7c0550ad0411ccb789b29627e1757939e7455a49498df6173293f7a1f", "dora_spec_name": "local-tiny", "dora_version": "0.1.0"}' \
   --entrypoint-num-cpus 1 \
   -- python -m dora.runtime.driver --config launch/runtime.json
