@@ -649,6 +649,9 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
     if data.warmup_left_out:
         say(console, f"  train    left out the first {WARMUP_TRAIN_STEPS} training steps of each run ("
                      f"{data.warmup_left_out} in all): the trainer's warm-up, slower than the steps after it")
+    if data.early_left_out:
+        say(console, f"  train    left out {data.early_left_out} early step(s): their spans hold the trainer's waits "
+                     "for groups that finished after the step started")
     if not data.prefill_steps:
         say(console, "  prefill  not refitted: the runs ingested every prompt through the decode batch "
                      f"(kept cpu_prefill_compute_efficiency={calib.cpu_prefill_compute_efficiency})")

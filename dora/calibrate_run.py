@@ -172,6 +172,8 @@ class RunTimings:
     """run directory -> the machine its summary.json records (None: it records none, an older dora's run)."""
     warmup_left_out: int = 0
     """Training steps left out as warm-up (``WARMUP_TRAIN_STEPS`` per run)."""
+    early_left_out: int = 0
+    """Early steps left out of the training fits: their spans hold waits for late groups (``_TrainStep.early``)."""
 
     def decode_points(self) -> list[Point]:
         out = []
@@ -201,6 +203,7 @@ class RunTimings:
         self.resumed += other.resumed
         self.machines.update(other.machines)
         self.warmup_left_out += other.warmup_left_out
+        self.early_left_out += other.early_left_out
 
 
 # ----- reading and checking the files ---------------------------------------------------------------------------
@@ -334,6 +337,8 @@ class _TrainStep:
     threads: int
     compute: float | None
     """The trainer's own time for the step (``train_time_s``; None in runs of an older dora)."""
+    early: bool = False
+    """An early step (``joined_s``): its span holds the trainer's waits for groups that finished after it started."""
 
 
 def _train_steps(path: Path, notes: list[str]) -> list[_TrainStep]:
@@ -359,7 +364,8 @@ def _train_steps(path: Path, notes: list[str]) -> list[_TrainStep]:
                           minimum=1),
             threads=_integer(m.get("train_threads", 1), path, lineno, "train_threads", minimum=1),
             compute=(None if m.get("train_time_s") is None
-                     else _number(m["train_time_s"], path, lineno, "train_time_s", positive=True, duration=True))))
+                     else _number(m["train_time_s"], path, lineno, "train_time_s", positive=True, duration=True)),
+            early=m.get("joined_s") is not None))
     if not out:
         raise RunDataError(f"{path}: no training step; pass the output directory of a `dora apply` run that ran to "
                            "its end")
@@ -571,6 +577,9 @@ def read_run(run_dir: Path, into: RunTimings) -> None:
             part.warmup_left_out += 1
             continue
         if i in slow:
+            continue
+        if s.early:
+            part.early_left_out += 1
             continue
         span = s.end - s.start
         x = {"tokens": s.tokens, "sum_sq_seq_len": s.sum_sq, "num_seqs": s.seqs, "dp": s.threads}

@@ -825,6 +825,7 @@ class Controller:
             record = self.stats.step_finished(
                 step=step, start_s=start, end_s=end, metrics=metrics, rewards=[s.reward for s in scored],
                 versions=versions, counters=self._latest_counters(), live=self._live(), engines=self._engines(),
+                joined_s=max((t for t in joined.values() if t > start), default=None),
             ).to_json()
             # the trainer saved; commit before the trace and the metrics record the step (see checkpoint)
             self._checkpoint(step, event, record)

@@ -184,6 +184,10 @@ class StepRecord:
     """Summed over workers: the wall time their counters cover (the denominator of the occupancy)."""
     cum_rollout_s: float
     """Time with at least one admitted trajectory unfinished anywhere (see ``rollout_share``)."""
+    joined_s: float | None = None
+    """An early step (``PolicyConfig.early_steps``): when the last of its groups that finished after it started went to
+    the trainer. Its span holds the trainer's waits for them, so ``dora calibrate --from-run`` leaves it out of the
+    training fit. None: every group was in when it started."""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -266,6 +270,7 @@ class RunStats:
     def step_finished(
         self, *, step: int, start_s: float, end_s: float, metrics: Any, rewards: Sequence[float],
         versions: Sequence[int], counters: Sequence[Any], live: tuple[int, ...], engines: tuple[int, ...],
+        joined_s: float | None = None,
     ) -> StepRecord:
         self.observe(end_s, counters, live, engines)
         self.trajectories_open(end_s, self._open)
@@ -290,7 +295,7 @@ class RunStats:
             rollout_occupancy=_occupancy(d_slot, d_wall, self.slots_per_worker),
             rollout_share=d_rollout / interval, live_versions=live, engine_versions=engines,
             cum_generated_tokens=self.generated_tokens, cum_busy_slot_s=self.busy_slot_s, cum_busy_s=self.busy_s,
-            cum_worker_wall_s=self.worker_wall_s, cum_rollout_s=self.rollout_s,
+            cum_worker_wall_s=self.worker_wall_s, cum_rollout_s=self.rollout_s, joined_s=joined_s,
         )
         self.steps.append(record)
         return record

@@ -282,3 +282,7 @@ def test_early_steps_take_the_tail_groups_as_they_finish_and_audit_clean(tmp_pat
         assert all(e["start_t"] < t <= e["t"] and finished[traj] <= t for traj, t in e["joined"].items())
     rows = read_jsonl(out / "metrics.jsonl")
     assert all(r["num_sequences"] == PROMPTS * SAMPLES for r in rows)
+    # metrics.jsonl marks them (``joined_s``), which `dora calibrate --from-run` leaves out of its training fit
+    joined = {r["step"]: r["joined_s"] for r in rows if r["joined_s"] is not None}
+    assert set(joined) == {e["step"] for e in early}
+    assert all(r["start_s"] < joined[r["step"]] <= r["end_s"] for r in rows if r["step"] in joined)

@@ -121,6 +121,22 @@ def test_in_situ_fit_recovers_contention_versions_and_weight_times(ctx: ModelCon
         assert alone.decode_step_s(b, c) == pytest.approx(truth.decode_step_s(b, c), rel=0.05)
 
 
+def test_early_steps_are_left_out_of_the_training_fit(ctx: ModelContext, tmp_path: Path) -> None:
+    """An early step's span holds the trainer's waits for its late groups (``joined_s`` in metrics.jsonl): the fit
+    takes the other steps only, and counts what it left out."""
+    _write_run(tmp_path / "sync", ctx, overlapped=False, seed=1)
+    whole = RunTimings()
+    read_run(tmp_path / "sync", whole)
+    metrics = tmp_path / "sync" / "metrics.jsonl"
+    rows = _lines(metrics)
+    for row in rows[5:8]:
+        row["joined_s"] = (row["start_s"] + row["end_s"]) / 2
+    _put(metrics, rows)
+    early = RunTimings()
+    read_run(tmp_path / "sync", early)
+    assert early.early_left_out == 3 and len(early.train_alone) == len(whole.train_alone) - 3
+
+
 def test_steps_with_the_trainers_own_time_fit_the_fixed_cost_from_it(ctx: ModelContext, tmp_path: Path) -> None:
     """Runs that record ``train_time_s`` put it beside each training step's span, and the train fit takes the fixed
     cost as span - trainer time (``dora.calibrate.fit_train_split``); a value that is not a positive number is an
