@@ -170,7 +170,48 @@ def test_a_run_stopped_while_a_step_trains_accounts_for_that_steps_batch(tmp_pat
     trained = {t for e in events if e["type"] == "train_step" for t in e["consumed"]}
     unfinished = {e["traj"]: e["finished"] for e in events if e["type"] == "unfinished_at_end"}
     in_flight = [f"g{g}/{i}" for g in taken[-1].group_ids for i in range(4)]
-    assert not trained & set(in_flight) and all(unfinished.get(t) is True for t in in_flight), unfinished
+    # an early step (streaming on separate engines) takes some groups while they still generate: those may be
+    # unfinished; the checker below holds each ``finished`` flag to the trace
+    joining = {f"g{g}/{i}" for g in taken[-1].joining for i in range(4)}
+    assert not trained & set(in_flight) and set(in_flight) <= set(unfinished), unfinished
+    assert all(unfinished[t] is True for t in in_flight if t not in joining), unfinished
+    counts = ledger(config.output_dir / "trace.jsonl")
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
+    report = check_trace(events, k=config.policy.max_version_lag, allow_version_mixing=False)
+    assert report.ok, report.violations[:5]
+
+
+def test_a_run_stopped_while_an_early_step_waits_for_its_tail_accounts_for_every_group(tmp_path, joined):
+    # k=1 streaming on separate engines starts a step held by the oldest version's tail early (PolicyConfig.
+    # early_steps): the trainer holds part of the batch while the rest still generates. A stop then must record the
+    # whole batch unfinished, the generating groups' trajectories with finished=False, and train none of it.
+    from dora.runtime.controller import Controller
+
+    spec = _short_spec(tmp_path, max_version_lag=1, placement={"colocated": False,
+                                                               "rollout": {"versions_per_engine": 2}})
+    controller, config = _controller(tmp_path, "streaming", steps=40, spec=spec)
+    assert config.policy.early_steps
+    train, early = Controller._train, []
+
+    def train_then_stop_if_early(self, act) -> None:
+        train(self, act)
+        if self._early is not None:  # the step is waiting for a group that still generates
+            early.append((act, set(self._early.waiting)))
+            raise KeyboardInterrupt
+
+    controller._train = train_then_stop_if_early.__get__(controller)
+    with pytest.raises(KeyboardInterrupt):
+        controller.run()
+    assert early, "no step started early in 40 steps of k=1 streaming"
+    act, waiting = early[0]
+    events = read_jsonl(config.output_dir / "trace.jsonl")
+    assert act.step not in {e["step"] for e in events if e["type"] == "train_step"}
+    trained = {t for e in events if e["type"] == "train_step" for t in e["consumed"]}
+    unfinished = {e["traj"]: e["finished"] for e in events if e["type"] == "unfinished_at_end"}
+    batch = {f"g{g}/{i}" for g in act.group_ids for i in range(4)}
+    generating = {f"g{g}/{i}" for g in waiting for i in range(4)}
+    assert generating and not trained & batch and batch <= set(unfinished), unfinished
+    assert all(unfinished[t] for t in batch - generating) and not all(unfinished[t] for t in generating)
     counts = ledger(config.output_dir / "trace.jsonl")
     assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
     report = check_trace(events, k=config.policy.max_version_lag, allow_version_mixing=False)
