@@ -22,6 +22,7 @@ import copy
 import hashlib
 import random
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -404,9 +405,10 @@ def train_mode(model: torch.nn.Module, run: Callable[[], T]) -> T:
         model.eval()
 
 
-class GRPOSteps:
-    """``train_part`` and ``train_step`` for a trainer that has ``model``, ``version`` and ``step``, the
-    ``GradientSteps`` methods, ``grpo_settings()``, ``logprobs(rows)`` and ``_reference_logprobs()``."""
+class GRPOSteps(ABC):
+    """``train_part`` and ``train_step`` for a trainer that has ``model``, ``version`` and ``step`` and implements
+    the abstract methods below: the ``GradientSteps`` ones, ``grpo_settings``, ``logprobs`` and
+    ``_reference_logprobs``."""
 
     model: torch.nn.Module
     version: int
@@ -414,19 +416,34 @@ class GRPOSteps:
     parts: StepInParts | None = None
     """The step ``train_part`` began, until ``train_step`` ends it."""
 
+    @abstractmethod
+    def zero_grad(self) -> None: ...
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def scale_gradients(self, factor: float) -> None: ...
+
+    @abstractmethod
+    def apply_gradients(self) -> float: ...
+
+    @abstractmethod
     def grpo_settings(self) -> GRPOSettings:
-        raise NotImplementedError
+        """The step's GRPO settings."""
 
+    @abstractmethod
     def logprobs(self, rows: PackedRows) -> torch.Tensor:
-        raise NotImplementedError
+        """The trained model's per-token log-probabilities of ``rows``, with gradients."""
 
+    @abstractmethod
     def _reference_logprobs(self) -> Callable[[PackedRows], torch.Tensor] | None:
-        raise NotImplementedError
+        """The reference policy's log-probabilities, when the KL term needs them."""
 
     def train_part(self, part: list[ScoredTrajectory]) -> None:
         """Part of the next step's batch (whole groups), the rest to come: see ``StepInParts``."""
         if self.parts is None:
-            self.parts = StepInParts(self.grpo_settings(), self.version, self.logprobs, self,  # type: ignore[arg-type]
+            self.parts = StepInParts(self.grpo_settings(), self.version, self.logprobs, self,
                                      reference=self._reference_logprobs())
         parts = self.parts
         train_mode(self.model, lambda: parts.add(part))
@@ -436,7 +453,7 @@ class GRPOSteps:
         parts, self.parts = self.parts, None
         if parts is None:
             metrics = train_mode(self.model, lambda: grpo_step(
-                batch, self.grpo_settings(), self.version, self.logprobs, self,  # type: ignore[arg-type]
+                batch, self.grpo_settings(), self.version, self.logprobs, self,
                 reference=self._reference_logprobs()))
         else:
             metrics = train_mode(self.model, lambda: parts.finish(batch))
