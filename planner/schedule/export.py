@@ -214,6 +214,10 @@ def timeline_html(events: list[dict[str, Any]], *, title: str = "dora schedule",
             fill = _PALETTE[e["produced_version"] % len(_PALETTE)]
             out.append(f'<rect x="{x0:.1f}" y="{train_y}" width="{w:.1f}" height="20" fill="{fill}" stroke="#000"/>')
             out.append(f'<text x="{x0 + 2:.1f}" y="{train_y + 14}">s{e["step"]}</text>')
+            for t in sorted(set(e.get("joined", {}).values())):  # an early step: a group joined it as it finished
+                x = left + t / end * width
+                out.append(f'<line class="joined" x1="{x:.1f}" y1="{train_y - 4}" x2="{x:.1f}" y2="{train_y + 24}" '
+                           'stroke="#000" stroke-width="1.5"/>')
         elif e["type"] == "weights_published":
             x = left + e["t"] / end * width
             out.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{train_y + 24}" stroke="#000" '
@@ -236,6 +240,7 @@ def timeline_html(events: list[dict[str, Any]], *, title: str = "dora schedule",
         "<body style=\"font-family:Helvetica\"><h3>" + head + f" — mode {mode}</h3>"
         "<p>Rows: rollout groups (colour = the version most running requests use, opacity = slot occupancy, grey = loading weights or "
         "suspended while a colocated step trains, lighter for part of a column); "
-        "bottom: training steps; dashed: version published.</p><p>" + legend + "</p>"
+        "bottom: training steps (a tick on one: a group that joined it as it finished, an early step); dashed: version "
+        "published.</p><p>" + legend + "</p>"
         + "".join(out) + "</body></html>\n"
     )

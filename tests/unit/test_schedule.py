@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -446,3 +447,17 @@ def test_finish_job_keeps_the_audit_and_summary_when_the_timeline_fails(tmp_path
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["audit"]["ok"] and written["timeline_error"] == result.timeline_error
     assert not (tmp_path / "timeline.html").exists()
+
+
+def test_timeline_ticks_an_early_step_where_each_late_group_joined_it():
+    """An early step's bar spans the trainer's waits for its late groups: a tick at each join says where they came."""
+    joined = step(6, 1, ["g0/0", "g0/1", "g0/2"], start=2)
+    joined["joined"] = {"g0/1": 4.0, "g0/2": 5.0}
+    trace = [adm(0, "g0/0", 0), adm(0, "g0/1", 0), adm(0, "g0/2", 0), fin(1, "g0/0", [(0, 5)]),
+             fin(4, "g0/1", [(0, 9)]), fin(5, "g0/2", [(0, 12)]), joined, pub(6.5, 1)]
+    assert check_trace(trace, k=0, allow_version_mixing=False).ok
+    page = timeline_html(trace)
+    ticks = re.findall(r'<line class="joined" x1="([\d.]+)"', page)
+    end = 6.5  # the trace's last event; the plot spans x = 90 .. 990
+    assert [float(x) for x in ticks] == [round(90 + t / end * 900, 1) for t in (4.0, 5.0)]
+    assert 'class="joined"' not in timeline_html(clean_trace())
