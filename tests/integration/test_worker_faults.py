@@ -216,3 +216,54 @@ def test_a_run_stopped_while_an_early_step_waits_for_its_tail_accounts_for_every
     assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
     report = check_trace(events, k=config.policy.max_version_lag, allow_version_mixing=False)
     assert report.ok, report.violations[:5]
+
+
+def test_a_worker_killed_while_an_early_step_waits_on_its_group_is_restarted_and_the_step_takes_the_group(
+        tmp_path, joined):
+    # The rollout worker generating a group an early step waits for dies: the controller restarts it and regenerates
+    # the group's unfinished trajectories on their version, and the step takes the group when they finish; nothing is
+    # lost or trained twice and the trace passes the checker.
+    import ray
+
+    from dora.runtime.controller import Controller
+    from dora.runtime.faults import _pid
+
+    spec = _short_spec(tmp_path, max_version_lag=1, placement={"colocated": False,
+                                                               "rollout": {"versions_per_engine": 2}})
+    steps = 8
+    controller, config = _controller(tmp_path, "streaming", steps=steps, spec=spec)
+    train, killed = Controller._train, []
+
+    def train_then_kill(self, act) -> None:
+        train(self, act)
+        if killed or self._early is None:
+            return
+        waiting = {f"g{g}/" for g in self._early.waiting}
+        victim = next((w for w in self._workers if any(r[:r.index("/") + 1] in waiting for r in w.requests)), None)
+        if victim is None:
+            return
+        pid = ray.get(victim.actor.pid.remote(), timeout=30)
+        ray.kill(victim.actor, no_restart=False)
+        started = time.monotonic()
+        while _pid(victim.actor, timeout_s=5.0) in (None, pid):  # back up before the controller looks again
+            assert time.monotonic() - started < 60, "the killed rollout worker was not restarted"
+            time.sleep(0.05)
+        killed.append((act.step, sorted(self._early.waiting)))
+
+    controller._train = train_then_kill.__get__(controller)
+    stats = controller.run()
+    assert killed, f"no early step in {steps} steps of k=1 streaming"
+    assert stats.worker_restarts == 1
+    step, waiting = killed[0]
+    events = read_jsonl(config.output_dir / "trace.jsonl")
+    regenerated = {e["traj"] for e in events if e["type"] == "regenerated"}
+    # the waiting groups are the step's, however they finished: on the worker before it died (a poll's reply can
+    # beat the kill) or generated again on the restarted one
+    (event,) = [e for e in events if e["type"] == "train_step" and e["step"] == step]
+    assert {f"g{g}/{i}" for g in waiting for i in range(4)} <= set(event["consumed"])
+    print("step", step, "regenerated for it:", sorted(t for t in regenerated if int(t[1:t.index("/")]) in waiting))
+    report = check_trace(events, k=config.policy.max_version_lag, allow_version_mixing=False)
+    assert report.ok, report.violations[:5]
+    assert report.num_consumed == steps * 4 * 4
+    counts = ledger(config.output_dir / "trace.jsonl")
+    assert counts["lost"] == 0 and counts["duplicated"] == 0, counts
