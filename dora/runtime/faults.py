@@ -74,14 +74,22 @@ class WorkerKiller:
             ray.kill(w.actor, no_restart=False)
         else:
             os.kill(pid, signal.SIGKILL)
-        while (new_pid := _pid(w.actor, timeout_s=5.0)) in (None, pid):
-            if time.monotonic() - started > self.restart_timeout_s:
-                raise RuntimeError(f"rollout worker {w.index} was not restarted within {self.restart_timeout_s} s")
-            time.sleep(0.05)
+        new_pid = wait_restarted(w.actor, pid, what=f"rollout worker {w.index}", timeout_s=self.restart_timeout_s)
         self._armed_at = stats.finished_trajectories
         self.kills.append({"worker": w.index, "method": method, "at_finished": stats.finished_trajectories,
                            "in_flight": len(w.requests), "pid": pid, "new_pid": new_pid,
                            "restart_s": round(time.monotonic() - started, 3), "recovered_at": None})
+
+
+def wait_restarted(actor: Any, pid: int, *, what: str, timeout_s: float = 60.0) -> int:
+    """Block until Ray has restarted ``actor``, whose process ``pid`` was killed; its new process id."""
+    started = time.monotonic()
+    while (new_pid := _pid(actor, timeout_s=5.0)) in (None, pid):
+        if time.monotonic() - started > timeout_s:
+            raise RuntimeError(f"{what} was not restarted within {timeout_s} s")
+        time.sleep(0.05)
+    assert new_pid is not None
+    return new_pid
 
 
 def _pid(actor: Any, timeout_s: float) -> int | None:
