@@ -1,6 +1,6 @@
 """The runtime's workers: a rollout worker (one rollout group) and the trainer, plain classes made Ray actors.
 
-``RolloutWorker`` owns one ``TorchRolloutEngine`` and runs its ``step()`` loop in a background thread,
+``RolloutWorker`` owns one rollout engine (``TorchRolloutEngine``, or vLLM's) and runs its ``step()`` loop in a background thread,
 so generation never waits on the controller. Every engine access happens on that thread (but
 ``stage_weights``, which touches no engine state and runs on the caller's thread): commands
 (``add_requests``, ``load_weights``, ``export_requests`` ...) are queued to it and run between two
@@ -51,6 +51,7 @@ from dora.runtime.engines.base import (
     FinishedTrajectory,
     GenerationRequest,
     MigratingRequest,
+    RolloutEngine,
     ScoredTrajectory,
     TrainMetrics,
 )
@@ -115,7 +116,7 @@ class RolloutWorker:
         self.index = index
         self._incarnation = uuid.uuid4().hex
         self.config = config
-        self._engine = TorchRolloutEngine(config)
+        self._engine = rollout_engine(config)
         self._inbox: queue.SimpleQueue[_Op] = queue.SimpleQueue()
         self._carried = 0
         """Polls whose requests the engine thread has added (see the module doc)."""
@@ -405,7 +406,16 @@ class _Op:
     carried: bool
 
 
-def _in_flight(engine: TorchRolloutEngine) -> list[GenerationRequest]:
+def rollout_engine(config: RolloutConfig) -> RolloutEngine:
+    """The engine ``config.engine`` names (vLLM's is imported only when asked for: the torch runtime needs no vLLM)."""
+    if config.engine == "vllm":
+        from dora.runtime.engines.vllm_rollout import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(config)
+    return TorchRolloutEngine(config)
+
+
+def _in_flight(engine: RolloutEngine) -> list[GenerationRequest]:
     """Requests holding a slot or waiting for one, in slot then arrival order."""
     return list(engine.in_flight_requests())
 

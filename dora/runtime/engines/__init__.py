@@ -2,6 +2,7 @@
 
 ``base.py`` holds the protocols (``RolloutEngine``, ``Trainer``) and the frozen
 data that crosses them; ``torch_rollout.py`` / ``torch_trainer.py`` are the CPU
-implementations over the tiny transformer of ``tiny_model.py`` (the vLLM and
-Megatron-core implementations plug in behind the same protocols).
+implementations over the tiny transformer of ``tiny_model.py``; ``vllm_rollout.py``
+runs vLLM's engine and ``megatron_trainer.py`` megatron-core's model behind the
+same protocols.
 """

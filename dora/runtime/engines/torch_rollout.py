@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -54,6 +55,9 @@ class RolloutConfig:
     """Engine limits. Sampling seeds are per request (``GenerationRequest.seed``)."""
 
     model: TinyModelConfig
+    engine: Literal["torch", "vllm"] = "torch"
+    """Which engine a rollout worker builds (``actors.rollout_engine``): this one, or vLLM's
+    (``vllm_rollout.VLLMRolloutEngine``, which reads the fields below but ``decode_ingest_max_tokens``)."""
     eos_token_id: int
     max_num_seqs: int = 32
     """Cache slots = most sequences decoded together."""
