@@ -570,6 +570,12 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
                        accelerators_per_node=inputs.accelerators_per_node)
     if from_runs:
         return _calibrate_from_runs(spec_path, out_path, console, resolved, ctx, from_runs, json.loads(rc.to_json()))
+    if spec.runtime.rollout_engine != "torch":  # the micro-benchmarks time TorchRolloutEngine's steps
+        error(console, f"{spec_path}: `dora calibrate` without --from-run times the torch rollout engine's steps, and "
+                       f"this spec rolls out with {spec.runtime.rollout_engine}\n  to fix: fit to runs of this spec "
+                       "instead: `dora apply SPEC --mode sync --steps 20 --output-dir runs/sync` and a run in its own "
+                       "mode, then `dora calibrate SPEC --from-run runs/sync --from-run runs/RUN`")
+        return EXIT_INVALID
     grid = grid or (Grid.quick() if quick else Grid())
     threads = torch.get_num_threads()
     torch.set_num_threads(cc.rollout.num_threads)  # the runtime's actors run one torch thread each

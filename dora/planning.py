@@ -160,7 +160,8 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
         pins=pins, price_per_accelerator_hour_usd=c.price_per_accelerator_hour_usd, objective=spec.objective,
         seed=spec.runtime.seed, calibration=calibration,
         # the local `count` task's prompt fixes the answer's length: every sample of a group has the same one
-        lengths_per_prompt=spec.workload.task is not None)
+        lengths_per_prompt=spec.workload.task is not None,
+        single_version_engines=spec.runtime.rollout_engine == "vllm")
 
 
 def _pinned_slowdown(resolved: ResolvedSpec, calibration: Calibration, outcome: SearchOutcome) -> float | None:

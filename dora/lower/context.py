@@ -107,7 +107,10 @@ def _notes(resolved: ResolvedSpec, plan: Plan, has_vllm: bool, has_megatron: boo
              f"mode {plan.mode}, max_version_lag {plan.max_version_lag}.",
              "Run launch/launch.sh from anywhere; it submits the job from the plan directory (RAY_ADDRESS "
              "overrides the address)."]
-    if not has_vllm:
+    if not has_vllm and spec.runtime.rollout_engine == "vllm":
+        lines.append("No vllm/ files: on 'cpu' dora's rollout workers run vLLM's engine in-process (its CPU backend, "
+                     "dora.runtime.engines.vllm_rollout), with the engine arguments they set from runtime.json.")
+    elif not has_vllm:
         lines.append(f"No vllm/ files: rollout engine is '{spec.runtime.rollout_engine}' on "
                      f"'{spec.cluster.accelerator}'; vLLM arguments would be meaningless here.")
     if not has_megatron:

@@ -55,7 +55,7 @@ def runtime_config(resolved: ResolvedSpec, plan: Plan) -> RuntimeConfig:
     spec, r, t = resolved.spec, plan.rollout, plan.train
     w = spec.workload
     task = TaskConfig(name=w.task.name, warmup_steps=w.task.warmup_steps) if w.task is not None else None
-    rehearsal = spec.runtime.trainer == "megatron" and spec.runtime.rollout_engine == "torch"
+    rehearsal = spec.runtime.trainer == "megatron" and spec.cluster.accelerator == "cpu"
     return RuntimeConfig(
         format_version=FORMAT_VERSION, spec_hash=resolved.spec_hash, spec_name=spec.name,
         mode=plan.mode, max_version_lag=plan.max_version_lag, allow_version_mixing=plan.allow_version_mixing,

@@ -20,6 +20,7 @@ import types
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from dora.runtime.vllm_cpu import VLLM_CPU_HEAD_DIMS, VLLM_INSTALL
 from dora.spec.files import loads_json
 
 FORMAT_VERSION = 4
@@ -27,18 +28,29 @@ FORMAT_VERSION = 4
 
 
 GPU_ENGINES_MISSING = (
-    "the vLLM rollout worker is not written yet, so dora's runtime rolls out with its torch engines only: "
-    "`dora plan SPEC --out DIR` still writes the launch arguments (DIR/launch/vllm/, DIR/launch/megatron/) for a "
-    "launcher of your own. dora's own engines run specs on cluster.accelerator: cpu (`dora examples local-tiny`), "
-    "with its torch trainer or, as a rehearsal of the Megatron path, runtime.trainer: megatron")
-"""Why a run with ``rollout_engine: vllm`` stops before any actor starts."""
-
+    "dora's runtime runs its engines on the cpu accelerator only, so far: its torch engines, or vLLM's CPU backend "
+    "(runtime.rollout_engine: vllm), with its torch trainer or, as a rehearsal of the Megatron path, runtime.trainer: "
+    "megatron; runs on GPUs are not implemented yet. `dora plan SPEC --out DIR` still writes the launch arguments "
+    "(DIR/launch/vllm/, DIR/launch/megatron/) for a launcher of your own (`dora examples local-tiny` is a CPU run)")
+"""Why a run on GPUs stops before any actor starts."""
 
 def check_engines(rc: RuntimeConfig) -> None:
-    """Raise RuntimeConfigError unless ``rc`` runs engines the runtime has: torch rollout engines, and the torch
+    """Raise RuntimeConfigError unless ``rc`` runs engines the runtime has: on the cpu accelerator, torch rollout
+    engines or vLLM's CPU backend (installed, one version per engine, a head size its kernels take), and the torch
     trainer or (megatron-core installed, the lowered config in ``rc.megatron``) the Megatron trainer."""
-    if rc.rollout_engine != "torch":
-        raise RuntimeConfigError("rollout_engine", f"runtime.rollout_engine {rc.rollout_engine!r}: {GPU_ENGINES_MISSING}")
+    if rc.accelerator != "cpu":
+        raise RuntimeConfigError("accelerator", f"cluster.accelerator {rc.accelerator!r}: {GPU_ENGINES_MISSING}")
+    if rc.rollout_engine == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise RuntimeConfigError("rollout_engine", f"runtime.rollout_engine 'vllm' needs vLLM: {VLLM_INSTALL}")
+        if rc.model.head_dim not in VLLM_CPU_HEAD_DIMS:
+            raise RuntimeConfigError("model.head_dim", f"vLLM's CPU attention takes head_dim in {VLLM_CPU_HEAD_DIMS}, "
+                                     f"the model has {rc.model.head_dim}")
+        if rc.versions_per_engine != 1:
+            raise RuntimeConfigError("versions_per_engine", f"a vLLM engine hosts one version, the plan puts "
+                                     f"{rc.versions_per_engine} on each; re-run `dora plan`")
     if rc.trainer == "megatron":
         if rc.megatron is None:
             raise RuntimeConfigError("megatron", "runtime.trainer 'megatron' needs the lowered Megatron config; "

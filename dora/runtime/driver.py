@@ -128,7 +128,8 @@ def controller_config(rc: RuntimeConfig, *, base_dir: Path = Path(),
     extra: dict[str, Any] = {} if watchdog_s is None else {"watchdog_s": watchdog_s}
     return ControllerConfig(
         policy=policy,
-        rollout=RolloutConfig(model=model, eos_token_id=task.eos_token_id, max_num_seqs=rc.max_num_seqs,
+        rollout=RolloutConfig(model=model, engine=rc.rollout_engine, eos_token_id=task.eos_token_id,
+                              max_num_seqs=rc.max_num_seqs,
                               max_model_len=max(rc.max_model_len, 4 + rl.max_tokens + 1), num_threads=1,
                               **({"decode_ingest_max_tokens": 0} if policy.interrupts else {})),
         trainer=TrainerConfig(model=model, learning_rate=a.learning_rate, off_policy_correction=a.off_policy_correction,

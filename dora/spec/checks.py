@@ -11,9 +11,10 @@ import re
 import unicodedata
 import urllib.parse
 
+from dora.runtime.vllm_cpu import VLLM_CPU_HEAD_DIMS
 from dora.spec.diagnostics import Diagnostic
 from dora.spec.models import LengthSpec, Spec, StalenessSpec
-from planner.architecture import ModelArch
+from planner.architecture import MODEL_PRESETS, ModelArch
 from planner.search.core import MAX_ACCELERATORS, MAX_BATCH_SAMPLES, MAX_CPU_CORES
 from planner.train_cost import pipeline_stage_layers
 
@@ -223,36 +224,57 @@ def _runtime_checks(spec: Spec) -> list[Diagnostic]:
                       "remove it or set backend: ray-cluster"))
     elif rt.address is not None and (problem := address_problem(rt.address)):
         out.append(_d(("runtime", "address"), f"{rt.address!r} {problem}", f"write it as {ADDRESS_FORMS}"))
-    if cpu and rt.rollout_engine == "vllm":
-        out.append(_d(("runtime", "rollout_engine"), "vllm needs a GPU but cluster.accelerator is cpu",
-                      "set runtime.rollout_engine: torch for the embedded CPU runtime"))
+    if cpu and rt.rollout_engine == "vllm":  # vLLM's CPU backend (dora.runtime.engines.vllm_rollout)
+        head_dim, where = _head_dim(spec)
+        if head_dim is not None and head_dim not in VLLM_CPU_HEAD_DIMS:
+            out.append(_d(where, f"vLLM's CPU attention takes a head_dim of {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}"
+                          f", and the model's is {head_dim}", "give model.architecture a head_dim vLLM takes (`dora "
+                          "examples local-tiny-vllm` has one), or set runtime.rollout_engine: torch"))
+        pinned = spec.placement.rollout.versions_per_engine if spec.placement != "auto" else None
+        if pinned is not None and pinned > 1:
+            out.append(_d(("placement", "rollout", "versions_per_engine"), f"a vLLM engine hosts one policy "
+                          f"version, got {pinned}", "set it to 1 or remove it, or set runtime.rollout_engine: torch"))
     # trainer: megatron on cpu is the rehearsal of the Megatron path: megatron-core trains (fp32), torch engines roll out
     for field, gpu_name in (("rollout_engine", "vllm"), ("trainer", "megatron")):
         if not cpu and getattr(rt, field) == "torch":
             out.append(_d(("runtime", field), f"the torch {field.replace('_', ' ')} runs on the cpu accelerator only, "
                           f"but cluster.accelerator is {spec.cluster.accelerator}",
                           f"set runtime.{field}: {gpu_name}"))
-    torch_runtime = cpu and rt.rollout_engine == "torch"  # the embedded runtime (torch or Megatron trainer)
-    if torch_runtime and spec.workload.task is None:
-        out.append(_d(("workload", "task"), "the embedded torch runtime needs a task to train on",
+    embedded = cpu  # the embedded runtime: torch or vLLM engines, torch or Megatron trainer
+    if embedded and spec.workload.task is None:
+        out.append(_d(("workload", "task"), "the embedded CPU runtime needs a task to train on",
                       "add `task: {name: count}` under workload"))
-    if spec.workload.task is not None and not torch_runtime:
-        out.append(_d(("workload", "task"), "workload.task is only used by the embedded torch runtime",
+    if spec.workload.task is not None and not embedded:
+        out.append(_d(("workload", "task"), "workload.task is only used by the embedded CPU runtime",
                       "remove workload.task (GPU runs read prompts from their own dataset)"))
-    if torch_runtime and spec.workload.task is not None:
+    if embedded and spec.workload.task is not None:
         out += check_task_lengths(spec)
-    if torch_runtime and spec.model.dtype != "fp32":  # the torch engines and trainers, megatron-core's too, run fp32
+    if embedded and spec.model.dtype != "fp32":  # the torch engines and trainers, megatron-core's too, run fp32
         default = "" if "dtype" in spec.model.model_fields_set else " (the default)"
         out.append(_d(("model", "dtype"), f"the embedded CPU runtime computes in fp32, but model.dtype is "
                       f"{spec.model.dtype}{default}: the plan would price {spec.model.dtype} weights and activations "
                       "that the run does not use", "set model.dtype: fp32"))
-    if torch_runtime and spec.algorithm.name != "grpo":
-        out.append(_d(("algorithm", "name"), f"the embedded torch runtime trains grpo only, got {spec.algorithm.name}",
+    if embedded and spec.algorithm.name != "grpo":
+        out.append(_d(("algorithm", "name"), f"the embedded CPU runtime trains grpo only, got {spec.algorithm.name}",
                       "set algorithm.name: grpo"))
     if spec.objective == "cost" and spec.cluster.price_per_accelerator_hour_usd is None:
         out.append(_d(("objective",), "objective cost needs a price",
                       "set cluster.price_per_accelerator_hour_usd, or objective: throughput"))
     return out
+
+
+def _head_dim(spec: Spec) -> tuple[int | None, tuple[str, ...]]:
+    """The model's head size, as the spec gives it (a preset's or an explicit architecture's; None for a Hugging Face
+    config, which the resolution reads), and the field it comes from."""
+    m = spec.model
+    if m.preset is not None and m.preset in MODEL_PRESETS:
+        return MODEL_PRESETS[m.preset].head_dim, ("model", "preset")
+    a = m.architecture
+    if a is None:
+        return None, ("model",)
+    if a.head_dim is not None:
+        return a.head_dim, ("model", "architecture", "head_dim")
+    return a.hidden_size // a.num_attention_heads, ("model", "architecture", "hidden_size")
 
 
 def check_task_lengths(spec: Spec) -> list[Diagnostic]:

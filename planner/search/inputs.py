@@ -82,6 +82,9 @@ class SearchInputs:
     calibration: Calibration = DEFAULT_CALIBRATION
     lengths_per_prompt: bool = False
     """The samples of a prompt group share one response length (``Workload.length_per_prompt``)."""
+    single_version_engines: bool = False
+    """The rollout engines host one policy version each (vLLM, on ``cpu`` too); False: on ``cpu``, dora's torch
+    engines, which may host several (``Space.rollout_options``)."""
 
     @property
     def total_accelerators(self) -> int:

@@ -179,7 +179,7 @@ class Space:
         inp, arch, pins = self.inp, self.inp.arch, self.inp.pins
         if pins.versions_per_engine:
             version_counts = [pins.versions_per_engine]
-        elif inp.accelerator.name == "cpu":
+        elif inp.accelerator.name == "cpu" and not inp.single_version_engines:
             # dora's CPU engine hosts several versions in one batched step (``extra_version_step_s``); on GPUs
             # DORA gives each replica one version and moves replicas between versions instead.
             version_counts = list(range(1, inp.max_version_lag + 2))

@@ -14,7 +14,7 @@ import pytest
 
 # The example plans live beside the unit tests; this tier shares them rather than keeping a second copy.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_lower_plans import EXAMPLE_SPECS, example_plan, load_example  # noqa: E402
+from test_lower_plans import CPU_SPECS, EXAMPLE_SPECS, example_plan, load_example  # noqa: E402
 
 from dora.lower import render_launch  # noqa: E402
 
@@ -30,7 +30,7 @@ def _parser():
     return vllm_arg_utils.EngineArgs.add_cli_args(Parser())
 
 
-@pytest.mark.parametrize("stem", [s for s in EXAMPLE_SPECS if s != "local-tiny"])
+@pytest.mark.parametrize("stem", [s for s in EXAMPLE_SPECS if s not in CPU_SPECS])
 def test_vllm_parses_the_generated_arguments(stem: str) -> None:
     resolved = load_example(stem)
     files = render_launch(resolved, example_plan(resolved, stem))

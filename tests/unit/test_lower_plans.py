@@ -13,6 +13,8 @@ from planner.plan import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPECS = sorted(p.stem for p in (REPO / "specs").glob("*.yaml"))
+CPU_SPECS = [s for s in EXAMPLE_SPECS if s.startswith("local-tiny")]
+"""The examples on the cpu accelerator (dora's embedded runtime): no vLLM or Megatron launch files."""
 
 
 def load_example(stem: str) -> ResolvedSpec:

@@ -7,14 +7,14 @@ import json
 import shlex
 
 import pytest
-from test_lower_plans import EXAMPLE_SPECS, REPO, example_plan, load_example
+from test_lower_plans import CPU_SPECS, EXAMPLE_SPECS, REPO, example_plan, load_example
 
 from dora.lower import render_launch
 from dora.lower.vllm import serve_argv
 
 RECORDED = {line.strip() for line in (REPO / "tests/data/vllm_engine_flags.txt").read_text().splitlines()
             if line.startswith("--")}
-VLLM_SPECS = [s for s in EXAMPLE_SPECS if s != "local-tiny"]
+VLLM_SPECS = [s for s in EXAMPLE_SPECS if s not in CPU_SPECS]
 
 
 def test_recorded_list_holds_the_flags_every_engine_needs() -> None:

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_lower_plans import EXAMPLE_SPECS, example_plan, load_example
+from test_lower_plans import CPU_SPECS, EXAMPLE_SPECS, example_plan, load_example
 
 from dora.lower import render_launch
 from dora.lower.megatron import (
@@ -38,7 +38,7 @@ with warnings.catch_warnings():
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
-GPU_SPECS = [s for s in EXAMPLE_SPECS if s != "local-tiny"]
+GPU_SPECS = [s for s in EXAMPLE_SPECS if s not in CPU_SPECS]
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = {"TransformerConfig": TransformerConfig, "MLATransformerConfig": MLATransformerConfig}
 

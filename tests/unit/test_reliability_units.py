@@ -391,17 +391,18 @@ def test_regenerated_supersedes_an_earlier_attempts_unfinished_at_end():
 
 
 def test_dora_apply_refuses_gpu_engines_before_contacting_the_cluster(capsys):
-    """vLLM / Megatron engines are not written yet: say so, exit 2, submit nothing (the address is unreachable)."""
+    """Runs on GPUs are not implemented yet: say so, exit 2, submit nothing (the address is unreachable)."""
     from dora.cli import main
     from dora.runtime.config import RuntimeConfig
     from dora.runtime.driver import RuntimeConfigError, run_job
 
     assert main(["apply", str(REPO / "specs" / "dense-32b-h800x128.yaml"), "--address", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
-    assert "not written yet" in err and "runtime.rollout_engine 'vllm'" in err and "Traceback" not in err
+    assert "runs on GPUs are not implemented yet" in err and "cluster.accelerator 'h800'" in err
+    assert "Traceback" not in err
     # the driver a submitted job would run stops the same way, before Ray starts
     golden = REPO / "tests" / "golden" / "launch" / "dense-32b-h800x128" / "launch" / "runtime.json"
-    with pytest.raises(RuntimeConfigError, match="not written yet"):
+    with pytest.raises(RuntimeConfigError, match="not implemented yet"):
         run_job(RuntimeConfig.from_json(golden.read_text()))
 
 

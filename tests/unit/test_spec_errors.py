@@ -285,7 +285,7 @@ def test_the_count_task_s_prompt_length_must_be_the_four_tokens_it_generates(tmp
 
 
 def test_an_unknown_key_does_not_hide_the_cross_field_problems() -> None:
-    """`runtime.sed` was the only problem reported; the four cross-field ones came after it was fixed."""
+    """`runtime.sed` was the only problem reported; the cross-field ones came after it was fixed."""
     from dora.spec.loader import load_spec_text
 
     text = _tiny_with("  seed: 0\n", "  seed: 0\n  sed: 1\n").replace("  rollout_engine: torch", "  rollout_engine: vllm")
@@ -293,7 +293,7 @@ def test_an_unknown_key_does_not_hide_the_cross_field_problems() -> None:
     with pytest.raises(SpecError) as info:
         load_spec_text(text, "x.yaml", TINY.parent)
     got = {format_path(d.path): d for d in info.value.diagnostics}
-    assert set(got) == {"runtime.sed", "cluster.nodes", "runtime.rollout_engine", "workload.task"}
+    assert set(got) == {"runtime.sed", "cluster.nodes", "model.preset", "placement.rollout.versions_per_engine"}
     assert "did you mean 'seed'" in got["runtime.sed"].message
     assert "2,000 cpu cores" in got["cluster.nodes"].message
     assert text.splitlines()[got["runtime.sed"].line - 1] == "  sed: 1"
