@@ -17,10 +17,14 @@ stream of count-task requests (4-token prompts ingested through the decode batch
 ``local-tiny`` workload: median 8, p99 96, max 128, EOS masked until the last token), groups of 8 spread
 round-robin over ``V`` hosted versions; plus a digest of every finished trajectory (tokens and log-probs), so two
 checkouts can be compared for identical output. ``--profile`` adds torch.profiler's self-CPU table and
-cProfile's top functions for the first configuration.
+cProfile's top functions for the first configuration. ``--engines torch vllm`` times vLLM's engine
+(``VLLMRolloutEngine``, its CPU backend) beside the torch engine, alternating them in each repeat, on
+``specs/local-tiny-vllm.yaml``'s model (2 heads of 32: vLLM's CPU attention takes none under 32) for both, one version
+per engine (vLLM hosts one), and prints their ratio; the digests differ (vLLM draws its own sampling noise).
 
     python bench/engine_speed.py --threads 1
     python bench/engine_speed.py --engine --configs 64x1 64x3 16x1 [--profile]
+    python bench/engine_speed.py --engine --engines torch vllm --configs 8x1 40x1
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ import random
 import statistics
 import struct
 import time
+from typing import Literal
 
 import torch
 
+from dora.runtime.actors import rollout_engine
 from dora.runtime.engines.base import FinishedTrajectory, GenerationRequest, ScoredTrajectory
 from dora.runtime.engines.tiny_model import (
     KVCache,
@@ -45,7 +51,7 @@ from dora.runtime.engines.tiny_model import (
     export_weights,
     stack_versions,
 )
-from dora.runtime.engines.torch_rollout import RolloutConfig, TorchRolloutEngine
+from dora.runtime.engines.torch_rollout import RolloutConfig
 from dora.runtime.engines.torch_trainer import TorchTrainer, TrainerConfig
 from dora.runtime.tasks import TaskConfig, make_prompt
 from planner.workload import LengthDistribution
@@ -142,15 +148,18 @@ def train_table(config: TinyModelConfig, repeats: int) -> None:
               f"{tokens / statistics.median(times):8.0f} forward tokens/s")
 
 
-class _EngineRun:
-    """A ``TorchRolloutEngine`` kept at ``batch`` active sequences (plus one queued group) over ``versions``."""
+Engine = Literal["torch", "vllm"]
 
-    def __init__(self, config: TinyModelConfig, batch: int, versions: int) -> None:
+
+class _EngineRun:
+    """A rollout engine kept at ``batch`` active sequences (plus one queued group) over ``versions``."""
+
+    def __init__(self, config: TinyModelConfig, batch: int, versions: int, engine: Engine = "torch") -> None:
         task = TaskConfig()
         self.lengths = LengthDistribution.lognormal(median=8, p99=96, max_tokens=128)
-        self.engine = TorchRolloutEngine(RolloutConfig(
-            model=config, eos_token_id=task.eos_token_id, max_num_seqs=batch, max_model_len=4 + 128 + 1,
-            num_threads=torch.get_num_threads()))
+        self.engine = rollout_engine(RolloutConfig(
+            model=config, engine=engine, eos_token_id=task.eos_token_id, max_num_seqs=batch,
+            max_model_len=4 + 128 + 1, num_threads=torch.get_num_threads()))
         for v in range(versions):
             self.engine.load_weights(v, export_weights(TinyTransformer(config, seed=v)))
         self.task, self.batch, self.versions = task, batch, versions
@@ -172,24 +181,30 @@ class _EngineRun:
 
 
 def engine_table(config: TinyModelConfig, shapes: list[tuple[int, int]], steps: int, repeats: int,
-                 profile: bool) -> None:
-    print(f"engine ms/step (TorchRolloutEngine.step, {steps} steps after 300 warm-up), "
+                 profile: bool, engines: tuple[Engine, ...] = ("torch",)) -> None:
+    print(f"engine ms/step ({'/'.join(engines)} engine step(), {steps} steps after 300 warm-up), "
           "median [min-max over repeats]; digest of the finished trajectories")
     for batch, versions in shapes:
-        medians, digests = [], set()
+        medians: dict[str, list[float]] = {e: [] for e in engines}
+        digests: dict[str, set[str]] = {e: set() for e in engines}
         for _ in range(repeats):
-            run = _EngineRun(config, batch, versions)
-            for _ in range(300):  # past the first admissions: a steady mix of ingesting and long-running rows
-                run.step()
-            samples = []
-            for _ in range(steps):
-                start = time.perf_counter()
-                run.step()
-                samples.append((time.perf_counter() - start) * 1e3)
-            medians.append(statistics.median(samples))
-            digests.add(run.digest.hexdigest()[:16])
-        print(f"  B={batch:3d} V={versions}: {_cell(medians)} ms/step  digest {' '.join(sorted(digests))}",
-              flush=True)
+            for engine in engines:  # alternating: the machine's drift falls on every engine alike
+                run = _EngineRun(config, batch, versions, engine)
+                for _ in range(300):  # past the first admissions: a steady mix of ingesting and long-running rows
+                    run.step()
+                samples = []
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    run.step()
+                    samples.append((time.perf_counter() - start) * 1e3)
+                medians[engine].append(statistics.median(samples))
+                digests[engine].add(run.digest.hexdigest()[:16])
+        for engine in engines:
+            ratio = ("" if engine == engines[0] else
+                     f"  {statistics.median(medians[engine]) / statistics.median(medians[engines[0]]):.2f}x "
+                     f"{engines[0]}'s")
+            print(f"  B={batch:3d} V={versions} {engine:>5}: {_cell(medians[engine])} ms/step{ratio}  digest "
+                  f"{' '.join(sorted(digests[engine]))}", flush=True)
     if profile:
         batch, versions = shapes[0]
         run = _EngineRun(config, batch, versions)
@@ -219,12 +234,18 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["64x1", "64x3", "16x1"], help="--engine: BATCHxVERSIONS")
     ap.add_argument("--steps", type=int, default=500, help="--engine: timed steps per repeat")
     ap.add_argument("--profile", action="store_true", help="--engine: profile the first configuration")
+    ap.add_argument("--engines", nargs="+", choices=["torch", "vllm"], default=["torch"],
+                    help="--engine: the rollout engines to time, side by side (vllm: local-tiny-vllm's model)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     config = TinyModelConfig(vocab_size=TaskConfig().vocab_size)
     if args.engine:
         shapes = [(int(b), int(v)) for b, v in (c.split("x") for c in args.configs)]
-        engine_table(config, shapes, args.steps, args.repeats, args.profile)
+        if "vllm" in args.engines:  # local-tiny-vllm's model, for every engine timed: like with like
+            config = TinyModelConfig(vocab_size=TaskConfig().vocab_size, num_heads=2, num_kv_heads=2, head_dim=32)
+            if any(v != 1 for _, v in shapes):
+                ap.error("--engines vllm: a vLLM engine hosts one version, so every --configs entry is BATCHx1")
+        engine_table(config, shapes, args.steps, args.repeats, args.profile, tuple(args.engines))
         return
     batches = [1, 8, 32, 64, 128] if not args.quick else [1, 32, 128]
     contexts = [16, 64, 128, 256] if not args.quick else [16, 128]
