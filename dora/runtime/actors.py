@@ -1,8 +1,8 @@
 """The runtime's workers: a rollout worker (one rollout group) and the trainer, plain classes made Ray actors.
 
-``RolloutWorker`` owns one rollout engine (``TorchRolloutEngine``, or vLLM's) and runs its ``step()`` loop in a background thread,
-so generation never waits on the controller. Every engine access happens on that thread (but
-``stage_weights``, which touches no engine state and runs on the caller's thread): commands
+``RolloutWorker`` owns one rollout engine (``TorchRolloutEngine``, or vLLM's: ``rollout_engine``) and runs its
+``step()`` loop in a background thread, so generation never waits on the controller. Every engine access happens
+on that thread (but ``stage_weights``, which touches no engine state and runs on the caller's thread): commands
 (``add_requests``, ``load_weights``, ``export_requests`` ...) are queued to it and run between two
 engine steps, which keeps the engine single-threaded and commands ordered without a lock around
 ``step()`` (a plain lock would starve the callers: the loop re-acquires it before they wake).

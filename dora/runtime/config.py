@@ -34,6 +34,7 @@ GPU_ENGINES_MISSING = (
     "(DIR/launch/vllm/, DIR/launch/megatron/) for a launcher of your own (`dora examples local-tiny` is a CPU run)")
 """Why a run on GPUs stops before any actor starts."""
 
+
 def check_engines(rc: RuntimeConfig) -> None:
     """Raise RuntimeConfigError unless ``rc`` runs engines the runtime has: on the cpu accelerator, torch rollout
     engines or vLLM's CPU backend (installed, one version per engine, a head size its kernels take), and the torch

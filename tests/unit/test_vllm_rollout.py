@@ -184,6 +184,18 @@ def _abort_and_resume() -> dict[str, Any]:
     }
 
 
+def _abort_before_the_first_token() -> dict[str, Any]:
+    import dataclasses
+
+    engine = _host(0)
+    engine.add_request(_request(0, 0))
+    partial = engine.abort("r0")  # before any step: no token yet
+    engine.load_weights(2, _STATE["weights"][2])
+    engine.add_request(dataclasses.replace(_request(0, 2), prefix=partial))
+    (t,) = _drain(engine).values()
+    return {"partial_spans": partial.version_spans, "spans": t.version_spans, "length": len(t.response_ids)}
+
+
 def _migrate() -> dict[str, Any]:
     engine = _host(0)
     engine.add_request(_request(0, 0, max_new_tokens=30, min_new_tokens=20))
@@ -240,6 +252,14 @@ def test_an_aborted_request_resumes_on_new_weights_with_its_tokens_kept(child):
     assert got["length"] >= 30
     assert got["error"] < 1e-4
     assert got["stats"].aborted >= 1
+
+
+def test_a_request_aborted_before_its_first_token_keeps_its_admission_version_on_record(child):
+    """As the torch engine does: an empty span of the version it was admitted on, then the version it resumed on (the
+    checker holds a trajectory's first span to its admission version)."""
+    got = child(_abort_before_the_first_token)
+    assert got["partial_spans"] == ((0, 0),)
+    assert got["spans"] == ((0, 0), (2, got["length"]))
 
 
 def test_a_migrated_request_continues_on_its_version_after_a_re_prefill(child):

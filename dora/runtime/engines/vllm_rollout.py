@@ -50,6 +50,7 @@ from dora.runtime.engines.base import (
     StepShape,
 )
 from dora.runtime.engines.tiny_model import TinyModelConfig, hf_weights
+from dora.runtime.engines.torch_rollout import RolloutConfig
 from dora.runtime.vllm_cpu import VLLM_CPU_HEAD_DIMS, VLLM_INSTALL
 
 KV_BLOCK_TOKENS = 128
@@ -111,7 +112,7 @@ class VLLMRolloutEngine:
     worker, no subprocess). ``config`` is the torch engine's ``RolloutConfig`` (model, EOS, slots, length, threads).
     """
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: RolloutConfig) -> None:
         # Before vLLM reads its environment: the engine core and its worker in this process (the rollout worker owns
         # it, on the engine thread), and vLLM's OpenMP threads left to torch's setting instead of bound to every core.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -124,7 +125,7 @@ class VLLMRolloutEngine:
             from vllm.v1.engine.llm_engine import LLMEngine
         except ImportError as exc:
             raise RuntimeError(f"runtime.rollout_engine: vllm needs vLLM: {VLLM_INSTALL} ({exc})") from exc
-        m: TinyModelConfig = config.model
+        m = config.model
         if m.head_dim not in VLLM_CPU_HEAD_DIMS:
             raise ValueError(f"vLLM's CPU attention takes head_dim in {VLLM_CPU_HEAD_DIMS}, the model has {m.head_dim}")
         self.config = config
@@ -199,7 +200,7 @@ class VLLMRolloutEngine:
         r = _Request(request=request)
         if prefix is not None:
             r.response, r.logprobs = list(prefix.response_ids), list(prefix.behaviour_logprobs)
-            r.spans = [span for span in prefix.version_spans if span[1]]
+            r.spans = list(prefix.version_spans)  # an empty first span keeps the admission version on the record
         self._submit(r)
 
     def import_request(self, migrating: MigratingRequest) -> None:
