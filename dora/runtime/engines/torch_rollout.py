@@ -37,6 +37,9 @@ from dora.runtime.engines.base import (
     PartialTrajectory,
     RolloutStats,
     StepShape,
+    check_request,
+    extend_spans,
+    partial_trajectory,
 )
 from dora.runtime.engines.sampling import noise_key, sample_keyed
 from dora.runtime.engines.tiny_model import (
@@ -107,23 +110,10 @@ class _Sequence:
     def record(self, token: int, logprob: float) -> None:
         self.response.append(token)
         self.logprobs.append(logprob)
-        version = self.request.version
-        if self.spans and self.spans[-1][0] == version:
-            self.spans[-1] = (version, self.spans[-1][1] + 1)
-        else:
-            self.spans.append((version, 1))
+        extend_spans(self.spans, self.request.version, 1)
 
     def partial(self) -> PartialTrajectory:
-        # Before its first token a request still belongs to the version it was admitted on: an empty span keeps that
-        # on the record when it resumes on another one (the checker holds a trajectory's first span to its admission
-        # version, and staleness is measured from the oldest span).
-        return PartialTrajectory(
-            request_id=self.request.request_id,
-            prompt_ids=self.request.prompt_ids,
-            response_ids=tuple(self.response),
-            behaviour_logprobs=tuple(self.logprobs),
-            version_spans=tuple(self.spans) or ((self.request.version, 0),),
-        )
+        return partial_trajectory(self.request, self.response, self.logprobs, self.spans)
 
 
 class TorchRolloutEngine:
@@ -195,17 +185,8 @@ class TorchRolloutEngine:
                 f"request {request.request_id!r} wants version {request.version}, engine hosts "
                 f"{self.hosted_versions()}; call load_weights first"
             )
-        prefix_len = 0 if request.prefix is None else len(request.prefix.response_ids)
-        if not request.prompt_ids:
-            raise ValueError(f"request {request.request_id!r}: the prompt is empty (the first token needs one)")
-        if request.max_new_tokens <= prefix_len:
-            raise ValueError(f"request {request.request_id!r}: max_new_tokens({request.max_new_tokens}) leaves no "
-                             f"token to generate after the prefix({prefix_len}); it caps the response, prefix included")
-        if len(request.prompt_ids) + prefix_len >= self.config.max_model_len:
-            raise ValueError(
-                f"request {request.request_id!r}: prompt({len(request.prompt_ids)}) + prefix({prefix_len}) "
-                f">= max_model_len({self.config.max_model_len})"
-            )
+        check_request(request, 0 if request.prefix is None else len(request.prefix.response_ids),
+                      self.config.max_model_len)
 
     def abort(self, request_id: str) -> PartialTrajectory | None:
         seq = self._remove(request_id)

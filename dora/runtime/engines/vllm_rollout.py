@@ -48,6 +48,9 @@ from dora.runtime.engines.base import (
     PartialTrajectory,
     RolloutStats,
     StepShape,
+    check_request,
+    extend_spans,
+    partial_trajectory,
 )
 from dora.runtime.engines.tiny_model import TinyModelConfig, hf_weights
 from dora.runtime.engines.torch_rollout import RolloutConfig
@@ -93,18 +96,10 @@ class _Request:
     def record(self, tokens: list[int], logprobs: list[float]) -> None:
         self.response.extend(tokens)
         self.logprobs.extend(logprobs)
-        version, n = self.request.version, len(tokens)
-        if self.spans and self.spans[-1][0] == version:
-            self.spans[-1] = (version, self.spans[-1][1] + n)
-        else:
-            self.spans.append((version, n))
+        extend_spans(self.spans, self.request.version, len(tokens))
 
     def partial(self) -> PartialTrajectory:
-        return PartialTrajectory(
-            request_id=self.request.request_id, prompt_ids=self.request.prompt_ids,
-            response_ids=tuple(self.response), behaviour_logprobs=tuple(self.logprobs),
-            version_spans=tuple(self.spans) or ((self.request.version, 0),),
-        )
+        return partial_trajectory(self.request, self.response, self.logprobs, self.spans)
 
 
 class VLLMRolloutEngine:
@@ -214,14 +209,7 @@ class VLLMRolloutEngine:
                              f"{self.hosted_versions()}; call load_weights first")
         if request.request_id in self._requests:
             raise ValueError(f"request {request.request_id!r} is already in this engine")
-        if not request.prompt_ids:
-            raise ValueError(f"request {request.request_id!r}: the prompt is empty (the first token needs one)")
-        if request.max_new_tokens <= prefix_len:
-            raise ValueError(f"request {request.request_id!r}: max_new_tokens({request.max_new_tokens}) leaves no "
-                             f"token to generate after the prefix({prefix_len}); it caps the response, prefix included")
-        if len(request.prompt_ids) + prefix_len >= self.config.max_model_len:
-            raise ValueError(f"request {request.request_id!r}: prompt({len(request.prompt_ids)}) + "
-                             f"prefix({prefix_len}) >= max_model_len({self.config.max_model_len})")
+        check_request(request, prefix_len, self.config.max_model_len)
 
     def _submit(self, r: _Request) -> None:
         """Hand ``r`` to vLLM: its prompt and any response so far as the prompt, the rest of its budget to sample."""
