@@ -38,6 +38,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -104,6 +105,12 @@ class WorkerRestarted(RuntimeError):
     """A call addressed to an earlier incarnation of a rollout worker reached the process Ray restarted."""
 
 
+class EngineFailed(RuntimeError):
+    """A rollout worker's engine raised during a step (vLLM's, say, on a request it cannot serve): its requests' state
+    is unknown, so the worker serves no more calls, and the run stops with the error (the worker's log has the
+    traceback) rather than wait for trajectories that will not come."""
+
+
 class RolloutWorker:
     """One rollout group: a continuous-batching engine hosting one version (or several: ``keep_loaded``).
 
@@ -139,6 +146,8 @@ class RolloutWorker:
         self._step_log: deque[StepLogRow] = deque(maxlen=STEP_LOG_LIMIT)
         self._poll_returned: float | None = None
         """``perf_counter()`` when the last poll returned its message (the start of a ``poll`` row)."""
+        self._failure: str | None = None
+        """What the engine raised, once it has (``EngineFailed``)."""
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{index}", daemon=True)
         self._thread.start()
 
@@ -153,7 +162,11 @@ class RolloutWorker:
                 continue
             with self._cond:  # read the clock and mark the step under the lock _counters holds: snapshots stay ordered
                 start = self._step_start = time.perf_counter()
-            finished = engine.step()
+            try:
+                finished = engine.step()
+            except Exception as exc:
+                self._fail(exc)
+                return
             duration = time.perf_counter() - start
             occupied = engine.num_active() + len(finished)
             shape = engine.last_step_shape()
@@ -165,6 +178,22 @@ class RolloutWorker:
                 if finished:
                     self._outbox.extend(finished)
                     self._cond.notify_all()
+
+    def _fail(self, exc: Exception) -> None:
+        """The engine raised at a step: record it, fail the commands queued for the engine thread, and wake the poll
+        (each then raises ``EngineFailed``); the thread ends."""
+        traceback.print_exc()  # into the worker's log
+        with self._cond:
+            self._failure = f"{type(exc).__name__}: {exc}"
+            self._step_start = None
+            self._cond.notify_all()
+        for op in (*self._held, *_drain(self._inbox)):
+            op.future.set_exception(self._failed())
+        self._held.clear()
+
+    def _failed(self) -> EngineFailed:
+        return EngineFailed(f"rollout worker {self.index}: its engine failed at a step ({self._failure}); the worker's "
+                            "log has the traceback")
 
     def _run_commands(self, *, block: bool) -> None:
         try:
@@ -203,8 +232,13 @@ class RolloutWorker:
         self._expect(incarnation)
         if self._stopping:
             raise RuntimeError(f"rollout worker {self.index} is stopped")
+        if self._failure is not None:
+            raise self._failed()
         future: Future[Any] = Future()
         self._inbox.put(_Op(fn, future, after, carried))
+        if self._failure is not None:  # the engine thread failed since the check above: it will not run this
+            for op in _drain(self._inbox):
+                op.future.set_exception(self._failed())
         return future.result()
 
     def _message(self, exported: tuple[MigratingRequest, ...] = (), *, export: bool = False) -> WorkerMessage:
@@ -254,7 +288,10 @@ class RolloutWorker:
                                            round(max(added - self._poll_returned, 1e-7), 7), "poll", len(requests),
                                            0, 0, 0))
         with self._cond:
-            self._cond.wait_for(lambda: bool(self._outbox) or self._stopping, timeout=timeout_s)
+            self._cond.wait_for(lambda: bool(self._outbox) or self._stopping or self._failure is not None,
+                                timeout=timeout_s)
+            if self._failure is not None:
+                raise self._failed()
             if self._outbox and linger_s > 0:
                 engine = self._engine  # lingering for a request that is not there would only delay this message
                 self._cond.wait_for(lambda: len(self._outbox) >= min_batch or self._stopping
@@ -404,6 +441,16 @@ class _Op:
     future: Future[Any]
     after: int
     carried: bool
+
+
+def _drain(inbox: queue.SimpleQueue[_Op]) -> list[_Op]:
+    """Take every operation left in ``inbox``."""
+    ops = []
+    while True:
+        try:
+            ops.append(inbox.get_nowait())
+        except queue.Empty:
+            return ops
 
 
 def rollout_engine(config: RolloutConfig) -> RolloutEngine:

