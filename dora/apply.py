@@ -150,7 +150,13 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
         calibration = load_calibration(calibration_file)
     except CalibrationFileError as exc:
         raise ApplyInputError(str(exc)) from None
-    return plan_spec(load_spec(target), mode, calibration)
+    resolved = load_spec(target)
+    if (accelerator := resolved.spec.cluster.accelerator) != "cpu":  # before planning: it takes seconds on GPU specs
+        from dora.runtime.config import GPU_ENGINES_MISSING
+
+        where = _spec_field_place(resolved, ("cluster", "accelerator"))
+        raise ApplyInputError(f"cluster.accelerator {accelerator!r} ({where}): {GPU_ENGINES_MISSING}")
+    return plan_spec(resolved, mode, calibration)
 
 
 def _unwritable_output(output_dir: str, exc: OSError) -> str:
@@ -413,13 +419,18 @@ def _output_dir_source(resolved: Any, overrides: ApplyOverrides) -> str:
         return "--output-dir"
     if resolved.spec.runtime.output_dir is None:
         return f"the default output directory (runtime.output_dir is not set in {resolved.file})"
+    return f"runtime.output_dir ({_spec_field_place(resolved, ('runtime', 'output_dir'))})"
+
+
+def _spec_field_place(resolved: Any, path: tuple[str, ...]) -> str:
+    """'FILE, line N' for a field of a spec that was read and validated already (the file alone where the line is not
+    found, the field given by a default)."""
     line = None
-    with contextlib.suppress(Exception):  # only to point at the line: the spec was read and validated already
+    with contextlib.suppress(Exception):  # only to point at the line
         from dora.spec.yamlio import parse_yaml
 
-        line = parse_yaml(Path(resolved.file).read_text(encoding="utf-8"), resolved.file).line_of(
-            ("runtime", "output_dir"))
-    return f"runtime.output_dir ({resolved.file}" + (f", line {line})" if line else ")")
+        line = parse_yaml(Path(resolved.file).read_text(encoding="utf-8"), resolved.file).line_of(path)
+    return resolved.file + (f", line {line}" if line else "")
 
 
 def _run_here(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, overrides: ApplyOverrides, *,

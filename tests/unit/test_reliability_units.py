@@ -390,16 +390,26 @@ def test_regenerated_supersedes_an_earlier_attempts_unfinished_at_end():
     assert not check_trace(twice, k=0, allow_version_mixing=False).ok
 
 
-def test_dora_apply_refuses_gpu_engines_before_contacting_the_cluster(capsys):
-    """Runs on GPUs are not implemented yet: say so, exit 2, submit nothing (the address is unreachable)."""
+def test_dora_apply_refuses_gpu_engines_before_contacting_the_cluster(capsys, monkeypatch):
+    """Runs on GPUs are not implemented yet: say so, naming the spec's line, exit 2, submit nothing (the address is
+    unreachable), and before planning (seconds on a GPU spec, for nothing); a saved plan of one is refused too."""
+    import dora.planning
     from dora.cli import main
     from dora.runtime.config import RuntimeConfig
     from dora.runtime.driver import RuntimeConfigError, run_job
 
-    assert main(["apply", str(REPO / "specs" / "dense-32b-h800x128.yaml"), "--address", "http://127.0.0.1:9"]) == 2
+    def no_planning(*args, **kwargs):
+        raise AssertionError("planned a spec it refuses")
+
+    with monkeypatch.context() as m:
+        m.setattr(dora.planning, "make_plan", no_planning)
+        assert main(["apply", str(REPO / "specs" / "dense-32b-h800x128.yaml"), "--address", "http://127.0.0.1:9"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "runs on GPUs are not implemented yet" in err and "Traceback" not in err
+    assert "cluster.accelerator 'h800' (" in err and "dense-32b-h800x128.yaml, line 10)" in err
+    assert main(["apply", str(REPO / "tests" / "golden" / "plans" / "dense-32b-h800x128.plan.json")]) == 2
     err = capsys.readouterr().err
     assert "runs on GPUs are not implemented yet" in err and "cluster.accelerator 'h800'" in err
-    assert "Traceback" not in err
     # the driver a submitted job would run stops the same way, before Ray starts
     golden = REPO / "tests" / "golden" / "launch" / "dense-32b-h800x128" / "launch" / "runtime.json"
     with pytest.raises(RuntimeConfigError, match="not implemented yet"):
