@@ -63,6 +63,18 @@ def _short_spec(tmp: Path, placement: dict | None = None, **staleness: object) -
     return path
 
 
+def _runtime_json(spec: Path, mode: str, out: Path, steps: int, path: Path) -> Path:
+    """Write to ``path`` the runtime.json `dora apply` would run for ``spec`` (2 workers x 16 slots), without running
+    it: the driver of a subprocess test reads it."""
+    from dora.apply import runtime_config_for
+    from dora.spec import load_spec
+
+    rc = runtime_config_for(load_spec(str(spec)), ApplyOverrides(mode=mode, steps=steps, rollout_workers=2,
+                                                                 max_num_seqs=16, output_dir=str(out)))
+    path.write_text(rc.to_json())
+    return path
+
+
 def _apply(spec: Path, mode: str, out: Path, steps: int = STEPS, max_num_seqs: int = 16) -> tuple[int, str]:
     console = Console(record=True, width=120, force_terminal=False)
     code = run_apply(str(spec), overrides=ApplyOverrides(mode=mode, steps=steps, rollout_workers=2,
@@ -151,13 +163,7 @@ def test_audit_fails_loudly_on_planted_violations(tmp_path):
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_stops_cleanly_with_exit_130_or_143(tmp_path, how):
-    out = tmp_path / "first"
-    code, text = _apply(_short_spec(tmp_path), "streaming", out, steps=1)
-    assert code == 0, text
-    config = json.loads((out / "runtime.json").read_text())
-    config["steps"], config["output_dir"] = 500, str(tmp_path / "interrupted")
-    path = tmp_path / "runtime.json"
-    path.write_text(json.dumps(config))
+    path = _runtime_json(_short_spec(tmp_path), "streaming", tmp_path / "interrupted", 500, tmp_path / "runtime.json")
     # A foreground process in a terminal has SIGINT's default disposition; a runner started in the background of a
     # non-interactive shell ignores SIGINT, and children inherit that. A handled signal is reset to its default at
     # exec, so handling it here while the driver starts gives the driver the terminal's disposition.

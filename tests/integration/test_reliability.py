@@ -32,7 +32,7 @@ from planner.schedule import check_trace
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_apply_local import _short_spec  # noqa: E402  (the shortened local-tiny spec)
+from test_apply_local import _runtime_json, _short_spec  # noqa: E402  (the shortened local-tiny spec)
 
 pytestmark = pytest.mark.integration
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
@@ -214,19 +214,13 @@ def test_kill_9_at_five_points_then_resume_loses_and_duplicates_nothing(tmp_path
     gcs = ray_head.gcs
     spec = _short_spec(tmp_path)
     out = tmp_path / "killed"
-    first = _dora("apply", str(spec), "--mode", "streaming", "--steps", "1", "--rollout-workers", "2",
-                  "--max-num-seqs", "16", "--output-dir", str(tmp_path / "planned"))
-    assert first.returncode == 0, first.stderr[-2000:]
-    config = json.loads((tmp_path / "planned" / "runtime.json").read_text())
     # Enough steps that the run cannot end before its fifth kill. Each attempt is killed once it has recorded a
     # seeded number of new finished/train_step events (23, 12, 28, 44 and 6), but the trace is polled every 0.1 s,
     # and a fast machine overshot a target by 26 events: with 8 steps one run reached step 8 at its fourth kill (4
     # faults, not 5). At 50 events over each target the five kills take 363 events; 24 steps record at least 408 (16
     # finished trajectories and the step, each), for about 5 s more in the last attempt.
     steps = 24
-    config.update(steps=steps, output_dir=str(out))
-    runtime = tmp_path / "runtime.json"
-    runtime.write_text(json.dumps(config))
+    runtime = _runtime_json(spec, "streaming", out, steps, tmp_path / "runtime.json")
     env = {**ENV, "RAY_ADDRESS": gcs}  # each attempt joins the module's head (a fresh Ray per attempt is slow here)
     code, faults, err = kill_and_resume(
         [sys.executable, "-m", "dora.runtime.driver", "--config", str(runtime), "--no-live"], trace=out / "trace.jsonl",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dora.planning import make_plan
+from dora.planning import Planned, make_plan
 from dora.spec import ResolvedSpec, load_spec
 from planner.plan import Plan
 
@@ -23,14 +23,20 @@ def load_example(stem: str) -> ResolvedSpec:
 
 
 @cache
-def _plan_for(stem: str, spec_hash: str) -> Plan:
-    return make_plan(load_example(stem)).plan
+def _planned_for(stem: str, spec_hash: str) -> Planned:
+    return make_plan(load_example(stem))
+
+
+def example_planned(stem: str) -> Planned:
+    """``make_plan`` of example spec ``stem``: its plan and the search's outcome (cached for the whole run: planning the
+    big specs takes seconds, and several test modules read the same plans; treat it as read-only)."""
+    return _planned_for(stem, load_example(stem).spec_hash)
 
 
 def example_plan(resolved: ResolvedSpec, stem: str) -> Plan:
-    """The planner's plan for example spec ``stem`` (cached: planning the big specs takes seconds)."""
+    """The planner's plan for example spec ``stem`` (cached, ``example_planned``) or for ``resolved`` when it differs."""
     if resolved.spec_hash == load_example(stem).spec_hash:
-        return _plan_for(stem, resolved.spec_hash)
+        return example_planned(stem).plan
     return make_plan(resolved).plan
 
 

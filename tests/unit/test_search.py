@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from test_lower_plans import example_planned  # the example specs' plans, made once for the whole run
 
 from dora.planning import make_plan, search_inputs
 from dora.spec import load_spec, load_spec_text
@@ -186,7 +187,7 @@ def test_infeasible_names_closest_candidate() -> None:
 
 
 def test_dense_32b_report_chooses_streaming_with_speedup() -> None:
-    planned = make_plan(load_spec(str(SPECS / "dense-32b-h800x128.yaml")))
+    planned = example_planned("dense-32b-h800x128")
     plan, outcome = planned.plan, planned.outcome
     # disaggregated streaming: training on 32 is trainer-bound and on 64 rollout-bound; the balanced split between
     # them needs an uneven pipeline (64 layers over pp=3: 22/22/20, the last stage's LM head on 20, with tp=2 and
@@ -262,7 +263,7 @@ def test_the_split_and_packing_steps_find_faster_plans_on_the_560b_example(monke
 
 
 def test_memory_reports_fit() -> None:
-    plan = make_plan(load_spec(str(SPECS / "dense-8b-h800x64.yaml"))).plan
+    plan = example_planned("dense-8b-h800x64").plan
     for m in plan.memory:
         assert 0 < m.need_bytes <= m.have_bytes
 
@@ -664,7 +665,7 @@ def test_moe_rollout_engines_may_run_attention_data_parallel_and_a_spec_pins_the
     search finds 32 such ranks for the 235B example (128 devices: one expert each), a spec pins them as tp with
     ep = tp x ranks (tp 1 with ep 16: 16 ranks of one device), and a pinned tp 16 leaves them out."""
     text = (SPECS / "moe-235b-h800x512.yaml").read_text()
-    free = make_plan(_resolved(text)).plan
+    free = example_planned("moe-235b-h800x512").plan
     assert (free.rollout.tp, free.rollout.ep, free.rollout.accelerators_per_replica) == (4, 128, 128)
     assert free.rollout.attention_dp == 32
     assert free.rollout.max_num_seqs > 256  # over 32 ranks, each with vLLM's 256 (less where the KV cache holds less)
