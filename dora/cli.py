@@ -25,6 +25,8 @@ examples:
   dora plan SPEC --out plans/x          write plan.json, report, timeline, schedule graph, launch/ artifacts
   dora plan SPEC --against plans/x/plan.json --detailed-exitcode
                                         exit 0 if the plan is unchanged, 2 if it changed, 1 on error
+  dora plan SPEC --sweep cluster.nodes=2,4,8,16
+                                        one plan per value, side by side: throughput, time, cost
   dora diff old.yaml new.yaml           what changes in placement and predictions (specs or plan.json files)
   dora apply specs/local-tiny.yaml      plan and run a real asynchronous RL job on this machine's CPU
   dora apply plans/x/plan.json          run a saved plan (refused if its spec changed since)
@@ -215,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against", metavar="PLAN_JSON", help="compare with a previous plan.json and show the diff")
     p.add_argument("--detailed-exitcode", action="store_true",
                    help="with --against: exit 0 when unchanged, 2 when the plan changed, 1 on error")
+    p.add_argument("--sweep", action="append", metavar="FIELD=V1,V2",
+                   help="plan the spec once per value of a field and compare the plans in a table (e.g. "
+                        "cluster.nodes=8,16,32 or staleness.max_version_lag=1..4); repeat it for a grid")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("apply", help="plan and run a spec (or run a saved plan.json); locally on CPU by default")

@@ -28,7 +28,10 @@ from dora.planning import (
 )
 from dora.report import context_diff, inputs_diff, plan_diff, plan_report_text, render_diff, render_plan
 from dora.spec import ResolvedSpec, SpecError, load_spec
+from dora.spec.diagnostics import Path as SpecPath
+from dora.spec.diagnostics import format_path
 from dora.spec.files import InputFileError, loads_json, nearest_existing, read_input_file
+from dora.sweep import SweepError, describe, parse_sweep, sweep_points
 from dora.terminal import error
 from planner import _native
 from planner.plan import FORMAT_VERSION, Plan
@@ -200,6 +203,19 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         if value is not None and not value.strip():
             error(err_console, f"{flag} is empty: {fix}, or leave the flag out")
             return error_code
+    points: list[tuple[tuple[SpecPath, Any], ...]] = []
+    if args.sweep:
+        if args.out or args.against:
+            error(err_console, f"--sweep plans several variants of the spec; {'--out' if args.out else '--against'} "
+                               "takes one plan: plan the variant you chose on its own (a copy of the spec with its "
+                               "values), or leave the flag out")
+            return error_code
+        try:
+            sweeps = [parse_sweep(arg) for arg in args.sweep]
+            points = sweep_points(sweeps)
+        except SweepError as exc:
+            error(err_console, str(exc))
+            return error_code
     try:
         resolved = load_spec(args.spec)
         calibration = load_calibration(args.calibration)
@@ -210,6 +226,8 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
     except (CalibrationFileError, PlanFileError) as exc:
         error(err_console, str(exc))
         return error_code
+    if points:
+        return _cmd_sweep(args, resolved, calibration, points, out_console, err_console)
     if args.out:  # a directory that is not dora's to write is refused before planning, not after the report
         try:
             _check_plan_dir(Path(args.out), list(PLAN_DIR_ENTRIES))
@@ -262,6 +280,37 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         if args.detailed_exitcode:
             return 2 if changes else 0
     return 0
+
+
+def _cmd_sweep(args: argparse.Namespace, resolved: ResolvedSpec, calibration: Any,
+               points: list[tuple[tuple[SpecPath, Any], ...]], out_console, err_console) -> int:
+    """``dora plan SPEC --sweep FIELD=V1,V2,...``: a table of the plans (``dora.sweep``); exit 0 when any point has a
+    plan, 2 when every value is refused by the spec language, 1 when nothing fits at any point."""
+    from dora.report import render_sweep
+    from dora.sweep import best_index, run_sweep
+
+    workers = available_cpus()
+
+    def progress(i: int, what: str) -> None:
+        err_console.print(f"planning {i + 1}/{len(points)}: {what}", style="dim", markup=False, highlight=False)
+
+    planned = run_sweep(resolved.file, points, lambda r: saved_plan(make_plan(r, calibration, workers=workers).plan),
+                        progress)
+    if all(p.invalid is not None for p in planned):
+        error(err_console, f"--sweep {', '.join(args.sweep)}: the spec refuses every value; the first, "
+                           f"{describe(planned[0].settings)}: {planned[0].invalid}")
+        return 2
+    best = best_index(planned, resolved.spec.objective)
+    if args.json:
+        print(json.dumps({"spec_file": resolved.file, "objective": resolved.spec.objective, "best": best, "points": [
+            {"settings": {format_path(path): value for path, value in p.settings},
+             "plan": p.plan.to_dict() if p.plan is not None else None, "invalid": p.invalid,
+             "infeasible": p.infeasible} for p in planned]}, indent=2))
+    else:
+        fields = [format_path(path) for path, _ in points[0]]
+        out_console.print(render_sweep(resolved.spec.name, resolved.file, fields, planned, best,
+                                       resolved.spec.objective))
+    return 0 if best is not None else 1
 
 
 def print_infeasible(console, exc: InfeasibleError, resolved: ResolvedSpec) -> None:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
@@ -237,6 +238,48 @@ def render_plan(plan: Plan) -> Group:
         parts.append(Text(""))
         parts.extend(Text(f"warning: {w}", style="yellow") for w in plan.warnings)
     return Group(*parts)
+
+
+def render_sweep(spec_name: str, spec_file: str, fields: Sequence[str], points: Sequence[Any], best: int | None,
+                 objective: str) -> Group:
+    """``dora plan --sweep``: a row per point (``dora.sweep.Point``), the swept values first; the point the spec's
+    objective ranks first is marked, and a point without a plan says why."""
+    head = Text(f"dora plan --sweep: {spec_name}  ({spec_file}), {len(points)} plans over {' x '.join(fields)}",
+                style="bold")
+    priced = all(p.plan is None or p.plan.predictions.cost_usd is not None for p in points)
+    tab = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    names = [field.rsplit(".", 1)[-1] for field in fields]  # the title has each whole path
+    first = names[0] if len(names) == 1 else "point"
+    tab.add_column(first, overflow="fold", min_width=min(max(8, len(first)), 16))
+    for col in ("plan", "tok/s", "/accel.", "vs sync", "all steps", "cost" if priced else "accel.-h", "best"):
+        tab.add_column(col, overflow="fold", no_wrap=col != "plan", min_width=16 if col == "plan" else None)
+    for i, point in enumerate(points):
+        values = [escape(_sweep_value(v)) for _, v in point.settings]
+        value = values[0] if len(values) == 1 else " ".join(f"{n}={v}" for n, v in zip(names, values, strict=True))
+        if point.plan is None:
+            why = f"invalid: {point.invalid}" if point.invalid is not None else f"nothing fits: {point.infeasible}"
+            tab.add_row(value, escape(why), *["-"] * 5, "")
+            continue
+        plan, p = point.plan, point.plan.predictions
+        where = (f"coloc {plan.rollout.accelerators}" if plan.colocated else
+                 f"R{plan.rollout.accelerators} T{plan.train.accelerators}")
+        tab.add_row(value, f"{plan.mode} k={plan.max_version_lag}, {where} of {point.accelerators}",
+                    format_rate(p.trained_tokens_per_s), format_rate(p.trained_tokens_per_s / point.accelerators),
+                    f"{p.speedup_vs_sync:.2f}x", _dur(p.total_time_s),
+                    f"${_amount(p.cost_usd, 0)}" if priced else _amount(p.accelerator_hours, 1),
+                    "✔" if i == best else "")
+    ranked = {"throughput": "the most trained tokens/s", "time": "the shortest time for all steps",
+              "cost": "the lowest cost" if priced else "the fewest accelerator-hours (a point has no price)"}[objective]
+    foot = Text(f"best: {ranked}, the spec's objective ({objective}). plan: mode, staleness k, accelerators that roll "
+                "out (R) and train (T), or time-share (coloc), of the cluster's. tok/s: trained tokens/s, in all and per accelerator "
+                "rented; vs sync: over the best sync plan; all steps: the time for the spec's steps; cost: at the spec's "
+                "cluster.price_per_accelerator_hour_usd, whatever the accelerator. Each row is `dora "
+                "plan` of the spec with these values: plan a copy with them for its whole report.", style="dim")
+    return Group(head, tab, foot)
+
+
+def _sweep_value(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def plan_report_text(plan: Plan, width: int = 120) -> str:

@@ -7,10 +7,12 @@ length-histogram files. It collects every problem it can find and raises them to
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
@@ -344,8 +346,12 @@ def load_spec_text(text: str, file: str, base_dir: FsPath) -> ResolvedSpec:
     return _resolve(doc, file, base_dir)
 
 
-def load_spec(file: str) -> ResolvedSpec:
-    """Read, validate and resolve a spec file; raise ``SpecError`` with every problem found."""
+def load_spec(file: str, settings: Sequence[tuple[Path, Any]] = ()) -> ResolvedSpec:
+    """Read, validate and resolve a spec file; raise ``SpecError`` with every problem found.
+
+    ``settings`` replace fields of the file's document before validation (``dora plan --sweep``), each a (YAML path,
+    value): a mapping on the way is created where the path has none (or a scalar, as ``placement: auto``), and the
+    lines of the fields kept are the file's."""
     if not file:  # Path("") is ".", the current directory
         raise SpecError(file, [Diagnostic(path=(), message="the file name is empty",
                                           hint="pass the path of a YAML spec file, e.g. specs/local-tiny.yaml")])
@@ -363,7 +369,22 @@ def load_spec(file: str) -> ResolvedSpec:
     except UnicodeDecodeError as exc:
         raise SpecError(file, [Diagnostic(path=(), message=f"not UTF-8 text (byte {exc.start})",
                                           hint="save the spec as UTF-8 YAML")]) from None
-    return load_spec_text(text, file, fs.parent)
+    if not settings:
+        return load_spec_text(text, file, fs.parent)
+    doc = parse_yaml(text, file)
+    data = copy.deepcopy(doc.data)
+    for path, value in settings:
+        data = _with_value(data, path, value)
+    return _resolve(dataclasses.replace(doc, data=data), file, fs.parent)
+
+
+def _with_value(data: Any, path: Path, value: Any) -> Any:
+    """``data`` with the field at ``path`` set to ``value`` (mappings on the way created; ``data`` is changed)."""
+    if not path:
+        return value
+    out = data if isinstance(data, dict) else {}
+    out[path[0]] = _with_value(out.get(path[0]), path[1:], value)
+    return out
 
 
 def _section_checks(data: Any, reported: set[Path]) -> list[Diagnostic]:
