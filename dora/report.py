@@ -244,6 +244,8 @@ def render_sweep(spec_name: str, spec_file: str, fields: Sequence[str], points: 
                  objective: str) -> Group:
     """``dora plan --sweep``: a row per point (``dora.sweep.Point``), the swept values first; the point the spec's
     objective ranks first is marked, and a point without a plan says why."""
+    from dora.sweep import shown_value
+
     head = Text(f"dora plan --sweep: {spec_name}  ({spec_file}), {len(points)} plans over {' x '.join(fields)}",
                 style="bold")
     priced = all(p.plan is None or p.plan.predictions.cost_usd is not None for p in points)
@@ -254,7 +256,7 @@ def render_sweep(spec_name: str, spec_file: str, fields: Sequence[str], points: 
     for col in ("plan", "tok/s", "/accel.", "vs sync", "all steps", "cost" if priced else "accel.-h", "best"):
         tab.add_column(col, overflow="fold", no_wrap=col != "plan", min_width=16 if col == "plan" else None)
     for i, point in enumerate(points):
-        values = [escape(_sweep_value(v)) for _, v in point.settings]
+        values = [escape(shown_value(v)) for _, v in point.settings]
         value = values[0] if len(values) == 1 else " ".join(f"{n}={v}" for n, v in zip(names, values, strict=True))
         if point.plan is None:
             why = f"invalid: {point.invalid}" if point.invalid is not None else f"nothing fits: {point.infeasible}"
@@ -271,15 +273,11 @@ def render_sweep(spec_name: str, spec_file: str, fields: Sequence[str], points: 
     ranked = {"throughput": "the most trained tokens/s", "time": "the shortest time for all steps",
               "cost": "the lowest cost" if priced else "the fewest accelerator-hours (a point has no price)"}[objective]
     foot = Text(f"best: {ranked}, the spec's objective ({objective}). plan: mode, staleness k, accelerators that roll "
-                "out (R) and train (T), or time-share (coloc), of the cluster's. tok/s: trained tokens/s, in all and per accelerator "
-                "rented; vs sync: over the best sync plan; all steps: the time for the spec's steps; cost: at the spec's "
-                "cluster.price_per_accelerator_hour_usd, whatever the accelerator. Each row is `dora "
-                "plan` of the spec with these values: plan a copy with them for its whole report.", style="dim")
+                "out (R) and train (T), or time-share (coloc), of the cluster's. tok/s: trained tokens/s, in all and "
+                "per accelerator rented; vs sync: over the best sync plan; all steps: the time for the spec's steps; "
+                "cost: at the spec's cluster.price_per_accelerator_hour_usd, whatever the accelerator. Each row is "
+                "`dora plan` of the spec with these values: plan a copy with them for its whole report.", style="dim")
     return Group(head, tab, foot)
-
-
-def _sweep_value(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def plan_report_text(plan: Plan, width: int = 120) -> str:

@@ -118,10 +118,11 @@ def sweep_points(sweeps: Sequence[Sweep]) -> list[tuple[tuple[Path, Any], ...]]:
 
 def describe(settings: Sequence[tuple[Path, Any]]) -> str:
     """'cluster.nodes=16, staleness.max_version_lag=2'."""
-    return ", ".join(f"{format_path(p)}={_shown(v)}" for p, v in settings)
+    return ", ".join(f"{format_path(p)}={shown_value(v)}" for p, v in settings)
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
+    """A swept value as the spec file writes it (``true``, not ``True``)."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
