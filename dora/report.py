@@ -275,8 +275,10 @@ def render_sweep(spec_name: str, spec_file: str, fields: Sequence[str], points: 
     foot = Text(f"best: {ranked}, the spec's objective ({objective}). plan: mode, staleness k, accelerators that roll "
                 "out (R) and train (T), or time-share (coloc), of the cluster's. tok/s: trained tokens/s, in all and "
                 "per accelerator rented; vs sync: over the best sync plan; all steps: the time for the spec's steps; "
-                "cost: at the spec's cluster.price_per_accelerator_hour_usd, whatever the accelerator. Each row is "
-                "`dora plan` of the spec with these values: plan a copy with them for its whole report.", style="dim")
+                + ("cost: at the spec's cluster.price_per_accelerator_hour_usd, whatever the accelerator" if priced else
+                   "accel.-h: accelerator-hours for them (a point has no cluster.price_per_accelerator_hour_usd)")
+                + ". Each row is `dora plan` of the spec with these values: plan a copy with them for its whole report.",
+                style="dim")
     return Group(head, tab, foot)
 
 

@@ -99,6 +99,7 @@ def test_the_table_marks_the_best_and_a_refused_value_says_why_beside_the_others
     assert "3 plans over workload.prompts_per_step" in out and "prompts_per_step" in out
     assert "invalid: workload.prompts_per_step (line" in out and "must be > 0, got 0" in out
     assert out.count("✔") == 1 and "best: the most trained tokens/s" in out
+    assert "accel.-h: accelerator-hours for them (a point has no cluster.price_per_accelerator_hour_usd)" in out
 
 
 def test_a_sweep_the_spec_refuses_for_every_value_exits_2_naming_the_field(capsys) -> None:
@@ -131,3 +132,29 @@ def test_best_follows_the_specs_objective() -> None:
     unpriced = [point(100, 50, 10, None), point(90, 40, 8, None)]
     assert best_index(unpriced, "cost") == 1  # accelerator-hours, what a price would multiply
     assert best_index([Point(settings=(), infeasible="x")], "throughput") is None
+
+
+def test_a_priced_sweep_shows_the_cost_at_the_specs_price(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    spec = tmp_path / "small.yaml"
+    spec.write_text("""
+name: small-priced
+model: {preset: qwen3-8b}
+cluster: {accelerator: h100, nodes: 1, accelerators_per_node: 8, price_per_accelerator_hour_usd: 3.0}
+workload:
+  prompts_per_step: 16
+  samples_per_prompt: 8
+  prompt_length: {median_tokens: 200, p99_tokens: 600, max_tokens: 1024}
+  response_length: {median_tokens: 600, p99_tokens: 4000, max_tokens: 8192}
+  steps: 20
+staleness: {max_version_lag: 2}
+objective: cost
+""")
+    assert main(["plan", str(spec), "--json", "--sweep", "cluster.price_per_accelerator_hour_usd=3.0,1.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    costs = [p["plan"]["predictions"]["cost_usd"] for p in out["points"]]
+    assert costs[1] == pytest.approx(costs[0] / 2, rel=0.01) and out["best"] == 1  # the same plan at half the price
+    assert main(["plan", str(spec), "--sweep", "cluster.price_per_accelerator_hour_usd=3.0,1.5"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "best: the lowest cost, the spec's objective (cost)" in text and f"${costs[1]:,.0f}" in text
+    assert "cost: at the spec's cluster.price_per_accelerator_hour_usd, whatever the accelerator" in text
