@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from test_search import SMALL_GPU  # the small GPU spec the search tests plan
 
 from dora.cli import main
 from dora.spec import SpecError, load_spec, load_spec_text
@@ -136,20 +137,9 @@ def test_best_follows_the_specs_objective() -> None:
 
 def test_a_priced_sweep_shows_the_cost_at_the_specs_price(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "400")
-    spec = tmp_path / "small.yaml"
-    spec.write_text("""
-name: small-priced
-model: {preset: qwen3-8b}
-cluster: {accelerator: h100, nodes: 1, accelerators_per_node: 8, price_per_accelerator_hour_usd: 3.0}
-workload:
-  prompts_per_step: 16
-  samples_per_prompt: 8
-  prompt_length: {median_tokens: 200, p99_tokens: 600, max_tokens: 1024}
-  response_length: {median_tokens: 600, p99_tokens: 4000, max_tokens: 8192}
-  steps: 20
-staleness: {max_version_lag: 2}
-objective: cost
-""")
+    spec = tmp_path / "small.yaml"  # test_search's small GPU spec, priced, ranked by cost
+    spec.write_text(SMALL_GPU.replace("accelerators_per_node: 8}", "accelerators_per_node: 8, "
+                                      "price_per_accelerator_hour_usd: 3.0}") + "objective: cost\n")
     assert main(["plan", str(spec), "--json", "--sweep", "cluster.price_per_accelerator_hour_usd=3.0,1.5"]) == 0
     out = json.loads(capsys.readouterr().out)
     costs = [p["plan"]["predictions"]["cost_usd"] for p in out["points"]]
