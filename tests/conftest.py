@@ -40,6 +40,20 @@ def assert_golden(path: Path, actual: str, update: bool) -> None:
     assert actual == expected, f"{path} differs from the output; if the change is intended, run pytest --update-golden"
 
 
+@pytest.fixture
+def terminal_sigint():
+    """SIGINT's default disposition (Python's KeyboardInterrupt) for the test, as a foreground process in a terminal
+    has it: a runner started in the background of a non-interactive shell (`bash .ci/run &`) ignores SIGINT, its
+    children inherit that, and Python then installs no handler, so a test that sends itself SIGINT saw nothing."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def ctx():
     """The cost-model context `dora calibrate` fits for the local spec (tests of the calibration fits)."""

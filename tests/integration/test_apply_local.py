@@ -162,18 +162,12 @@ def test_audit_fails_loudly_on_planted_violations(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_ctrl_c_or_sigterm_stops_cleanly_with_exit_130_or_143(tmp_path, how):
+def test_ctrl_c_or_sigterm_stops_cleanly_with_exit_130_or_143(tmp_path, how, terminal_sigint):
     path = _runtime_json(_short_spec(tmp_path), "streaming", tmp_path / "interrupted", 500, tmp_path / "runtime.json")
-    # A foreground process in a terminal has SIGINT's default disposition; a runner started in the background of a
-    # non-interactive shell ignores SIGINT, and children inherit that. A handled signal is reset to its default at
-    # exec, so handling it here while the driver starts gives the driver the terminal's disposition.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "dora.runtime.driver", "--config", str(path), "--no-live"],
-                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    # A handled signal is reset to its default at exec, so the driver starts with a terminal's SIGINT disposition.
+    proc = subprocess.Popen([sys.executable, "-m", "dora.runtime.driver", "--config", str(path), "--no-live"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and len(read_jsonl(metrics)) >= 2):

@@ -122,7 +122,7 @@ def test_watchdog_reports_what_a_stalled_run_waits_for(tmp_path, joined):
     assert "waits for" in message or "waiting for the trainer" in message
 
 
-def test_ctrl_c_while_a_step_commits_waits_for_the_commit(tmp_path, joined):
+def test_ctrl_c_while_a_step_commits_waits_for_the_commit(tmp_path, joined, terminal_sigint):
     # A real SIGINT lands while step 3 writes its checkpoint, after the controller took its groups as trained: the
     # step's trace event must still be written before the KeyboardInterrupt, or its batch is lost from the trace.
     import os

@@ -464,7 +464,7 @@ def test_the_reward_sparkline_shows_the_whole_run_however_long():
     assert sparkline([0.0, 0.0, 0.0, 1.0] * 40, width=40) == "▃" * 40
 
 
-def test_ctrl_c_is_held_while_an_event_is_handled_and_a_second_one_goes_through():
+def test_ctrl_c_is_held_while_an_event_is_handled_and_a_second_one_goes_through(terminal_sigint):
     import os
     import signal
 
