@@ -30,17 +30,33 @@ def _parser():
     return vllm_arg_utils.EngineArgs.add_cli_args(Parser())
 
 
-@pytest.mark.parametrize("stem", [s for s in EXAMPLE_SPECS if s not in CPU_SPECS])
-def test_vllm_parses_the_generated_arguments(stem: str) -> None:
+GPU_SPECS = [s for s in EXAMPLE_SPECS if s not in CPU_SPECS]
+SERVED_SPECS = [s for s in GPU_SPECS if load_example(s).spec.model.checkpoint]
+"""The examples that name a checkpoint: only those get a serve line (a vLLM command needs a model to load)."""
+
+
+def _vllm_files(stem: str) -> dict[str, str]:
     resolved = load_example(stem)
-    files = render_launch(resolved, example_plan(resolved, stem))
+    return render_launch(resolved, example_plan(resolved, stem))
+
+
+@pytest.mark.parametrize("stem", GPU_SPECS)
+def test_vllm_builds_its_engine_args_from_the_generated_json(stem: str) -> None:
+    files = _vllm_files(stem)
     args = json.loads(files["launch/vllm/engine_args.json"])
-    if "launch/vllm/serve.args" not in files:
-        pytest.skip(f"{stem} names no checkpoint, so there is no serve line")
+    engine = vllm_arg_utils.EngineArgs(**args)  # an argument vLLM does not have is a TypeError
+    for name, value in args.items():
+        assert getattr(engine, name) == value, name
+    assert ("launch/vllm/serve.args" in files) == (stem in SERVED_SPECS)
+
+
+@pytest.mark.parametrize("stem", SERVED_SPECS)
+def test_vllm_parses_the_generated_serve_line(stem: str) -> None:
+    files = _vllm_files(stem)
+    args = json.loads(files["launch/vllm/engine_args.json"])
     argv = shlex.split(files["launch/vllm/serve.args"])
     model, flags = argv[2], argv[3:]
     parsed = _parser().parse_args(["--model", model, *flags])
     engine = vllm_arg_utils.EngineArgs.from_cli_args(parsed)
     for name, value in args.items():
         assert getattr(engine, name) == value, name
-    vllm_arg_utils.EngineArgs(**args)  # the JSON form builds the same dataclass
