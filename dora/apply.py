@@ -475,7 +475,61 @@ def _run_here(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, overr
         say(console, f"interrupted: actors stopped, Ray shut down, trace flushed to {rc.output_dir}/trace.jsonl"
                      f"{resume_hint(Path(rc.output_dir))}")
         return interrupted_exit_code(exc)
-    return report(result, console)
+    code = report(result, console)
+    if code == EXIT_OK:
+        for line in plan_check(spec_path, resolved, plan, rc, result.summary):
+            say(console, line)
+    return code
+
+
+PLAN_CHECK_MIN_STEPS = 10
+"""A run compared with its plan's prediction has at least this many steps: its steady figures start after the first
+step, and a shorter run's still hold the pipeline filling up (the plan predicts over up to 24 steps)."""
+PLAN_CHECK_TOLERANCE = 0.25
+"""A measured throughput further than this from the plan's prediction gets the commands that fit the cost model's
+constants to this machine: published planners see 10-25% error before calibration (README), and this machine's
+speed drifts about 20% from run to run."""
+
+
+def plan_check(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, summary: dict[str, Any]) -> list[str]:
+    """Lines comparing a finished local run with its plan's prediction: the steady trained tokens/s and step time,
+    measured and predicted, and, when the throughput misses by more than ``PLAN_CHECK_TOLERANCE``, how to fit the
+    constants to this machine (``dora calibrate --from-run``). No comparison (one line saying why) when the run
+    overrode the plan's engines or slots, or ran fewer than ``PLAN_CHECK_MIN_STEPS`` steps."""
+    from dora.lower.runtime import runtime_config
+
+    planned = runtime_config(resolved, plan)
+    changed = [what for what, ran, was in (
+        ("rollout workers", rc.rollout_workers, planned.rollout_workers),
+        ("slots per worker", rc.max_num_seqs, planned.max_num_seqs),
+        ("versions per engine", rc.versions_per_engine, planned.versions_per_engine)) if ran != was]
+    if changed:
+        return [f"plan vs run: not compared: this run overrode the plan's {' and '.join(changed)}, and the plan "
+                "predicts its own configuration"]
+    measured = summary.get("steady_trained_tokens_per_s")
+    steps = summary.get("steps", 0) - (summary.get("resumed_from_step") or 0)
+    if measured is None or steps < PLAN_CHECK_MIN_STEPS:
+        return [f"plan vs run: not compared: {steps} step(s) ran; a steady figure needs at least "
+                f"{PLAN_CHECK_MIN_STEPS} (the first ones fill the pipeline)"]
+    predicted = plan.predictions.trained_tokens_per_s
+    miss = measured / predicted - 1
+    lines = [f"plan vs run: trained {measured:,.0f} tokens/s against the {predicted:,.0f} predicted ({miss:+.0%}); "
+             f"step {summary['steady_step_time_s']:.3f} s against {plan.predictions.step_time_s:.3f} s "
+             f"(constants: {plan.calibration_source})"]
+    if abs(miss) <= PLAN_CHECK_TOLERANCE:
+        return lines
+    out = rc.output_dir
+    spec = quote(spec_path)
+    runs = f"--from-run {quote(out)}"
+    lines.append(f"  more than {PLAN_CHECK_TOLERANCE:.0%} off: this machine runs at other speeds than those "
+                 "constants; fit them to it from runs like this one, then plan with the fit:")
+    if rc.mode != "sync":  # the fit needs training steps with no rollout running, which only sync has
+        sync_out = f"{out.rstrip('/')}-sync"
+        lines.append(f"    dora apply {spec} --mode sync --steps 20 --output-dir {quote(sync_out)}")
+        runs += f" --from-run {quote(sync_out)}"
+    lines.append(f"    dora calibrate {spec} {runs} --out calibration.json")
+    lines.append(f"    dora plan {spec} --calibration calibration.json")
+    return lines
 
 
 __all__ = ["ApplyOverrides", "run_apply", "runtime_config_for"]

@@ -106,6 +106,7 @@ def test_apply_runs_every_mode_and_the_audit_passes(tmp_path, mode):
     if mode == "one-step-off":
         assert max(lag for lag, _ in k) == 1
     assert "audit: ok" in text
+    assert "plan vs run: not compared: this run overrode the plan's rollout workers" in text  # 2 workers, not 1
     # what it did before step 1, in words (the warm-up takes a while with nothing else to show)
     assert "starting the trainer and 2 rollout workers; warm-up: 5 supervised steps" in text
     assert "warm-up: 5 steps in" in text or "warm-up: weights loaded from" in text
@@ -287,6 +288,27 @@ def test_early_steps_take_the_tail_groups_as_they_finish_and_audit_clean(tmp_pat
     joined = {r["step"]: r["joined_s"] for r in rows if r["joined_s"] is not None}
     assert set(joined) == {e["step"] for e in early}
     assert all(r["start_s"] < joined[r["step"]] <= r["end_s"] for r in rows if r["step"] in joined)
+
+
+def test_a_run_of_the_plan_as_planned_is_compared_with_its_prediction(tmp_path):
+    """No override of the plan's engines or slots, 10 steps: `dora apply` ends with the measured steady throughput
+    and step time beside the plan's prediction (``dora.apply.plan_check``), the figures summary.json records."""
+    from dora.apply import PLAN_CHECK_MIN_STEPS, plan_spec
+    from dora.spec import load_spec
+
+    spec, out = _short_spec(tmp_path), tmp_path / "as-planned"
+    console = Console(record=True, width=400, force_terminal=False)
+    code = run_apply(str(spec), overrides=ApplyOverrides(steps=PLAN_CHECK_MIN_STEPS, output_dir=str(out)),
+                     console=console, live=False)
+    text = console.export_text()
+    assert code == 0, text
+    _, plan = plan_spec(load_spec(str(spec)), None)
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    measured, predicted = summary["steady_trained_tokens_per_s"], plan.predictions.trained_tokens_per_s
+    line = next(line for line in text.splitlines() if line.startswith("plan vs run:"))
+    assert (f"trained {measured:,.0f} tokens/s against the {predicted:,.0f} predicted ({measured / predicted - 1:+.0%})"
+            in line), line
+    assert f"step {summary['steady_step_time_s']:.3f} s against {plan.predictions.step_time_s:.3f} s" in line
 
 
 _NO_VLLM = importlib.util.find_spec("vllm") is None and os.environ.get("DORA_EXPECT_VLLM") != "1"
