@@ -12,6 +12,8 @@ import errno
 import json
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -32,7 +34,7 @@ from dora.spec.diagnostics import Path as SpecPath
 from dora.spec.diagnostics import format_path
 from dora.spec.files import InputFileError, loads_json, nearest_existing, read_input_file
 from dora.sweep import SweepError, describe, parse_sweep, sweep_points
-from dora.terminal import error
+from dora.terminal import StatusLine, error
 from planner import _native
 from planner.plan import FORMAT_VERSION, Plan
 from planner.schedule import check_trace
@@ -235,14 +237,19 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
             error(err_console, f"cannot write the plan to {args.out}/: {exc.strerror or exc}\n"
                                f"  to fix: {_write_fix(exc)}")
             return error_code
+    status = StatusLine(err_console)
     try:
-        planned = make_plan(resolved, calibration, workers=available_cpus())
+        planned = make_plan(resolved, calibration, workers=available_cpus(),
+                            progress=_simulations_shown(status, f"planning {resolved.spec.name}"))
     except SpecError as exc:  # a pinned size no layout takes (planning.pin_problems)
+        status.clear()
         print_spec_error(exc)
         return error_code
     except InfeasibleError as exc:
+        status.clear()
         print_infeasible(err_console, exc, resolved)
         return 1
+    status.clear()
     plan = saved_plan(planned.plan)  # what plan.json holds: every figure printed is the file's
     if _native.STATUS.startswith("python: not compiled"):  # a stale build already warned when planner was imported
         err_console.print("note: the simulator ran from its Python sources (this install did not compile it: no C "
@@ -282,6 +289,19 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
     return 0
 
 
+def _simulations_shown(status: StatusLine, doing: str) -> Callable[[int, int], None]:
+    """A ``make_plan`` progress callback: ``doing``, the candidate plans simulated and being simulated, and the
+    seconds since it started, on ``status``, from the start (the screen runs before the first simulation)."""
+    start = time.monotonic()
+    status.show(f"{doing}: screening the candidates")
+
+    def shown(done: int, running: int) -> None:
+        now = f"{done} candidate plans simulated" + (f", {running} more under way" if running else "")
+        status.show(f"{doing}: {now} ({time.monotonic() - start:.0f} s)")
+
+    return shown
+
+
 def _cmd_sweep(args: argparse.Namespace, resolved: ResolvedSpec, calibration: Any,
                points: list[tuple[tuple[SpecPath, Any], ...]], out_console, err_console) -> int:
     """``dora plan SPEC --sweep FIELD=V1,V2,...``: a table of the plans (``dora.sweep``); exit 0 when any point has a
@@ -291,11 +311,22 @@ def _cmd_sweep(args: argparse.Namespace, resolved: ResolvedSpec, calibration: An
 
     workers = available_cpus()
 
-    def progress(i: int, what: str) -> None:
-        err_console.print(f"planning {i + 1}/{len(points)}: {what}", style="dim", markup=False, highlight=False)
+    status = StatusLine(err_console)
+    doing = ""
 
-    planned = run_sweep(resolved.file, points, lambda r: saved_plan(make_plan(r, calibration, workers=workers).plan),
-                        progress)
+    def progress(i: int, what: str) -> None:
+        nonlocal doing
+        status.clear()
+        doing = f"planning {i + 1}/{len(points)}: {what}"
+        err_console.print(doing, style="dim", markup=False, highlight=False)
+
+    def plan_point(r: ResolvedSpec) -> Any:
+        try:
+            return saved_plan(make_plan(r, calibration, workers=workers, progress=_simulations_shown(status, doing)).plan)
+        finally:
+            status.clear()
+
+    planned = run_sweep(resolved.file, points, plan_point, progress)
     if all(p.invalid is not None for p in planned):
         error(err_console, f"--sweep {', '.join(args.sweep)}: the spec refuses every value; the first, "
                            f"{describe(planned[0].settings)}: {planned[0].invalid}")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from dora import __version__
 from dora.parallel import fork_map
@@ -23,7 +25,7 @@ from planner.calibration import DEFAULT_CALIBRATION, Calibration
 from planner.hardware import get_accelerator, with_overrides
 from planner.plan import Plan
 from planner.search import InfeasibleError, Pins, SearchInputs, SearchOutcome, build_plan, search
-from planner.search.core import Screen, Simulated, Space, _placements, mode_ks
+from planner.search.core import MapFn, Screen, Simulated, Space, _placements, mode_ks
 from planner.search.screen import fits_host_memory
 
 GB = 1e9
@@ -230,32 +232,55 @@ def spec_doc(file: str) -> YamlDoc | None:
         return None
 
 
-def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION, *, workers: int = 1) -> Planned:
+def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION, *, workers: int = 1,
+              progress: Callable[[int, int], None] | None = None) -> Planned:
     """Search and assemble the plan; raises ``SpecError`` for a pinned training size no layout takes
     (``pin_problems``) and ``InfeasibleError`` when nothing fits.
 
     ``workers`` > 1 runs the search's simulations in that many forked processes (``dora.parallel``): only from a
-    process with no threads yet (the ``dora plan`` command). The plan is the same either way."""
+    process with no threads yet (the ``dora plan`` command). The plan is the same either way. ``progress(done,
+    running)`` is called before and after each batch of simulations: how many have run, how many are running."""
     problems = pin_problems(resolved, calibration)
     if problems:
         raise SpecError(resolved.file, problems)
     inputs = search_inputs(resolved, calibration)
-    outcome = search(inputs, map_fn=fork_map(workers))
+    map_fn = _counted(fork_map(workers), progress)
+    outcome = search(inputs, map_fn=map_fn)
     plan = build_plan(outcome, inputs, dora_version=__version__, spec_name=resolved.spec.name,
                       spec_file=_portable(resolved.file), spec_hash=resolved.spec_hash, spec_inputs=resolved.inputs,
                       pinned_slowdown=_pinned_slowdown(resolved, calibration, outcome),
-                      any_placement_sync=_any_placement_sync(resolved, calibration, workers))
+                      any_placement_sync=_any_placement_sync(resolved, calibration, map_fn))
     return Planned(plan=plan, outcome=outcome, inputs=inputs)
 
 
-def _any_placement_sync(resolved: ResolvedSpec, calibration: Calibration, workers: int) -> Simulated | None:
+def _counted(map_fn: MapFn, progress: Callable[[int, int], None] | None) -> MapFn:
+    """``map_fn``, calling ``progress(done, running)`` before and after each call: the items mapped so far, and
+    those of the call under way (0 after it)."""
+    if progress is None:
+        return map_fn
+    done = 0
+
+    def run(fn: Any, items: Sequence[Any]) -> list[Any]:
+        nonlocal done
+        if not items:
+            return map_fn(fn, items)
+        progress(done, len(items))
+        out = map_fn(fn, items)
+        done += len(out)
+        progress(done, 0)
+        return out
+
+    return run
+
+
+def _any_placement_sync(resolved: ResolvedSpec, calibration: Calibration, map_fn: MapFn) -> Simulated | None:
     """Where the spec pins the placement: the best sync plan of a sync-only search with the pins lifted, so that the
     report can say what asynchrony buys over sync on any placement too (local-tiny pins a disaggregated placement,
     and sync runs faster colocated). None when nothing is pinned."""
     if resolved.spec.placement == "auto":
         return None
     inputs = dataclasses.replace(search_inputs(resolved, calibration, unpinned=True), modes=("sync",))
-    return search(inputs, map_fn=fork_map(workers)).best_sync
+    return search(inputs, map_fn=map_fn).best_sync
 
 
 def _portable(file: str) -> str:

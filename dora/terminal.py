@@ -49,6 +49,38 @@ def say(console: Any, message: str, *, style: str | None = None) -> None:
     console.print(Text(message, style=style or ""))
 
 
+class StatusLine:
+    """One line of progress on a terminal, rewritten in place and cleared when done; nothing at all where the console
+    is not a terminal (a pipe, a file, CI logs). Written from the calling thread: a spinner's refresh thread would
+    keep ``dora plan`` from forking its simulations (``dora.parallel.fork_map`` forks only a single-threaded process)."""
+
+    def __init__(self, console: Any) -> None:
+        self.file = console.file if console.is_terminal else None
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if self.file is not None:
+            width = max(20, _terminal_columns(self.file) - 1)  # a wrapped line would not be rewritten in place
+            self.file.write("\r\x1b[K" + text[:width])
+            self.file.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.file is not None and self.shown:
+            self.file.write("\r\x1b[K")
+            self.file.flush()
+            self.shown = False
+
+
+def _terminal_columns(file: Any) -> int:
+    import os
+
+    try:
+        return os.get_terminal_size(file.fileno()).columns or 80  # 0 where the terminal reports no size
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler, `kill`, a container stopping): a run stops as on Ctrl-C, between two of its events, with
     the resume hint (``dora.runtime.controller``); the exit code is 143, as a shell reports a process SIGTERM ended."""
