@@ -239,17 +239,17 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
             return error_code
     status = StatusLine(err_console)
     try:
-        planned = make_plan(resolved, calibration, workers=available_cpus(),
-                            progress=_simulations_shown(status, f"planning {resolved.spec.name}"))
+        try:
+            planned = make_plan(resolved, calibration, workers=available_cpus(),
+                                progress=_simulations_shown(status, f"planning {resolved.spec.name}"))
+        finally:  # before any message, Ctrl-C's included
+            status.clear()
     except SpecError as exc:  # a pinned size no layout takes (planning.pin_problems)
-        status.clear()
         print_spec_error(exc)
         return error_code
     except InfeasibleError as exc:
-        status.clear()
         print_infeasible(err_console, exc, resolved)
         return 1
-    status.clear()
     plan = saved_plan(planned.plan)  # what plan.json holds: every figure printed is the file's
     if _native.STATUS.startswith("python: not compiled"):  # a stale build already warned when planner was imported
         err_console.print("note: the simulator ran from its Python sources (this install did not compile it: no C "
