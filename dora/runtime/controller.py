@@ -81,6 +81,7 @@ from planner.policies import (
     make_policy,
     poll_batching,
 )
+from planner.schedule.checker import mixes_versions
 from planner.workload import LengthDistribution
 
 Command = tuple[str, Callable[[], Any], Callable[[Any], None]]
@@ -579,7 +580,7 @@ class Controller:
             spans=[list(s) for s in traj.version_spans],
         )
         self.stats.finished_trajectories += 1
-        self.stats.mixed_trajectories += len(traj.version_spans) > 1
+        self.stats.mixed_trajectories += mixes_versions(traj.version_spans)  # as the audit counts them
         early = self._early
         if early is not None and gid in early.waiting and len(self._scored[gid]) == self.spp:
             self._joined(early, gid)  # after its ``finished`` event: the group joins the step when (not before) it is

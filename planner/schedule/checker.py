@@ -91,6 +91,13 @@ class _Life:
         return self.attempts[-1]
 
 
+def mixes_versions(spans: Iterable[tuple[int, int]]) -> bool:
+    """Whether a trajectory's ``(version, tokens)`` spans generate tokens on more than one version. An update that
+    interrupts a request before its first token leaves an empty span: not a mix (the runtime's count of version-mixed
+    trajectories uses this rule too)."""
+    return len({v for v, tokens in spans if tokens > 0}) > 1
+
+
 def _lives(events: list[dict[str, Any]]) -> dict[str, _Life]:
     lives: dict[str, _Life] = {}
     for e in events:
@@ -185,8 +192,7 @@ def check_trace(events: list[dict[str, Any]], *, k: int, allow_version_mixing: b
                 constraint="consistency", traj=traj, versions=(admitted_v, *span_versions), step=None,
                 message=f"{traj} was admitted on v{admitted_v} but its first tokens come from v{span_versions[0]}",
             ))
-        # an update that interrupts a request before its first token leaves an empty span: not a mix
-        if len({v for v, tokens in node["spans"] if tokens > 0}) > 1:
+        if mixes_versions(node["spans"]):
             if allow_version_mixing:
                 mixed.append(traj)
             else:

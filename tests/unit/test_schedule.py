@@ -461,3 +461,14 @@ def test_timeline_ticks_an_early_step_where_each_late_group_joined_it():
     end = 6.5  # the trace's last event; the plot spans x = 90 .. 990
     assert [float(x) for x in ticks] == [round(90 + t / end * 900, 1) for t in (4.0, 5.0)]
     assert 'class="joined"' not in timeline_html(clean_trace())
+
+
+def test_a_span_with_no_tokens_does_not_make_a_trajectory_version_mixed() -> None:
+    """An update that interrupts a request before its first token leaves an empty span on the old version: the
+    trajectory's tokens all come from the new one. The audit and the runtime's count of mixed trajectories (summary's
+    ``mixed_trajectories``) use this one rule; the runtime counted every trajectory of several spans."""
+    from planner.schedule.checker import mixes_versions
+
+    assert not mixes_versions([(1, 0), (2, 5)])
+    assert not mixes_versions([(1, 0), (2, 0)]) and not mixes_versions([(3, 7)]) and not mixes_versions([])
+    assert mixes_versions([(1, 3), (2, 5)]) and mixes_versions([(1, 0), (2, 4), (3, 1)])
