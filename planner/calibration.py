@@ -146,17 +146,20 @@ class Calibration:
     """Fixed cost per weight update on the rollout side (s): pausing the engine, resetting the prefix cache,
     resuming.  Prior."""
 
-    # The cpu_* defaults but cpu_prefill_compute_efficiency are fitted in situ, on 2026-11-24 (39th session, with the
-    # training step's fixed cost split from its compute: `dora.calibrate.fit_train_split`), on the development machine
-    # class (AMD EPYC VM, 2 cores; one torch thread per engine, one per trainer core) and the SwiGLU tiny-local model:
-    # `python bench/predict_vs_measure.py --calib-steps 60` twice (each time two sync runs of 60 steps, one with one
-    # engine and one colocated with one engine per core, and a streaming run, all seed 1), then `dora calibrate
-    # specs/local-tiny.yaml --from-run` over the six runs (median residuals: decode 10%, train 8%, weights 22%, the
-    # contention and extra-version terms 29-37%). Rerun it on yours: this machine's speed has varied 2-4x between
-    # sessions (the fit of 2026-11-21, on a GELU model, had a 2.38 ms decode step overhead where this one has 0.42).
-    # The 37th session's fit, on spans alone, had put the training step's fixed cost in its compute term (0.03 ms
-    # overhead, efficiency 0.49), which a colocated trainer's two threads then sped up too.
-    cpu_compute_efficiency: float = 0.2736
+    # The cpu_* defaults but cpu_prefill_compute_efficiency are fitted in situ, on 2026-12-07 (51st session), on the
+    # development machine class (AMD EPYC VM, 2 cores; one torch thread per engine, one per trainer core) and the
+    # SwiGLU tiny-local model: `python bench/predict_vs_measure.py --calib-steps 60 --steps 20` twice (each time two
+    # sync runs of 60 steps, one with one engine and one colocated with one engine per core, and a streaming run, all
+    # seed 1), then `dora calibrate specs/local-tiny.yaml --from-run` over the six runs (31,285 engine steps, 317
+    # training steps; median residuals: decode 10%, train 10%, weights 21%, round trip 13%, the contention,
+    # engine and extra-version terms 22-34%). The two rounds alone fitted within 6% of each other but the
+    # contentions (1.15-1.26). Rerun it on yours: this machine's speed has varied 2-4x between sessions, and `dora
+    # apply` prints the commands when a run misses its plan by more than 25%. The fit they replace (2026-11-24, 39th
+    # session, a machine about 2.2x faster: the main job trained 27.6K tokens/s where it trained 10.5-13.8K on
+    # 2026-12-07) had decode compute efficiency 0.2736 and step overhead 0.42 ms, training compute efficiency 0.5495
+    # and step overhead 10.1 ms, contentions 1.45 (rollout), 1.33 (train), 1.43 (engines); the 2026-11-21 fit, on a
+    # GELU model, a 2.38 ms decode step overhead.
+    cpu_compute_efficiency: float = 0.09803
     """On the local `cpu` entry, replaces the decode compute efficiency: tiny PyTorch matmuls on one core reach only
     a small fraction of the FMA peak. Fitted in situ (above)."""
 
@@ -166,15 +169,15 @@ class Calibration:
     overhead, so read the three together. Fitted in situ (above), at its bound: the tiny model's decode steps move
     too few bytes to pin it, so the memory term is a small part of a step whatever it is."""
 
-    cpu_step_overhead_s: float = 0.0004171
+    cpu_step_overhead_s: float = 0.001009
     """On `cpu`, replaces decode_step_overhead_s: Python and operator-dispatch cost of one engine step for the tiny
     model. Fitted in situ (above)."""
 
-    cpu_train_step_overhead_s: float = 0.01011
+    cpu_train_step_overhead_s: float = 0.01501
     """On `cpu`, replaces train_step_overhead_s: what a training step costs beyond the trainer's own work, which more
     threads do not speed up. In a run: the Ray call, the batch's serialisation and the checkpoint the step saves.
     Fitted in situ (above) as the mean of a step's span on the controller's clock less the trainer's own time
-    (``train_time_s``), 9.9 and 10.4 ms in the two rounds."""
+    (``train_time_s``), 15.1 and 14.9 ms in the two rounds."""
 
     # Optional CPU constants: None means "fall back" (named in each docstring).  They are left out of `to_dict`
     # while None, so calibration files and plan fingerprints written before they existed stay valid.
@@ -185,65 +188,65 @@ class Calibration:
     specs/local-tiny.yaml` on the development machine class (AMD EPYC VM, 2 cores, 1 torch thread per engine) on
     2026-11-21 (the local runs ingest prompts through the decode batch, so `--from-run` does not refit it)."""
 
-    cpu_train_compute_efficiency: float | None = 0.5495
+    cpu_train_compute_efficiency: float | None = 0.3163
     """On `cpu`, replaces eta_train (None: `cpu_compute_efficiency`): forward + backward + AdamW of the packed GRPO
     step. A step on n torch threads (the colocated trainer has every core) is charged as data parallel over
     ``n * cpu_train_parallel_efficiency`` cores. Fitted in situ (above)."""
 
-    cpu_train_parallel_efficiency: float | None = 0.665
+    cpu_train_parallel_efficiency: float | None = 0.7888
     """On `cpu`: what each core adds to a training step that runs on n > 1 torch threads (the colocated trainer has
     every core), as a fraction of one core: the step's compute is charged over ``n * this`` cores, not n (None: 1,
     ideal data parallelism). Fitted in situ (above) on the trainer's own times of the colocated sync runs' two-thread
-    steps against the one-thread steps of the others: 0.71 and 0.61 in the two rounds. The trainer alone does better
+    steps against the one-thread steps of the others: 0.78 and 0.79 in the two rounds. The trainer alone does better
     (`python bench/train_step.py --threads 1` against `--threads 2`, 2026-11-24: 1.42x and 1.60x, 0.75 per core):
     in a run the engines' and the controller's processes share the cores. A calibration file that gives
     `cpu_train_compute_efficiency` without this key loads it as None (see `from_dict`)."""
 
-    cpu_extra_version_step_s: float | None = 0.0001981
+    cpu_extra_version_step_s: float | None = 0.0003952
     """On `cpu`: what each extra policy version with running requests adds to one decode step of a multi-version
     engine (the torch engine stacks the versions' weights and runs one batched matmul per linear over rows padded
     per version, so a version costs a few pad/unpad ops, not a forward).  None: a full `decode_step_overhead_s` per
     extra version (a separate forward, as an engine without stacking would run).  (Engine alone, `python
     bench/engine_speed.py`: B=64, V=2 1.66 ms and V=3 1.81 ms vs V=1 1.46 ms.) Fitted in situ (above)."""
 
-    cpu_weight_reload_fixed_s: float | None = 0.001954
+    cpu_weight_reload_fixed_s: float | None = 0.005083
     """On `cpu`, replaces weight_reload_fixed_s (None: keep it): from the start of a load to the engine serving the
     version, beyond the formula's per-tensor term (fetching the state dict from Ray's object store and building the
     engine's model; the engine pauses only to install it). The GPU prior (0.5 s engine pause/resume) is far too slow
     for the tiny CPU model. Fitted in situ (above)."""
 
-    cpu_weight_publish_fixed_s: float | None = 0.003796
+    cpu_weight_publish_fixed_s: float | None = 0.006169
     """On `cpu`: trainer-side time to publish a version beyond the formula's gather/convert terms (the local runtime
     checkpoints the step, exports the state dict and puts it in Ray's object store before the version is published;
     the trainer is busy, the engines keep decoding).  None: 0.  `dora calibrate --from-run` measures it as the mean
     train-step end -> weights-published interval. Fitted in situ (above)."""
 
-    cpu_rollout_contention: float | None = 1.452
+    cpu_rollout_contention: float | None = 1.258
     """On `cpu` with rollout and training on disjoint cores of one host: a decode step takes this many times longer
     while the trainer runs (they share the host's caches and memory bus, and with the controller, its cores).  None:
     1 (no contention).  `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the
     engine steps that overlap a training step. Fitted in situ (above)."""
 
-    cpu_train_contention: float | None = 1.33
+    cpu_train_contention: float | None = 1.203
     """On `cpu` with rollout and training on disjoint cores of one host: a training step runs this many times slower
     while some engine decodes (the simulator re-evaluates its end as engines start and stop decoding).  None: 1.
     `dora calibrate --from-run` fits it over the training steps that engine steps cover for at least half their
     span, so that the predicted spans sum to the measured ones (``dora.calibrate_run.fit_train_contention``).
     Fitted in situ (above)."""
 
-    cpu_engine_contention: float | None = 1.429
+    cpu_engine_contention: float | None = 1.162
     """On `cpu`: a decode step takes this many times longer while another engine replica of the host decodes at the
     same time (the engines share the host's caches and memory bus, and with the controller, its cores).  None: 1.
     `dora calibrate --from-run` measures it as sum measured / sum predicted-alone over the engine steps of a run
     with several engines (a sync run on 2 cores) that overlap another engine's steps; the decode constants are
     fitted on the steps that do not. Fitted in situ (above)."""
 
-    cpu_controller_round_trip_s: float | None = 0.003794
+    cpu_controller_round_trip_s: float | None = 0.006591
     """On `cpu`: from a rollout worker's poll returning its finished trajectories to the admissions they made being in
     its engine (the Ray reply, the controller's processing, the next poll carrying the requests). The simulator idles
     the slots freed meanwhile, and batches the reports as the polls do (``planner.policies.poll_batching``). None: 0,
     the policy hears of a finish at once. `dora calibrate --from-run` measures it as the mean of the runs' ``poll``
-    rows (``engine_steps.jsonl``). Fitted in situ (above): the mean of the 2,254 polls of the six runs, sync's
+    rows (``engine_steps.jsonl``). Fitted in situ (above): the mean of the 2,522 polls of the six runs, sync's
     included. The 38th session measured the mean of 2,467 polls of three local-tiny streaming runs of 150 steps
     (`dora apply`, and `python bench/local_modes.py --seeds 0 1`): 3.96-4.34 ms per run, median 3.3-3.7 ms, p90
     6.5-7.1 ms; the sync, one-step-off and bounded-async runs of the same bench measured 3.3-3.5 ms (their
