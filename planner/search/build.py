@@ -220,10 +220,12 @@ reserve included) is warned about: 1.6 GiB on an 80 GB accelerator, less than on
 
 
 def _how_to_calibrate(inputs: SearchInputs) -> str:
-    """What fits the constants on the spec's accelerator: `dora calibrate` measures dora's CPU engines only; on a GPU,
-    dora measures the Megatron trainer's MFU, and the rest are written into the file by hand."""
+    """What fits the constants on the spec's accelerator: `dora calibrate --from-run` fits dora's CPU engines to
+    finished runs (its micro-benchmarks alone time each engine by itself, about 1.6x fast on 2 shared cores); on a
+    GPU, dora measures the Megatron trainer's MFU, and the rest are written into the file by hand."""
     if inputs.accelerator.name == "cpu":
-        return "run `dora calibrate` on this machine"
+        return ("fit them to this machine from finished runs, a sync run among them (`dora calibrate SPEC --from-run "
+                "RUN --from-run SYNC_RUN`; a `dora apply` run prints its distance from the plan and these commands)")
     return (f"on the target machines ({inputs.accelerator.name}), fit the trainer's MFU with `python "
             "bench/megatron_train.py --spec ONE_GPU_SPEC --calibration-out FILE` (a spec of the model cut to one GPU, "
             "as in bench/specs/), add what you measured of the others to FILE, and plan with `--calibration FILE` "
