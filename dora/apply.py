@@ -398,7 +398,11 @@ def run_apply(spec_path: str, *, overrides: ApplyOverrides = ApplyOverrides(), c
                            f"/shared/runs/{Path(rc.output_dir).name or 'run'} (for example), or runtime.output_dir "
                            "in the spec")
             return EXIT_INVALID
-        return submit_and_follow(address, resolved, plan, rc, console=console, watchdog_s=overrides.watchdog_s)
+        code = submit_and_follow(address, resolved, plan, rc, console=console, watchdog_s=overrides.watchdog_s)
+        if code == EXIT_OK:  # the job wrote its summary to the output directory, which the cluster shares
+            for line in _plan_check_of_run_dir(spec_path, resolved, plan, rc):
+                say(console, line)
+        return code
     from dora.runtime.runlock import RunDirBusy, run_dir_lock
 
     with contextlib.ExitStack() as held:  # the lock is held for the checkpoint read, runtime.json and the run
@@ -480,6 +484,16 @@ def _run_here(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, overr
         for line in plan_check(spec_path, resolved, plan, rc, result.summary):
             say(console, line)
     return code
+
+
+def _plan_check_of_run_dir(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig) -> list[str]:
+    """``plan_check`` of a finished run from the summary.json in its output directory (a submitted job's)."""
+    path = Path(rc.output_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"plan vs run: not compared: no summary in {path} ({exc})"]
+    return plan_check(spec_path, resolved, plan, rc, summary)
 
 
 PLAN_CHECK_MIN_STEPS = 10

@@ -183,6 +183,8 @@ def test_cluster_job_runs_audits_and_can_be_stopped(tmp_path, ray_head):
     job = json.loads((out / "job.json").read_text())
     assert job["address"] == url and job["submission_id"].startswith("raysubmit_")
     assert "audit: ok" in run.stdout  # the job's logs were streamed back
+    # then compared with the plan, from the summary.json the job wrote (not here: the run overrode the plan's engines)
+    assert "plan vs run: not compared: this run overrode the plan's rollout workers" in run.stdout + run.stderr
     audit = json.loads((out / "cluster_audit.json").read_text())
     assert audit["ok"] and audit["audit"]["num_consumed"] == 2 * 4 * 4
     assert _audit(out).ok  # the job wrote its trace where --output-dir said; the same checker agrees

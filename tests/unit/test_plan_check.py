@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 
 import pytest
@@ -85,3 +86,18 @@ def test_no_comparison_for_a_run_too_short_for_a_steady_figure() -> None:
     assert "not compared: 5 step(s) ran" in plan_check(SPEC, resolved, plan, rc, resumed)[0]
     one = {"steps": 1, "resumed_from_step": None, "first_step_trained_tokens_per_s": 1.0}
     assert "not compared: 1 step(s) ran" in plan_check(SPEC, resolved, plan, rc, one)[0]
+
+
+def test_a_submitted_runs_summary_is_read_from_its_output_directory(tmp_path) -> None:
+    """`dora apply --address`: the job writes summary.json to the output directory the cluster shares; apply compares
+    it with the plan once the job has succeeded, and says so when the file is not there."""
+    from dora.apply import _plan_check_of_run_dir
+
+    resolved, plan, rc = _planned()
+    rc = dataclasses.replace(rc, output_dir=str(tmp_path))
+    assert _plan_check_of_run_dir(SPEC, resolved, plan, rc)[0].startswith(
+        f"plan vs run: not compared: no summary in {tmp_path / 'summary.json'}")
+    (tmp_path / "summary.json").write_text(json.dumps({"audit": {}, "summary": _summary(plan, 1.05)}))
+    assert _plan_check_of_run_dir(SPEC, resolved, plan, rc) == plan_check(SPEC, resolved, plan, rc,
+                                                                           _summary(plan, 1.05))
+    assert "(+5%)" in _plan_check_of_run_dir(SPEC, resolved, plan, rc)[0]
