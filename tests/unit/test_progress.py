@@ -50,3 +50,37 @@ def test_a_long_status_is_cut_to_the_terminal_width() -> None:
     tty = _Console(terminal=True)
     StatusLine(tty).show("x" * 500)  # a StringIO has no terminal size: 80 columns assumed
     assert tty.file.getvalue() == "\r\x1b[K" + "x" * 79
+
+
+def test_dora_plan_shows_its_progress_on_a_terminal_and_clears_it_before_the_report() -> None:
+    """stderr a terminal (a pty), stdout a pipe: the status line goes to the terminal, rewritten in place and cleared
+    at the end; the report on stdout holds none of it."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "dora.cli", "plan", "specs/local-tiny.yaml"], cwd=repo,
+                              stdout=subprocess.PIPE, stderr=slave, text=True, timeout=300,
+                              env={**os.environ, "TERM": "xterm"})
+    finally:
+        os.close(slave)
+    chunks = []
+    while True:  # the child has exited: read what it left in the terminal until the pty reports its end
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: no writer left
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    err = b"".join(chunks).decode()
+    assert proc.returncode == 0, err
+    assert "\r\x1b[Kplanning local-tiny: screening the candidates" in err
+    assert "candidate plans simulated" in err and err.endswith("\r\x1b[K")
+    assert "planning local-tiny" not in proc.stdout and proc.stdout.startswith("dora plan: local-tiny")
