@@ -488,11 +488,11 @@ def _run_here(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig, overr
 
 def _plan_check_of_run_dir(spec_path: str, resolved: Any, plan: Any, rc: RuntimeConfig) -> list[str]:
     """``plan_check`` of a finished run from the summary.json in its output directory (a submitted job's)."""
-    path = Path(rc.output_dir) / "summary.json"
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return [f"plan vs run: not compared: no summary in {path} ({exc})"]
+    from dora.runtime.driver import read_summary
+
+    summary = read_summary(Path(rc.output_dir))
+    if not summary:
+        return [f"plan vs run: not compared: no readable summary in {Path(rc.output_dir) / 'summary.json'}"]
     return plan_check(spec_path, resolved, plan, rc, summary)
 
 

@@ -393,7 +393,8 @@ def _whole_run_counts(events: list[dict[str, Any]], report: Any) -> dict[str, An
             "resumed_at_steps": [e.get("step") for e in events if e.get("type") == "resumed"]}
 
 
-def _previous_summary(out: Path) -> dict[str, Any]:
+def read_summary(out: Path) -> dict[str, Any]:
+    """The run summary a finished run left in ``out/summary.json``; {} where there is none to read."""
     try:
         return dict(json.loads((out / "summary.json").read_text(encoding="utf-8"))["summary"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -410,7 +411,7 @@ def _audited_again_summary(out: Path, rc: RuntimeConfig, steps: int) -> dict[str
     and where they ran)."""
     from dora.runtime.trace import SPEED_PREFIXES, read_jsonl, training_figures
 
-    previous = _previous_summary(out)
+    previous = read_summary(out)
     summary: dict[str, Any] = {"mode": rc.mode, "steps": steps, "total_steps": steps, "audited_again": True,
                                "rollout_workers": rc.rollout_workers, "slots_per_worker": rc.max_num_seqs,
                                "resumed_from_step": previous.get("resumed_from_step")}

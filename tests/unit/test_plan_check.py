@@ -96,7 +96,7 @@ def test_a_submitted_runs_summary_is_read_from_its_output_directory(tmp_path) ->
     resolved, plan, rc = _planned()
     rc = dataclasses.replace(rc, output_dir=str(tmp_path))
     assert _plan_check_of_run_dir(SPEC, resolved, plan, rc)[0].startswith(
-        f"plan vs run: not compared: no summary in {tmp_path / 'summary.json'}")
+        f"plan vs run: not compared: no readable summary in {tmp_path / 'summary.json'}")
     (tmp_path / "summary.json").write_text(json.dumps({"audit": {}, "summary": _summary(plan, 1.05)}))
     assert _plan_check_of_run_dir(SPEC, resolved, plan, rc) == plan_check(SPEC, resolved, plan, rc,
                                                                            _summary(plan, 1.05))
