@@ -111,9 +111,9 @@ def main() -> int:
 
     calibration = None
     if args.calibration:
-        from dora.planning import load_calibration
+        from dora.planning import catalog_for, load_calibration
 
-        calibration = load_calibration(args.calibration)
+        calibration = load_calibration(args.calibration, catalog_for(resolved))
     import ray
 
     from dora.runtime.driver import JobStopped, run_job

@@ -101,7 +101,7 @@ def main() -> int:
     console = Console(highlight=False, width=max(150, Console().width))
 
     from dora.apply import ApplyOverrides, run_apply, runtime_config_for
-    from dora.planning import CalibrationFileError, load_calibration
+    from dora.planning import CalibrationFileError, catalog_for, load_calibration
     from dora.spec import SpecError, load_spec
 
     try:
@@ -116,7 +116,7 @@ def main() -> int:
         if _calibrate_in_situ(args.spec, resolved, cal_path, args.calib_steps, args.out_dir, console, pool) != 0:
             return 1
     try:
-        calibration = load_calibration(None if cal_path == "catalog" else cal_path)
+        calibration = load_calibration(None if cal_path == "catalog" else cal_path, catalog_for(resolved))
     except CalibrationFileError as exc:
         console.print(f"error: {exc}")
         return 2

@@ -107,7 +107,7 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
     """(resolved spec, plan) for `dora apply TARGET`: a spec is planned now; a saved plan (plan.json, or a plan
     directory) is used as is after checking it still matches its spec. Raises ``ApplyInputError``."""
     from dora.plan_cmd import PlanFileError, is_json_spec, read_plan_file
-    from dora.planning import CalibrationFileError, load_calibration
+    from dora.planning import CalibrationFileError, catalog_for, load_calibration
     from dora.spec import load_spec
     from planner.plan import Plan
     from planner.policies import MODES
@@ -146,11 +146,11 @@ def plan_for_apply(target: str, mode: str | None, calibration_file: str | None) 
                 f"saved plan {plan_file} breaks its spec {spec_path}: {'; '.join(outside)} (the plan file was "
                 f"edited?) — run {replan} again, or change the spec")
         return resolved, plan
+    resolved = load_spec(target)
     try:
-        calibration = load_calibration(calibration_file)
+        calibration = load_calibration(calibration_file, catalog_for(resolved))
     except CalibrationFileError as exc:
         raise ApplyInputError(str(exc)) from None
-    resolved = load_spec(target)
     if (accelerator := resolved.spec.cluster.accelerator) != "cpu":  # before planning: it takes seconds on GPU specs
         from dora.runtime.config import GPU_ENGINES_MISSING
 
@@ -291,10 +291,10 @@ def _calibration_flag(plan: Any, planned_in: Path) -> tuple[str, str]:
     when plan.json does not name it). A file named in ``calibration_source`` ("file cal.json", relative to the
     directory `dora plan` ran in, ``planned_in``) is named from here; a measured calibration carries its own source
     text instead of its file's name."""
-    from planner.calibration import DEFAULT_CALIBRATION
+    from planner.calibration import CATALOG_SOURCE
 
     source = plan.calibration_source
-    if source == DEFAULT_CALIBRATION.source:
+    if source.startswith(CATALOG_SOURCE):
         return "", ""
     if source.startswith("file "):
         return f" --calibration {quote(os.path.relpath(planned_in / source.removeprefix('file ')))}", ""
@@ -312,7 +312,6 @@ def _names_something(path: Path, test: Any) -> bool:
 def plan_spec(resolved: Any, mode: str | None, calibration: Any = None) -> tuple[Any, Any]:
     """Plan a resolved spec, restricted to ``mode`` when given: (the spec as run, its plan)."""
     from dora.planning import make_plan
-    from planner.calibration import DEFAULT_CALIBRATION
 
     if mode is not None:
         from dora.spec.checks import check_placement, check_spec_staleness
@@ -335,7 +334,7 @@ def plan_spec(resolved: Any, mode: str | None, calibration: Any = None) -> tuple
             raise ApplyInputError(f"--mode {mode}: {d.message} ({format_path(d.path)}); to fix: {d.hint}, or "
                                   "choose another --mode")
         resolved = dataclasses.replace(resolved, spec=pinned)
-    return resolved, make_plan(resolved, calibration or DEFAULT_CALIBRATION).plan
+    return resolved, make_plan(resolved, calibration).plan
 
 
 class ApplyInputError(Exception):

@@ -642,7 +642,9 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
                   f"{len(data.train_alone) + len(data.train_contended)} training steps of {len(from_runs)} "
                   f"`dora apply` run(s) of {resolved.spec.name}{resumed} on {_machine_label(machine)}"
                   + (" (as the runs recorded)" if recorded else " (this host: the runs record no machine)"))
-        calib, fits = fit_runs(data, ctx, DEFAULT_CALIBRATION, source)
+        from dora.planning import catalog_for
+
+        calib, fits = fit_runs(data, ctx, catalog_for(resolved), source)  # what no run measures keeps the catalog's
     except RunDataError as exc:
         error(console, str(exc))
         return EXIT_INVALID

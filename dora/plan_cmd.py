@@ -23,6 +23,7 @@ from dora.planning import (
     CalibrationFileError,
     InfeasibleError,
     Planned,
+    catalog_for,
     load_calibration,
     make_plan,
     read_json_object,
@@ -220,7 +221,7 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
             return error_code
     try:
         resolved = load_spec(args.spec)
-        calibration = load_calibration(args.calibration)
+        calibration = load_calibration(args.calibration, catalog_for(resolved))
         old = read_plan_file(args.against) if args.against else None
     except SpecError as exc:
         print_spec_error(exc)
@@ -229,7 +230,7 @@ def cmd_plan(args: argparse.Namespace, out_console, err_console) -> int:
         error(err_console, str(exc))
         return error_code
     if points:
-        return _cmd_sweep(args, resolved, calibration, points, out_console, err_console)
+        return _cmd_sweep(args, resolved, points, out_console, err_console)
     if args.out:  # a directory that is not dora's to write is refused before planning, not after the report
         try:
             _check_plan_dir(Path(args.out), list(PLAN_DIR_ENTRIES))
@@ -302,10 +303,12 @@ def _simulations_shown(status: StatusLine, doing: str) -> Callable[[int, int], N
     return shown
 
 
-def _cmd_sweep(args: argparse.Namespace, resolved: ResolvedSpec, calibration: Any,
-               points: list[tuple[tuple[SpecPath, Any], ...]], out_console, err_console) -> int:
+def _cmd_sweep(args: argparse.Namespace, resolved: ResolvedSpec, points: list[tuple[tuple[SpecPath, Any], ...]],
+               out_console, err_console) -> int:
     """``dora plan SPEC --sweep FIELD=V1,V2,...``: a table of the plans (``dora.sweep``); exit 0 when any point has a
-    plan, 2 when every value is refused by the spec language, 1 when nothing fits at any point."""
+    plan, 2 when every value is refused by the spec language, 1 when nothing fits at any point. Each point plans with
+    ``--calibration``'s file (read already) over its own catalog entry: a point may change the accelerator or the
+    rollout engine."""
     from dora.report import render_sweep
     from dora.sweep import best_index, run_sweep
 
@@ -322,6 +325,7 @@ def _cmd_sweep(args: argparse.Namespace, resolved: ResolvedSpec, calibration: An
 
     def plan_point(r: ResolvedSpec) -> Any:
         try:
+            calibration = load_calibration(args.calibration, catalog_for(r))
             return saved_plan(make_plan(r, calibration, workers=workers, progress=_simulations_shown(status, doing)).plan)
         finally:
             status.clear()
@@ -420,12 +424,13 @@ def cmd_diff(args: argparse.Namespace, out_console, err_console) -> int:
             return error_code
     plans = []
     try:
-        calibration = load_calibration(args.calibration)
+        load_calibration(args.calibration)  # a bad file is reported before any side is planned
         for path in sides:
             if _is_plan_path(path):
                 plans.append(read_plan_file(path))
                 continue
             resolved = load_spec(path)
+            calibration = load_calibration(args.calibration, catalog_for(resolved))  # each side over its own catalog
             try:
                 plans.append(make_plan(resolved, calibration, workers=available_cpus()).plan.to_dict())
             except InfeasibleError as exc:  # an error, as in `dora plan`, not bad input

@@ -21,7 +21,7 @@ from dora.spec.files import InputFileError, loads_json, read_input_file
 from dora.spec.models import ALL_MODES
 from dora.spec.yamlio import YamlDoc
 from planner.architecture import ACTIVATION_BYTES, DTYPE_BYTES
-from planner.calibration import DEFAULT_CALIBRATION, Calibration
+from planner.calibration import DEFAULT_CALIBRATION, Calibration, catalog_calibration
 from planner.hardware import get_accelerator, with_overrides
 from planner.plan import Plan
 from planner.search import InfeasibleError, Pins, SearchInputs, SearchOutcome, build_plan, search
@@ -67,9 +67,16 @@ CALIBRATION_FILE_KEYS = frozenset({"calibration", "format", "spec", "machine", "
 """The top-level keys of a calibration file (``dora.calibrate.calibration_document``); only "calibration" is read."""
 
 
-def load_calibration(path: str | None) -> Calibration:
+def catalog_for(resolved: ResolvedSpec) -> Calibration:
+    """The catalog's constants for this spec's accelerator and rollout engine (``catalog_calibration``)."""
+    return catalog_calibration(resolved.spec.cluster.accelerator, resolved.spec.runtime.rollout_engine)
+
+
+def load_calibration(path: str | None, base: Calibration = DEFAULT_CALIBRATION) -> Calibration:
+    """The calibration file at ``path`` over ``base`` (the spec's catalog entry, ``catalog_for``): the constants the
+    file leaves out keep base's values. No path: ``base``."""
     if path is None:
-        return DEFAULT_CALIBRATION
+        return base
     from dora.calibrate import FORMAT
 
     data = read_json_object(path, "calibration file", CalibrationFileError)
@@ -98,7 +105,7 @@ def load_calibration(path: str | None) -> Calibration:
     if "source" not in values:
         values = {**values, "source": f"file {path}"}  # not "catalog defaults": it sets some of them
     try:
-        return Calibration.from_dict(values)
+        return Calibration.from_dict(values, base)
     except (TypeError, ValueError) as exc:
         raise CalibrationFileError(f"calibration file '{path}': {exc}") from None
 
@@ -121,7 +128,7 @@ def _optimizer_steps(resolved: ResolvedSpec) -> int:
     return a.minibatches_per_step * a.ppo_epochs
 
 
-def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION,
+def search_inputs(resolved: ResolvedSpec, calibration: Calibration | None = None,
                   *, unpinned: bool = False) -> SearchInputs:
     spec = resolved.spec
     c = spec.cluster
@@ -160,10 +167,10 @@ def search_inputs(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CAL
         gpu_memory_utilization=spec.runtime.gpu_memory_utilization,
         max_num_seqs_cap=pinned_seqs or (CPU_MAX_NUM_SEQS if c.accelerator == "cpu" else VLLM_MAX_NUM_SEQS),
         pins=pins, price_per_accelerator_hour_usd=c.price_per_accelerator_hour_usd, objective=spec.objective,
-        seed=spec.runtime.seed, calibration=calibration,
+        seed=spec.runtime.seed, calibration=catalog_for(resolved) if calibration is None else calibration,
         # the local `count` task's prompt fixes the answer's length: every sample of a group has the same one
         lengths_per_prompt=spec.workload.task is not None,
-        single_version_engines=spec.runtime.rollout_engine == "vllm")
+        rollout_engine=spec.runtime.rollout_engine)
 
 
 def _pinned_slowdown(resolved: ResolvedSpec, calibration: Calibration, outcome: SearchOutcome) -> float | None:
@@ -186,7 +193,7 @@ class Planned:
     inputs: SearchInputs
 
 
-def pin_problems(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION) -> list[Diagnostic]:
+def pin_problems(resolved: ResolvedSpec, calibration: Calibration | None = None) -> list[Diagnostic]:
     """A pinned training size (``placement.train.accelerators``, or the whole cluster with ``colocated: true``) that
     no training layout can take, by the planner's own rule (``Space.has_train_layout``): the field, its line and the
     nearest sizes that have one. `dora validate` said "ok" to a pin of 63 of 64 accelerators, and `dora plan` then
@@ -232,14 +239,16 @@ def spec_doc(file: str) -> YamlDoc | None:
         return None
 
 
-def make_plan(resolved: ResolvedSpec, calibration: Calibration = DEFAULT_CALIBRATION, *, workers: int = 1,
+def make_plan(resolved: ResolvedSpec, calibration: Calibration | None = None, *, workers: int = 1,
               progress: Callable[[int, int], None] | None = None) -> Planned:
-    """Search and assemble the plan; raises ``SpecError`` for a pinned training size no layout takes
-    (``pin_problems``) and ``InfeasibleError`` when nothing fits.
+    """Search and assemble the plan with ``calibration`` (None: the spec's catalog entry, ``catalog_for``); raises
+    ``SpecError`` for a pinned training size no layout takes (``pin_problems``) and ``InfeasibleError`` when nothing
+    fits.
 
     ``workers`` > 1 runs the search's simulations in that many forked processes (``dora.parallel``): only from a
     process with no threads yet (the ``dora plan`` command). The plan is the same either way. ``progress(done,
     running)`` is called before and after each batch of simulations: how many have run, how many are running."""
+    calibration = catalog_for(resolved) if calibration is None else calibration
     problems = pin_problems(resolved, calibration)
     if problems:
         raise SpecError(resolved.file, problems)
@@ -292,4 +301,5 @@ def _portable(file: str) -> str:
     return p.as_posix()
 
 
-__all__ = ["CalibrationFileError", "InfeasibleError", "Planned", "load_calibration", "make_plan", "search_inputs"]
+__all__ = ["CalibrationFileError", "InfeasibleError", "Planned", "catalog_for", "load_calibration", "make_plan",
+           "search_inputs"]

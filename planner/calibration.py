@@ -15,7 +15,9 @@ Notation used in the docstrings of the cost modules:
     eta_out      achieved / peak scale-out (NIC) bandwidth in collectives
 
 The defaults are priors, not measurements of this project; each says where it comes from.  When an accelerator is
-the local `cpu` entry, `resolved_for("cpu")` swaps in the CPU-specific constants (see the `cpu_*` fields).
+the local `cpu` entry, `resolved_for("cpu")` swaps in the CPU-specific constants (see the `cpu_*` fields).  Those
+are fitted on dora's torch engine; vLLM's CPU engine runs the same model at other speeds, and `catalog_calibration`
+gives it its own entry (`VLLM_CPU_ENGINE`).
 """
 
 from __future__ import annotations
@@ -289,18 +291,18 @@ class Calibration:
                 if not (f.name in _OPTIONAL_FIELDS and getattr(self, f.name) is None)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Calibration:
-        """Inverse of `to_dict`.  Missing keys take defaults, but one: a train efficiency given without
-        `cpu_train_parallel_efficiency` keeps ideal thread scaling (None), the model it was fitted under by every
-        `dora calibrate` before that key existed (its fingerprint and predictions stay what they were).  An unknown
-        key raises ValueError naming it."""
+    def from_dict(cls, data: dict[str, Any], base: Calibration | None = None) -> Calibration:
+        """Inverse of `to_dict`.  Missing keys take ``base``'s values (a catalog entry; None: the class defaults), but
+        one: a train efficiency given without `cpu_train_parallel_efficiency` keeps ideal thread scaling (None), the
+        model it was fitted under by every `dora calibrate` before that key existed (its fingerprint and predictions
+        stay what they were).  An unknown key raises ValueError naming it."""
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:
                 raise ValueError(f"unknown calibration key {key!r}; valid keys: {', '.join(sorted(known))}")
         if "cpu_train_compute_efficiency" in data and "cpu_train_parallel_efficiency" not in data:
             data = {**data, "cpu_train_parallel_efficiency": None}
-        return cls(**data)
+        return cls(**data) if base is None else dataclasses.replace(base, **data)
 
     def with_overrides(self, **overrides: Any) -> Calibration:
         """Copy with some fields replaced; an unknown name raises ValueError naming it."""
@@ -386,3 +388,51 @@ _OPTIONAL_FIELDS = frozenset({"cpu_prefill_compute_efficiency", "cpu_train_compu
                               "cpu_engine_contention", "cpu_controller_round_trip_s"})
 
 DEFAULT_CALIBRATION = Calibration()
+
+CATALOG_SOURCE = DEFAULT_CALIBRATION.source
+"""The ``source`` of every catalog entry begins with this; a measured or hand-written calibration's does not."""
+
+VLLM_CPU_ENGINE: dict[str, float] = {
+    "cpu_compute_efficiency": 0.04102,
+    "cpu_memory_efficiency": 1.0,
+    "cpu_step_overhead_s": 0.002375,
+    "cpu_engine_contention": 1.304,
+    "cpu_rollout_contention": 1.234,
+    "cpu_train_contention": 1.391,
+    "cpu_train_compute_efficiency": 0.3457,
+    "cpu_train_parallel_efficiency": 0.609,
+    "cpu_train_step_overhead_s": 0.01606,
+    "cpu_weight_publish_fixed_s": 0.006447,
+    "cpu_weight_reload_fixed_s": 0.01971,
+    "cpu_controller_round_trip_s": 0.01301,
+}
+"""The `cpu_*` constants of plans whose rollout engine is vLLM's CPU backend (the vllm-cpu extra,
+``runtime.rollout_engine: vllm`` on ``cpu``), fitted in situ on 2026-12-08 (52nd session) on the development machine
+class (AMD EPYC VM, 2 cores) by `dora calibrate specs/local-tiny-vllm.yaml --from-run` over five `dora apply` runs of
+that spec (a streaming run of 60 steps, sync runs of 20 and 60 steps, a colocated sync run of 60 steps with one engine
+per core, and a streaming run of 60 steps with seed 1, the last three from `python bench/predict_vs_measure.py
+--spec specs/local-tiny-vllm.yaml --calib-steps 60`): 17,593 engine steps and 250 training steps, less 6 engine steps
+of 1.5-10.3 s, over 100x the median, and each run's first 2 training steps (warm-up). Residuals (median): decode 7%, train 11%, weights 20%, round trip 12%, the two
+contention fits 22-28%. Against the torch engine's: a decode step costs 2.4 ms fixed and runs at 0.041 of the FMA
+peak (torch 1.0 ms and 0.098: vLLM's scheduler and input preparation cost more than the forward of a ~100K-parameter
+model), a load 20 ms (5 ms), a round trip 13 ms (6.6 ms). The trainer is dora's torch trainer either way, but runs
+beside vLLM's engine process slower than beside torch's (contention 1.39 against 1.20, 0.61 of a core per extra
+thread against 0.79): the whole set is this one fit's, so that its constants agree with each other. The two
+constants no vLLM run measures stay the torch engine's: `cpu_prefill_compute_efficiency` (prompts go through the
+decode batch) and `cpu_extra_version_step_s` (vLLM hosts one version per engine)."""
+
+VLLM_CPU_CALIBRATION = DEFAULT_CALIBRATION.with_overrides(source=f"{CATALOG_SOURCE}, vLLM's CPU engine",
+                                                          **VLLM_CPU_ENGINE)
+
+
+def catalog_calibration(accelerator_name: str, rollout_engine: str) -> Calibration:
+    """The catalog's constants for plans of ``rollout_engine`` on ``accelerator_name``: vLLM's CPU engine has its own
+    `cpu_*` constants (`VLLM_CPU_ENGINE`); everything else plans with the defaults."""
+    if accelerator_name == "cpu" and rollout_engine == "vllm":
+        return VLLM_CPU_CALIBRATION
+    return DEFAULT_CALIBRATION
+
+
+def is_catalog(calibration: Calibration) -> bool:
+    """Whether ``calibration`` is a catalog entry (no file, no measurement changed it)."""
+    return calibration.source.startswith(CATALOG_SOURCE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner import architecture, hardware
-from planner.calibration import DEFAULT_CALIBRATION
+from planner.calibration import catalog_calibration, is_catalog
 from planner.hardware import gib
 from planner.plan import (
     FORMAT_VERSION,
@@ -157,7 +157,7 @@ def catalog_defaults_that_matter(outcome: SearchOutcome, inputs: SearchInputs) -
     cal = inputs.calibration
     if inputs.accelerator.name == "cpu" and cal.source.startswith("measured"):
         return ()  # written by `dora calibrate`, which fits every field that matters (a fit may land on a default)
-    default = DEFAULT_CALIBRATION.to_dict()
+    default = catalog_calibration(inputs.accelerator.name, inputs.rollout_engine).to_dict()
     current = cal.to_dict()
     return tuple(f for f in _fields_that_matter(outcome, inputs) if f not in current or current[f] == default.get(f))
 
@@ -236,7 +236,7 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
     out = []
     c = outcome.chosen
     defaults = catalog_defaults_that_matter(outcome, inputs)
-    if inputs.calibration.source == "catalog defaults":
+    if is_catalog(inputs.calibration):
         out.append(f"uncalibrated: the constants this plan depends on are catalog defaults ({', '.join(defaults)}); "
                    f"published planners see 10-25% error before calibration; {_how_to_calibrate(inputs)}")
     elif defaults and len(defaults) == len(_fields_that_matter(outcome, inputs)):

@@ -82,9 +82,15 @@ class SearchInputs:
     calibration: Calibration = DEFAULT_CALIBRATION
     lengths_per_prompt: bool = False
     """The samples of a prompt group share one response length (``Workload.length_per_prompt``)."""
-    single_version_engines: bool = False
-    """The rollout engines host one policy version each (vLLM, on ``cpu`` too); False: on ``cpu``, dora's torch
-    engines, which may host several (``Space.rollout_options``)."""
+    rollout_engine: str = "torch"
+    """The spec's ``runtime.rollout_engine``: "vllm" or dora's "torch" engine (``single_version_engines``; on ``cpu``
+    the catalog's constants depend on it, ``planner.calibration.catalog_calibration``)."""
+
+    @property
+    def single_version_engines(self) -> bool:
+        """The rollout engines host one policy version each (vLLM, on ``cpu`` too); False: on ``cpu``, dora's torch
+        engines, which may host several (``Space.rollout_options``)."""
+        return self.rollout_engine == "vllm"
 
     @property
     def total_accelerators(self) -> int:

@@ -9,6 +9,6 @@ address="${RAY_ADDRESS:-$default_address}"
 exec ray job submit \
   --address "$address" \
   --runtime-env-json '{"env_vars": {"PYTHONUNBUFFERED": "1"}, "excludes": ["/runs/local-tiny-vllm/"], "working_dir": "."}' \
-  --metadata-json '{"dora_max_version_lag": "2", "dora_mode": "streaming", "dora_spec_hash": "e800ef80d9ff63c133abadf3b34fc28c1909163968cda88a43d77b88a521b67d", "dora_spec_name": "local-tiny-vllm", "dora_version": "0.1.0"}' \
+  --metadata-json '{"dora_max_version_lag": "1", "dora_mode": "streaming", "dora_spec_hash": "e800ef80d9ff63c133abadf3b34fc28c1909163968cda88a43d77b88a521b67d", "dora_spec_name": "local-tiny-vllm", "dora_version": "0.1.0"}' \
   --entrypoint-num-cpus 1 \
   -- python -m dora.runtime.driver --config launch/runtime.json
