@@ -151,6 +151,14 @@ def _speedup(plan: Plan) -> str:
             f"considered plans); {p.speedup_vs_sync:.2f}x over sync on the pinned one")
 
 
+def _sweep_speedup(p: Predictions) -> str:
+    """A sweep row's speedup: over the best sync plan, as the plan report's headline (``_speedup``), starred where the
+    spec's pins rule that plan out (the row said the pinned sync's figure, the legend the best's)."""
+    if p.speedup_vs_sync_any_placement is None:
+        return f"{p.speedup_vs_sync:.2f}x"
+    return f"{p.speedup_vs_sync_any_placement:.2f}x*"
+
+
 def _predictions_table(plan: Plan) -> Table:
     p = plan.predictions
     best_sync = p.speedup_vs_sync_any_placement or p.speedup_vs_sync
@@ -267,14 +275,15 @@ def render_sweep(spec_name: str, spec_file: str, fields: Sequence[str], points: 
                  f"R{plan.rollout.accelerators} T{plan.train.accelerators}")
         tab.add_row(value, f"{plan.mode} k={plan.max_version_lag}, {where} of {point.accelerators}",
                     format_rate(p.trained_tokens_per_s), format_rate(p.trained_tokens_per_s / point.accelerators),
-                    f"{p.speedup_vs_sync:.2f}x", _dur(p.total_time_s),
+                    _sweep_speedup(p), _dur(p.total_time_s),
                     f"${_amount(p.cost_usd, 0)}" if priced else _amount(p.accelerator_hours, 1),
                     "✔" if i == best else "")
     ranked = {"throughput": "the most trained tokens/s", "time": "the shortest time for all steps",
               "cost": "the lowest cost" if priced else "the fewest accelerator-hours (a point has no price)"}[objective]
     foot = Text(f"best: {ranked}, the spec's objective ({objective}). plan: mode, staleness k, accelerators that roll "
                 "out (R) and train (T), or time-share (coloc), of the cluster's. tok/s: trained tokens/s, in all and "
-                "per accelerator rented; vs sync: over the best sync plan; all steps: the time for the spec's steps; "
+                "per accelerator rented; vs sync: over the best sync plan (*: on a placement the spec's pins rule out; `dora "
+                "plan` gives both); all steps: the time for the spec's steps; "
                 + ("cost: at the spec's cluster.price_per_accelerator_hour_usd, whatever the accelerator" if priced else
                    "accel.-h: accelerator-hours for them (a point has no cluster.price_per_accelerator_hour_usd)")
                 + ". Each row is `dora plan` of the spec with these values: plan a copy with them for its whole report.",

@@ -148,3 +148,30 @@ def test_a_priced_sweep_shows_the_cost_at_the_specs_price(tmp_path: Path, capsys
     text = " ".join(capsys.readouterr().out.split())
     assert "best: the lowest cost, the spec's objective (cost)" in text and f"${costs[1]:,.0f}" in text
     assert "cost: at the spec's cluster.price_per_accelerator_hour_usd, whatever the accelerator" in text
+
+
+def test_a_point_that_changes_the_rollout_engine_plans_with_that_engines_catalog_entry(capsys, monkeypatch) -> None:
+    """On `cpu` the catalog's constants depend on the rollout engine (``catalog_calibration``): each point is planned
+    with its own engine's, as `dora plan` of a copy with that engine would. The table's "vs sync" is over the best sync
+    plan, as its legend says, starred where the spec's pins rule that plan out (it showed the pinned sync's)."""
+    from planner.calibration import DEFAULT_CALIBRATION, VLLM_CPU_CALIBRATION
+
+    spec = REPO / "specs" / "local-tiny-vllm.yaml"
+    assert main(["plan", str(spec), "--json", "--sweep", "runtime.rollout_engine=torch,vllm"]) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    torch, vllm = (p["plan"] for p in points)
+    assert torch["calibration_fingerprint"] == DEFAULT_CALIBRATION.fingerprint()
+    assert vllm["calibration_fingerprint"] == VLLM_CPU_CALIBRATION.fingerprint()
+    assert main(["plan", str(spec), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["predictions"] == vllm["predictions"]
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["plan", str(spec), "--sweep", "runtime.rollout_engine=torch,vllm"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    starred = [p for p in (torch, vllm) if p["predictions"]["speedup_vs_sync_any_placement"] is not None]
+    assert starred  # the spec pins a disaggregated placement; the best sync plan of its 2 cores is colocated
+    for plan in (torch, vllm):
+        p = plan["predictions"]
+        shown = (f"{p['speedup_vs_sync']:.2f}x " if p["speedup_vs_sync_any_placement"] is None
+                 else f"{p['speedup_vs_sync_any_placement']:.2f}x* ")
+        assert shown in out
+    assert "(*: on a placement the spec's pins rule out" in out
