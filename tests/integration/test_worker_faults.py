@@ -38,9 +38,9 @@ def _controller(tmp_path: Path, mode: str, steps: int, spec: Path | None = None,
     return Controller(config), config
 
 
-@pytest.fixture
-def joined():
-    """A fresh local Ray instance of its own."""
+@pytest.fixture(scope="module")
+def _ray_instance():
+    """A fresh local Ray instance of its own, shared by this module's tests (a start and stop cost about 5 s)."""
     import ray
 
     # an instance of its own: without an address Ray joins any `ray start` cluster on the machine, or a dead one's
@@ -48,6 +48,20 @@ def joined():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def joined(_ray_instance):
+    """The module's Ray instance, which each test leaves as it found it: once the run is over every CPU its actors held
+    is free again (the controller stops what it starts, killed and stopped runs included), so the next test gets the
+    whole instance."""
+    import ray
+
+    yield
+    deadline = time.monotonic() + 10.0
+    while (free := ray.available_resources().get("CPU", 0.0)) < 2.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert free == 2.0, f"the run left actors holding {2.0 - free:g} of Ray's 2 CPUs"
 
 
 def test_rollout_workers_killed_at_five_points_are_restarted_and_nothing_is_lost(tmp_path, joined):
