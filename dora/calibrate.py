@@ -594,6 +594,7 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
               f"{len(train)} train, {len(publish)} publish points{', quick grid' if quick else ''}) on "
               f"{machine['cpu_model']}, {machine['cpu_count']} cores, 1 torch thread per engine")
     calib, fits = fit_all(decode, prefill, train, publish, ctx, DEFAULT_CALIBRATION, source)
+    calib = calib.with_overrides(cpu_rollout_engine="torch")  # the micro-benchmarks time dora's torch engine
     text = calibration_document(calib, fits, [*decode, *prefill, *train, *publish], machine, spec.name,
                                 resolved.spec_hash)
     code = _write(console, spec_path, out_path, text, calib, fits)
@@ -645,6 +646,7 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
         from dora.planning import catalog_for
 
         calib, fits = fit_runs(data, ctx, catalog_for(resolved), source)  # what no run measures keeps the catalog's
+        calib = calib.with_overrides(cpu_rollout_engine=resolved.spec.runtime.rollout_engine)  # the runs' engine
     except RunDataError as exc:
         error(console, str(exc))
         return EXIT_INVALID

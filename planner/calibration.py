@@ -30,6 +30,9 @@ from typing import Any
 
 _GIB = 1024**3
 
+ROLLOUT_ENGINES = ("torch", "vllm")
+"""The rollout engines a `cpu` calibration can describe (``runtime.rollout_engine``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
@@ -254,12 +257,23 @@ class Calibration:
     6.5-7.1 ms; the sync, one-step-off and bounded-async runs of the same bench measured 3.3-3.5 ms (their
     controller does less per message). On GPUs it is left out (``admission_queue_for``)."""
 
+    cpu_rollout_engine: str | None = None
+    """On `cpu`: the rollout engine whose runs the `cpu_*` constants describe, "torch" (dora's) or "vllm" (its CPU
+    backend); `dora calibrate` records it, and a plan of a spec with the other engine warns. None: the torch
+    engine's (the catalog default); a file without this key takes it from the spec's catalog entry, as any constant it
+    leaves out."""
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             name = field.name
             if name == "source":
                 if not isinstance(self.source, str) or not self.source:
                     raise ValueError("Calibration.source must be a non-empty string")
+                continue
+            if name == "cpu_rollout_engine":
+                if self.cpu_rollout_engine not in (None, *ROLLOUT_ENGINES):
+                    raise ValueError(f"Calibration.cpu_rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got "
+                                     f"{self.cpu_rollout_engine!r}")
                 continue
             value = getattr(self, name)
             if value is None and name in _OPTIONAL_FIELDS:
@@ -385,7 +399,7 @@ class Calibration:
 _OPTIONAL_FIELDS = frozenset({"cpu_prefill_compute_efficiency", "cpu_train_compute_efficiency", "cpu_train_parallel_efficiency",
                               "cpu_weight_reload_fixed_s", "cpu_extra_version_step_s", "cpu_rollout_contention",
                               "cpu_train_contention", "cpu_weight_publish_fixed_s",
-                              "cpu_engine_contention", "cpu_controller_round_trip_s"})
+                              "cpu_engine_contention", "cpu_controller_round_trip_s", "cpu_rollout_engine"})
 
 DEFAULT_CALIBRATION = Calibration()
 
@@ -422,7 +436,7 @@ constants no vLLM run measures stay the torch engine's: `cpu_prefill_compute_eff
 decode batch) and `cpu_extra_version_step_s` (vLLM hosts one version per engine)."""
 
 VLLM_CPU_CALIBRATION = DEFAULT_CALIBRATION.with_overrides(source=f"{CATALOG_SOURCE}, vLLM's CPU engine",
-                                                          **VLLM_CPU_ENGINE)
+                                                          cpu_rollout_engine="vllm", **VLLM_CPU_ENGINE)
 
 
 def catalog_calibration(accelerator_name: str, rollout_engine: str) -> Calibration:
@@ -431,6 +445,11 @@ def catalog_calibration(accelerator_name: str, rollout_engine: str) -> Calibrati
     if accelerator_name == "cpu" and rollout_engine == "vllm":
         return VLLM_CPU_CALIBRATION
     return DEFAULT_CALIBRATION
+
+
+def engine_of(calibration: Calibration) -> str:
+    """The rollout engine whose `cpu` runs ``calibration``'s `cpu_*` constants describe (`cpu_rollout_engine`)."""
+    return calibration.cpu_rollout_engine or "torch"
 
 
 def is_catalog(calibration: Calibration) -> bool:

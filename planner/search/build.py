@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner import architecture, hardware
-from planner.calibration import catalog_calibration, is_catalog
+from planner.calibration import catalog_calibration, engine_of, is_catalog
 from planner.hardware import gib
 from planner.plan import (
     FORMAT_VERSION,
@@ -245,6 +245,11 @@ def _warnings(outcome: SearchOutcome, inputs: SearchInputs, preds: Predictions) 
                    f"{_how_to_calibrate(inputs)}")
     elif defaults:
         out.append(f"partly calibrated ({inputs.calibration.source}): still catalog defaults: {', '.join(defaults)}")
+    fitted_on = engine_of(inputs.calibration)
+    if inputs.accelerator.name == "cpu" and fitted_on != inputs.rollout_engine:
+        out.append(f"calibrated for another rollout engine: the cpu_* constants ({inputs.calibration.source}) describe "
+                   f"the {fitted_on} engine's runs, and this spec rolls out with {inputs.rollout_engine}, whose steps, "
+                   f"loads and round trips take other times; {_how_to_calibrate(inputs)}")
     if c.sim_steps < min(inputs.steps, REFINE_STEPS):
         out.append(f"chosen on {c.sim_steps}-step simulations, not {min(inputs.steps, REFINE_STEPS)}: at this batch "
                    f"size a longer run passes the planner's budget of {REFINE_SAMPLES_BUDGET:,} simulated "

@@ -210,7 +210,7 @@ def test_run_calibrate_measures_the_real_engines(tmp_path) -> None:
     assert run_calibrate(LOCAL, str(out), grid=grid) == 0
     doc = json.loads(out.read_text())
     calib = load_calibration(str(out))
-    assert calib.source.startswith("measured: torch CPU engines of local-tiny")
+    assert calib.source.startswith("measured: torch CPU engines of local-tiny") and calib.cpu_rollout_engine == "torch"
     # a 4-point grid on a shared machine can fit a zero overhead; the value must still be a valid, fitted number
     assert calib.cpu_step_overhead_s >= 0 and calib.cpu_train_compute_efficiency is not None
     assert len([m for m in doc["measurements"] if m["kind"] == "decode"]) == 4

@@ -199,6 +199,7 @@ def test_from_run_cli_writes_a_loadable_file_and_rejects_a_bad_directory(ctx: Mo
     assert run_calibrate(LOCAL, str(out), from_runs=[str(tmp_path / "sync"), str(tmp_path / "async")]) == 0
     calib = load_calibration(str(out))
     assert calib.source.startswith("measured in situ") and calib.cpu_rollout_contention == pytest.approx(1.3, rel=0.03)
+    assert calib.cpu_rollout_engine == "torch"  # the runs' engine, which a plan of a vLLM spec checks against
     assert run_calibrate(LOCAL, str(tmp_path / "x.json"), from_runs=[str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "engine_steps.jsonl" in err and "Traceback" not in err

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_lower_plans import example_plan, load_example
 
 from dora.apply import _calibration_flag
-from dora.planning import catalog_for, load_calibration, make_plan
+from dora.planning import CalibrationFileError, catalog_for, load_calibration, make_plan
 from planner.calibration import (
     DEFAULT_CALIBRATION,
     VLLM_CPU_CALIBRATION,
@@ -66,3 +67,27 @@ def test_a_calibration_file_sets_what_it_names_over_the_specs_catalog_entry(tmp_
     warnings = make_plan(vllm_spec, cal).plan.warnings
     partly = [w for w in warnings if w.startswith("partly calibrated")]
     assert partly and "cpu_compute_efficiency" in partly[0] and "cpu_step_overhead_s" not in partly[0]
+
+
+def test_a_plan_calibrated_on_the_other_engines_runs_says_so(tmp_path: Path) -> None:
+    """`dora calibrate` records the engine its runs rolled out with (``cpu_rollout_engine``); a plan of a spec with the
+    other engine warns that the constants describe another engine's steps. The torch main job's fit, used to plan its
+    vLLM twin, would have predicted twice the throughput."""
+    fitted = {**{k: getattr(DEFAULT_CALIBRATION, k) for k in VLLM_CPU_ENGINE}, "source": "measured in situ: test"}
+    vllm_spec, torch_spec = load_example("local-tiny-vllm"), load_example("local-tiny")
+    warned = "calibrated for another rollout engine"
+    for engine, spec, warns in (("torch", vllm_spec, True), ("vllm", vllm_spec, False), ("torch", torch_spec, False),
+                                ("vllm", torch_spec, True)):
+        path = tmp_path / f"{engine}.json"
+        path.write_text(json.dumps({"calibration": {**fitted, "cpu_rollout_engine": engine}}), encoding="utf-8")
+        cal = load_calibration(str(path), catalog_for(spec))
+        assert cal.cpu_rollout_engine == engine
+        warnings = [w for w in make_plan(spec, cal).plan.warnings if w.startswith(warned)]
+        assert bool(warnings) == warns, (engine, spec.spec.name, warnings)
+        if warns:
+            assert f"describe the {engine} engine's runs" in warnings[0] and "dora calibrate SPEC --from-run" in warnings[0]
+    assert VLLM_CPU_CALIBRATION.cpu_rollout_engine == "vllm" and DEFAULT_CALIBRATION.cpu_rollout_engine is None
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"calibration": {"cpu_rollout_engine": "sglang"}}), encoding="utf-8")
+    with pytest.raises(CalibrationFileError, match="cpu_rollout_engine must be one of torch, vllm, got 'sglang'"):
+        load_calibration(str(bad), catalog_for(vllm_spec))
