@@ -336,6 +336,7 @@ def test_vllm_engines_roll_out_beside_the_torch_trainer_and_the_audit_passes(tmp
     steps = STEPS
     code, text = _apply(spec, "streaming", out, steps=steps)
     assert code == 0, text
+    assert "trained tokens/s (catalog defaults, vLLM's CPU engine)" in " ".join(text.split())  # vLLM's own constants
     summary = json.loads((out / "summary.json").read_text())
     assert summary["audit"]["ok"], summary["audit"]["violations"]
     assert summary["audit"]["num_consumed"] == steps * PROMPTS * SAMPLES
