@@ -20,8 +20,8 @@ Targets (issue 9): median |step-time error| <= 15%; predicted streaming/sync spe
     python bench/predict_vs_measure.py --calibration calibration.json          # 12 steps per mode (spec: 150)
     python bench/predict_vs_measure.py --steps 20 --repeats 2                  # spread over repeated runs
     python bench/predict_vs_measure.py --calibration catalog                   # the built-in constants
-Without --calibration it first calibrates in situ: two sync runs (one engine; colocated, one engine per core) and a
-streaming `dora apply` run with the spec's seed + 1, then `dora calibrate --from-run` all three, into
+Without --calibration it first calibrates in situ, as `dora calibrate --in-situ` does: two sync runs (one engine;
+colocated, one engine per core) and a streaming `dora apply` run, here with the spec's seed + 1, then fits to them, into
 <out-dir>/calibration.json (the micro-benchmarks of plain `dora calibrate` time each engine alone, which on 2 shared
 cores predicts ~1.6x too fast).
 """
@@ -147,39 +147,17 @@ def main() -> int:
 
 def _calibrate_in_situ(spec_path: str, resolved: Any, cal_path: str, steps: int, out_dir: str,
                        console: Console, pool: Path) -> int:
-    """`dora apply` two sync runs and a streaming run of the spec with its seed + 1 (so the measured runs are not
-    the data the constants were fitted to), then `dora calibrate --from-run` all three. One sync run has a single
-    engine: its steps fit the decode constants at every batch size (two engines started together decode side by
-    side until their tails, so their lone steps are nearly all small batches). The other is colocated with one engine
-    per core, whatever the plan says: its engines decode side by side (`cpu_engine_contention`), and its trainer
-    has every core (`cpu_train_parallel_efficiency`, against the one-core steps of the others)."""
-    import yaml
+    """`dora calibrate --in-situ`'s runs (``dora.calibrate.run_in_situ``: sync with one engine, sync colocated with
+    one engine per core, streaming) of the spec with its seed + 1, so that the measured runs are not the data the
+    constants were fitted to; then `dora calibrate --from-run` all three."""
+    from dora.calibrate import IN_SITU_RUNS, run_calibrate, run_in_situ
 
-    from dora.apply import ApplyOverrides, run_apply
-    from dora.calibrate import run_calibrate
-
-    data = yaml.safe_load(Path(spec_path).read_text(encoding="utf-8"))
-    data.setdefault("runtime", {})["seed"] = resolved.spec.runtime.seed + 1
-    spec = Path(out_dir) / "calibration-spec.yaml"
-    spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    placement = data.get("placement")
-    data["placement"] = {**(placement if isinstance(placement, dict) else {}), "colocated": True}
-    colocated = Path(out_dir) / "calibration-spec-colocated.yaml"
-    colocated.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    runs = []
-    cores = resolved.spec.cluster.accelerators_per_node
-    for mode, workers, path in (("sync", 1, spec), ("sync", cores, colocated), ("streaming", None, spec)):
-        out = f"{out_dir}/calibrate-{mode}" + (f"-{workers}" if workers else "")
-        console.print(f"in-situ calibration run: {mode}, {steps} steps, seed {data['runtime']['seed']}"
-                      f"{' (colocated)' if path == colocated else ''} -> {out}")
-        fresh_run_dir(out, console, pool)
-        overrides = ApplyOverrides(mode=mode, steps=steps, output_dir=out, rollout_workers=workers)
-        code = run_apply(str(path), overrides=overrides, console=console, live=False)
-        keep_warmup(out, pool)
-        if code != 0:
-            return 1
-        runs.append(out)
+    runs_dir = Path(out_dir) / "calibrate"
+    for name, _, _ in IN_SITU_RUNS:
+        fresh_run_dir(str(runs_dir / name), console)
+    runs = run_in_situ(spec_path, resolved, runs_dir, steps, console, seed_offset=1, warmup_pool=pool)
+    if runs is None:
+        return 1
     return run_calibrate(spec_path, cal_path, console, from_runs=runs)
 
 

@@ -30,6 +30,9 @@ Each point is fitted with the cost model's *own* formula, so that the planner re
 `dora calibrate SPEC --from-run SYNC_RUN --from-run ASYNC_RUN` fits the same constants, plus the contention of
 rollout and trainer on one host, to what real `dora apply` runs recorded instead (`dora.calibrate_run`): the
 engines alone run ~1.3-1.9x faster than inside a run on 2 shared cores.
+`dora calibrate SPEC --in-situ [--steps N] [--runs-dir DIR]` makes those runs first (``run_in_situ``: a sync run
+with one engine, a sync run colocated with an engine per core, a streaming run, N steps each, 40 by default), then
+fits to them: one command for the fit that predicts runs of this machine.
 
 The file (sorted JSON, no timestamps) holds the fitted `Calibration` under "calibration" (what `dora plan
 --calibration FILE` reads), every measured point, each fit's residuals, and the machine description.
@@ -520,9 +523,11 @@ def calibration_document(calib: Calibration, fits: Sequence[Fit], points: Sequen
 
 
 def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: bool = False,
-                  grid: Grid | None = None, from_runs: Sequence[str] = ()) -> int:
-    """Implementation of `dora calibrate SPEC --out FILE [--quick]`: returns the exit code, never raises on bad
-    input."""
+                  grid: Grid | None = None, from_runs: Sequence[str] = (), in_situ: bool = False,
+                  steps: int | None = None, runs_dir: str | None = None) -> int:
+    """Implementation of `dora calibrate SPEC --out FILE [--quick | --from-run RUN ... | --in-situ]`: returns the
+    exit code, never raises on bad input. ``in_situ``: run the spec here first, ``steps`` steps a run
+    (``run_in_situ``, into ``runs_dir``), and fit to those runs."""
     from dora.apply import ApplyOverrides, runtime_config_for
     from dora.planning import search_inputs
     from dora.runtime.config import RuntimeConfigError
@@ -533,6 +538,20 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
     if from_runs and (quick or grid is not None):
         error(console, "--quick and --from-run do not go together: --quick runs a smaller grid of micro-benchmarks, "
                        "--from-run fits to finished runs instead of running any; give one or the other")
+        return EXIT_INVALID
+    if in_situ and (from_runs or quick or grid is not None):
+        error(console, f"--in-situ and {'--from-run' if from_runs else '--quick'} do not go together: --in-situ runs "
+                       "the spec here and fits to those runs; give one or the other")
+        return EXIT_INVALID
+    if not in_situ and (steps is not None or runs_dir is not None):
+        flag = "--steps" if steps is not None else "--runs-dir"
+        error(console, f"{flag} is for --in-situ (the steps of its runs, where it writes them): add --in-situ, or "
+                       "leave the flag out")
+        return EXIT_INVALID
+    steps = IN_SITU_STEPS if steps is None else steps
+    if steps < IN_SITU_MIN_STEPS:
+        error(console, f"--steps {steps}: an in-situ run needs at least {IN_SITU_MIN_STEPS} steps (the fits leave out "
+                       f"each run's first training steps, the trainer's warm-up); the default is {IN_SITU_STEPS}")
         return EXIT_INVALID
     try:
         resolved = load_spec(spec_path)
@@ -568,13 +587,23 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
                        extra_forward_passes=inputs.extra_forward_passes, optimizer_steps=inputs.optimizer_steps,
                        micro_batch_tokens=max(8192, inputs.max_context_tokens),
                        accelerators_per_node=inputs.accelerators_per_node)
+    if in_situ:
+        where = Path(runs_dir or f"runs/{spec.name}-calibration")
+        if (there := [str(where / name) for name, _, _ in IN_SITU_RUNS if (where / name).exists()]):
+            error(console, f"{there[0]} exists: --in-situ writes fresh runs, and `dora apply` would resume that one\n"
+                           f"  to fix: remove {where}/, or give another --runs-dir")
+            return EXIT_INVALID
+        made = run_in_situ(spec_path, resolved, where, steps, console)
+        if made is None:
+            return EXIT_FAILED
+        return _calibrate_from_runs(spec_path, out_path, console, resolved, ctx, made, json.loads(rc.to_json()),
+                                    copies=made)
     if from_runs:
         return _calibrate_from_runs(spec_path, out_path, console, resolved, ctx, from_runs, json.loads(rc.to_json()))
     if spec.runtime.rollout_engine != "torch":  # the micro-benchmarks time TorchRolloutEngine's steps
         error(console, f"{spec_path}: `dora calibrate` without --from-run times the torch rollout engine's steps, and "
                        f"this spec rolls out with {spec.runtime.rollout_engine}\n  to fix: fit to runs of this spec "
-                       "instead: `dora apply SPEC --mode sync --steps 20 --output-dir runs/sync` and a run in its own "
-                       "mode, then `dora calibrate SPEC --from-run runs/sync --from-run runs/RUN`")
+                       "instead: `dora calibrate SPEC --in-situ` runs it here and fits to those runs")
         return EXIT_INVALID
     grid = grid or (Grid.quick() if quick else Grid())
     threads = torch.get_num_threads()
@@ -601,14 +630,82 @@ def run_calibrate(spec_path: str, out_path: str, console: Any = None, *, quick: 
     if code == EXIT_OK:
         say(console, "note: these micro-benchmarks time each engine alone on an idle machine; a real run shares the "
                      "cores (rollout and trainer slow each other, publishes and loads cost more): `dora calibrate "
-                     "SPEC --from-run RUN_DIR ...` fits those from runs and predicts them better")
+                     "SPEC --in-situ` (or `--from-run RUN_DIR ...`) fits those from runs and predicts them better")
     return code
 
 
+IN_SITU_STEPS = 40
+"""Steps of each `--in-situ` run (about 15-25 s each for local-tiny here, warm-up and start-up aside)."""
+IN_SITU_MIN_STEPS = 10
+"""Fewest steps an `--in-situ` run may take: the fits leave out each run's first 2 training steps (the trainer's
+warm-up), a step or two fills the pipeline, and the contention fit needs 3 training steps that overlap rollout (a
+6-step streaming run of a small batch had 1 or 2)."""
+IN_SITU_RUNS = (("sync", "sync", False), ("sync-colocated", "sync", True), ("streaming", "streaming", False))
+"""The runs of `dora calibrate --in-situ`: (output directory's name, mode, whether colocated with one engine per core).
+The sync run with the spec's engines (one on a disaggregated local spec) fits the decode constants at every batch
+size and the trainer alone; the colocated one decodes on every core side by side (``cpu_engine_contention``) and
+trains on every core (``cpu_train_parallel_efficiency``); the streaming run overlaps rollout and training (the
+contention of one with the other, the loads, the controller's round trip)."""
+
+
+def run_in_situ(spec_path: str, resolved: Any, runs_dir: Path, steps: int, console: Any, *, seed_offset: int = 0,
+                warmup_pool: Path | None = None) -> list[str] | None:
+    """Run the spec here as ``IN_SITU_RUNS`` say, ``steps`` steps each, into ``runs_dir``: the run directories, or
+    None when a run failed (its error printed). The colocated run plans a copy of the spec with ``placement.colocated:
+    true``, written beside the runs; ``seed_offset`` > 0 runs copies with the spec's seed plus it (a bench that then
+    measures runs of the spec's own seed). The trainer's warm-up is computed once and shared through
+    ``warmup_pool`` (default: runs_dir/warmup-pool), as its cache file is named by what it holds."""
+    import shutil
+
+    from ruamel.yaml import YAML
+
+    from dora.apply import ApplyOverrides, run_apply
+
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    pool = warmup_pool or runs_dir / "warmup-pool"
+    pool.mkdir(parents=True, exist_ok=True)
+    yaml = YAML()  # round trip: the copies keep the spec's comments and order
+    data = yaml.load(Path(spec_path).read_text(encoding="utf-8"))
+    plain = Path(spec_path)
+    if seed_offset:
+        data.setdefault("runtime", {})["seed"] = resolved.spec.runtime.seed + seed_offset
+        plain = runs_dir / "calibration-spec.yaml"
+        with plain.open("w", encoding="utf-8") as out_file:
+            yaml.dump(data, out_file)
+    if not isinstance(data.get("placement"), dict):  # absent, or "auto"
+        data["placement"] = {}
+    data["placement"]["colocated"] = True
+    colocated = runs_dir / "calibration-spec-colocated.yaml"
+    with colocated.open("w", encoding="utf-8") as out_file:
+        yaml.dump(data, out_file)
+    cores = resolved.spec.cluster.accelerators_per_node * resolved.spec.cluster.nodes
+    runs: list[str] = []
+    for name, mode, coloc in IN_SITU_RUNS:
+        out = runs_dir / name
+        say(console, f"in-situ calibration run {len(runs) + 1}/{len(IN_SITU_RUNS)}: {mode}"
+                     f"{f', colocated, {cores} engines' if coloc else ''}, {steps} steps -> {out}/")
+        cache = out / "cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        for f in pool.glob("warmup-*.pt"):
+            shutil.copy2(f, cache / f.name)
+        overrides = ApplyOverrides(mode=mode, steps=steps, output_dir=str(out),
+                                   rollout_workers=cores if coloc else (1 if mode == "sync" else None))
+        code = run_apply(str(colocated if coloc else plain), overrides=overrides, console=console, live=False)
+        for f in cache.glob("warmup-*.pt"):
+            if not (pool / f.name).exists():
+                shutil.copy2(f, pool / f.name)
+        if code != 0:
+            error(console, f"in-situ calibration run {out}/ failed (exit {code}); nothing was fitted")
+            return None
+        runs.append(str(out))
+    return runs
+
+
 def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: Any, ctx: ModelContext,
-                         from_runs: Sequence[str], expected: dict[str, Any]) -> int:
+                         from_runs: Sequence[str], expected: dict[str, Any], copies: Sequence[str] = ()) -> int:
     """`--from-run`: fit the constants to real runs of this spec (`dora.calibrate_run`); ``expected``: the spec's
-    runtime config, as `dora apply` writes it to runtime.json (a run of another model is refused)."""
+    runtime config, as `dora apply` writes it to runtime.json (a run of another model is refused). ``copies``: runs
+    of copies of the spec that `--in-situ` made, whose note that they are of another spec would say nothing."""
     from dora.calibrate_run import (
         WARMUP_TRAIN_STEPS,
         RunDataError,
@@ -634,7 +731,7 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
         for run in from_runs:
             note = check_run_spec(Path(run), expected, spec_path)
             read_run(Path(run), data)
-            notes += [note] if note else []
+            notes += [note] if note and run not in copies else []
         machine, recorded, machine_notes, machine_warnings = runs_machine(data.machines, machine_description())
         engine_steps = (sum(len(c) for c in data.decode_alone.values()) + len(data.decode_engines)
                         + len(data.decode_contended) + len(data.multi))
@@ -648,7 +745,8 @@ def _calibrate_from_runs(spec_path: str, out_path: str, console: Any, resolved: 
         calib, fits = fit_runs(data, ctx, catalog_for(resolved), source)  # what no run measures keeps the catalog's
         calib = calib.with_overrides(cpu_rollout_engine=resolved.spec.runtime.rollout_engine)  # the runs' engine
     except RunDataError as exc:
-        error(console, str(exc))
+        error(console, str(exc) + (f"\n  with --in-situ: its runs were too short for the fit; give more --steps "
+                                   f"(the default is {IN_SITU_STEPS})" if copies else ""))
         return EXIT_INVALID
     for note in [*notes, *data.notes, *machine_notes]:
         say(console, f"note: {note}")
@@ -818,13 +916,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-run", action="append", default=[], metavar="RUN_DIR", type=named("a run directory"),
                         help="fit to a finished `dora apply` run's output directory instead of micro-benchmarks "
                              "(repeat it: one sync run and one asynchronous run; see dora/calibrate_run.py)")
+    parser.add_argument("--in-situ", action="store_true",
+                        help="run the spec here three times (sync with one engine, sync colocated with an engine per "
+                             "core, streaming; --steps each) and fit to those runs: what predicts runs of this "
+                             "machine (the micro-benchmarks time each engine alone)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"steps of each --in-situ run (default {IN_SITU_STEPS})")
+    parser.add_argument("--runs-dir", default=None, type=named("a directory to write the runs to"),
+                        help="where --in-situ writes its runs (default runs/<spec name>-calibration)")
 
 
 def main(argv: Sequence[str] | None = None, run: Callable[..., int] = run_calibrate) -> int:
     ap = argparse.ArgumentParser(prog="dora calibrate", description=__doc__.splitlines()[0])
     add_arguments(ap)
     args = ap.parse_args(argv)
-    return run(args.spec, args.out, quick=args.quick, from_runs=args.from_run)
+    return run(args.spec, args.out, quick=args.quick, from_runs=args.from_run, in_situ=args.in_situ, steps=args.steps,
+               runs_dir=args.runs_dir)
 
 
 if __name__ == "__main__":

@@ -170,7 +170,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from dora.calibrate import run_calibrate
 
-    return run_calibrate(args.spec, args.out, _err_console(), quick=args.quick, from_runs=args.from_run)
+    return run_calibrate(args.spec, args.out, _err_console(), quick=args.quick, from_runs=args.from_run,
+                         in_situ=args.in_situ, steps=args.steps, runs_dir=args.runs_dir)
 
 
 def cmd_examples(args: argparse.Namespace) -> int:

@@ -224,8 +224,9 @@ def _how_to_calibrate(inputs: SearchInputs) -> str:
     finished runs (its micro-benchmarks alone time each engine by itself, about 1.6x fast on 2 shared cores); on a
     GPU, dora measures the Megatron trainer's MFU, and the rest are written into the file by hand."""
     if inputs.accelerator.name == "cpu":
-        return ("fit them to this machine from finished runs, a sync run among them (`dora calibrate SPEC --from-run "
-                "RUN --from-run SYNC_RUN`; a `dora apply` run prints its distance from the plan and these commands)")
+        return ("fit them to this machine: `dora calibrate SPEC --in-situ` runs the spec here three times and fits "
+                "to those runs (or `dora calibrate SPEC --from-run RUN --from-run SYNC_RUN` over finished runs, a sync "
+                "run among them; a `dora apply` run prints its distance from the plan)")
     return (f"on the target machines ({inputs.accelerator.name}), fit the trainer's MFU with `python "
             "bench/megatron_train.py --spec ONE_GPU_SPEC --calibration-out FILE` (a spec of the model cut to one GPU, "
             "as in bench/specs/), add what you measured of the others to FILE, and plan with `--calibration FILE` "

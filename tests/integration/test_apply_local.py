@@ -346,3 +346,30 @@ def test_vllm_engines_roll_out_beside_the_torch_trainer_and_the_audit_passes(tmp
     rows = read_jsonl(out / "engine_steps.jsonl")[1:]
     assert {r[0] for r in rows if r[3] == "step"} == {0, 1}  # both engines stepped
     assert sum(r[4] for r in rows if r[3] == "step") >= summary["audit"]["num_consumed"]
+
+
+def test_calibrate_in_situ_runs_the_spec_three_ways_and_fits_to_the_runs(tmp_path):
+    """`dora calibrate SPEC --in-situ`: a sync run with one engine, a sync run colocated with an engine per core and a
+    streaming run of the spec, each audited, then the fit over the three, which records the runs' engine. The
+    colocated run is of a copy of the spec (placement.colocated: true), made by the command: no note about it."""
+    from dora.calibrate import IN_SITU_RUNS, run_calibrate
+    from dora.planning import load_calibration
+
+    spec = _short_spec(tmp_path)
+    console = Console(record=True, width=120, force_terminal=False)
+    out = tmp_path / "calibration.json"
+    runs = tmp_path / "calibration-runs"
+    assert run_calibrate(str(spec), str(out), console, in_situ=True, steps=12, runs_dir=str(runs)) == 0, \
+        console.export_text()
+    text = " ".join(console.export_text().split())
+    for (name, mode, colocated), i in zip(IN_SITU_RUNS, range(1, 4), strict=True):
+        summary = json.loads((runs / name / "summary.json").read_text())
+        assert summary["audit"]["ok"] and summary["summary"]["steps"] == 12
+        runtime = json.loads((runs / name / "runtime.json").read_text())
+        assert runtime["mode"] == mode and runtime["colocated"] == colocated
+        assert f"in-situ calibration run {i}/3: {mode}" in text
+    assert "was made from spec" not in text
+    calib = load_calibration(str(out))
+    assert calib.source.startswith("measured in situ:") and "of 3 `dora apply` run(s)" in calib.source
+    assert calib.cpu_rollout_engine == "torch"
+    assert f"wrote {out}" in text

@@ -235,6 +235,34 @@ def test_run_calibrate_rejects_a_gpu_spec_and_a_missing_file(tmp_path, capsys) -
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--in-situ", "--from-run", "runs/x"], "--in-situ and --from-run do not go together"),
+    (["--in-situ", "--quick"], "--in-situ and --quick do not go together"),
+    (["--steps", "8"], "--steps is for --in-situ"),
+    (["--runs-dir", "runs/x"], "--runs-dir is for --in-situ"),
+    (["--in-situ", "--steps", "3"], "--steps 3: an in-situ run needs at least 10 steps"),
+])
+def test_in_situ_flags_that_do_not_go_together_exit_2_before_any_run(flags, message, tmp_path, capsys) -> None:
+    from dora.cli import main
+
+    assert main(["calibrate", LOCAL, "--out", str(tmp_path / "x.json"), *flags]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_in_situ_refuses_a_runs_dir_holding_an_earlier_calibrations_runs(tmp_path, capsys) -> None:
+    """`dora apply` would resume a run it finds there, and the fit would take steps of another day's machine."""
+    from dora.cli import main
+
+    (tmp_path / "runs" / "sync-colocated").mkdir(parents=True)
+    assert main(["calibrate", LOCAL, "--in-situ", "--runs-dir", str(tmp_path / "runs"), "--out",
+                 str(tmp_path / "x.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{tmp_path / 'runs' / 'sync-colocated'} exists" in err and "give another --runs-dir" in err
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "runs" / "sync").exists()
+
+
 def test_uncalibrated_plan_names_the_default_constants_it_depends_on() -> None:
     planned = make_plan(load_spec(LOCAL))
     names = catalog_defaults_that_matter(planned.outcome, planned.inputs)
