@@ -24,6 +24,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -62,7 +63,9 @@ class MLA:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelArch:
-    """A decoder-only transformer, dense or MoE, GQA or MLA.  See module docstring for notation."""
+    """A decoder-only transformer, dense or MoE, GQA or MLA.  See module docstring for notation.
+
+    Frozen: the parameter counts the cost model reads per simulated step are computed once (``cached_property``)."""
 
     name: str
     num_layers: int
@@ -247,7 +250,7 @@ class ModelArch:
         """E * 3*h*f_e * (MoE layers): the part of the model that expert parallelism shards."""
         return self.num_moe_layers * self.num_experts * self.expert_params
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         """N: every weight of the model (see module docstring for what is excluded)."""
         per_moe_layer = self.router_params + self.num_shared_experts * self.expert_params
@@ -257,7 +260,7 @@ class ModelArch:
                 + self.routed_expert_params_total
                 + self.norm_params + self.embedding_params)
 
-    @property
+    @cached_property
     def non_expert_params(self) -> int:
         """N minus routed experts: the part replicated across expert-parallel ranks."""
         return self.total_params - self.routed_expert_params_total
@@ -273,7 +276,7 @@ class ModelArch:
         token (`expected_routed_experts_per_token`)."""
         return self.active_params_with(self.expected_routed_experts_per_token)
 
-    @property
+    @cached_property
     def matmul_params_per_token(self) -> float:
         """N_c: weights a token multiplies with = N_act minus the input embedding (a table lookup, no FLOPs),
         keeping the LM head.  Forward FLOPs of the weight matmuls are 2*N_c per token."""

@@ -34,7 +34,7 @@ Context-parallel ring exchange is assumed hidden behind attention compute (Megat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from planner.architecture import ModelArch
@@ -228,6 +228,66 @@ def dp_imbalance(*, tokens: float, num_seqs: int, dp: int, optimizer_steps: int 
     return max(1.0, busiest / (per_rank * mean))
 
 
+@dataclass(frozen=True, kw_only=True)
+class _LayoutTerms:
+    """What ``train_step_time`` charges whatever the batch, for one layout (``TrainCostModel`` computes it once: the
+    simulator prices a training step thousands of times per run, on a handful of layouts)."""
+
+    calib: Calibration
+    """Resolved for the accelerator."""
+    devices: int
+    cores_worth: float
+    eta: float
+    per_node: int
+    layer_calls: int
+    """Attention sub-layers, dense FFNs and MoE layers: the collectives of one microbatch's pass over the layers."""
+    tp_link: tuple[float, float]
+    """(bandwidth, efficiency) over the TP group (0s with tp = 1)."""
+    ep_link: tuple[float, float]
+    """The same over an EP group inside a node (0s with ep = 1 or beyond a node)."""
+    pp_link: tuple[float, float]
+    dp_s: float
+    """One optimizer step's gradient reduce-scatter and parameter all-gather, before overlap."""
+    optimizer_s: float
+
+
+def _layout_terms(arch: ModelArch, acc: Accelerator, *, tp: int, pp: int, dp: int, ep: int, cp: int,
+                  dtype_bytes: float, optimizer_steps: int, calib: Calibration,
+                  accelerators_per_node: int | None) -> _LayoutTerms:
+    _check(arch, tp, pp, dp, ep, cp)
+    cores_worth = 1.0  # what the n devices' compute is worth beyond n: on `cpu`, n threads of one process
+    if acc.name == "cpu" and tp * pp * dp * cp > 1:
+        cores_worth = calib.cpu_train_parallel_efficiency or 1.0
+    calib = calib.resolved_for(acc.name)
+    per_node = accelerators_per_node or acc.default_accelerators_per_node
+
+    def link(group: int, inner: int) -> tuple[float, float]:
+        bw = group_link_bandwidth_bytes_per_s(acc, group_size=group, inner_size=inner, accelerators_per_node=per_node)
+        eff = calib.scale_up_efficiency if group * inner <= per_node else calib.scale_out_efficiency
+        return bw, eff
+
+    nonexpert_dev, expert_dev = _shard_params(arch, tp=tp, pp=pp, ep=ep)
+    dense_dp, expert_dp = dp * cp, dp * cp * tp // ep
+    dp_s = 0.0
+    for params, group, inner in ((nonexpert_dev, dense_dp, tp * cp), (expert_dev, expert_dp, ep)):
+        if group > 1 and params > 0:
+            bw, eff = link(group, inner)
+            lat = calib.collective_latency_s
+            dp_s += (ring_all_gather_s(params * GRAD_BYTES, group_size=group, bandwidth_bytes_per_s=bw,
+                                       efficiency=eff, latency_s=lat)
+                     + ring_all_gather_s(params * dtype_bytes, group_size=group, bandwidth_bytes_per_s=bw,
+                                         efficiency=eff, latency_s=lat))
+    local_params = nonexpert_dev / dense_dp + expert_dev / expert_dp
+    return _LayoutTerms(
+        calib=calib, devices=tp * pp * dp * cp, cores_worth=cores_worth,
+        eta=calib.train_mfu_moe if arch.is_moe else calib.train_mfu_dense, per_node=per_node,
+        layer_calls=arch.num_attention_layers + arch.num_dense_ffns + arch.num_moe_layers,
+        tp_link=link(tp, 1) if tp > 1 else (0.0, 0.0), ep_link=link(ep, 1) if 1 < ep <= per_node else (0.0, 0.0),
+        pp_link=link(2, tp * cp * dp) if pp > 1 else (0.0, 0.0), dp_s=dp_s,
+        optimizer_s=optimizer_steps * (ADAM_BYTES_PER_PARAM * local_params
+                                       / (calib.hbm_bandwidth_efficiency * acc.hbm_bandwidth_bytes_per_s)))
+
+
 def train_step_time(
     arch: ModelArch,
     acc: Accelerator,
@@ -251,18 +311,25 @@ def train_step_time(
     accelerators_per_node: int | None = None,
 ) -> TrainStepTime:
     """Time of one step (see module docstring for every term)."""
-    _check(arch, tp, pp, dp, ep, cp)
+    terms = _layout_terms(arch, acc, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, dtype_bytes=dtype_bytes,
+                          optimizer_steps=optimizer_steps, calib=calib, accelerators_per_node=accelerators_per_node)
+    return _step_time(arch, acc, terms, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, tokens=tokens,
+                      seq_len_sum_sq=seq_len_sum_sq, num_microbatches=num_microbatches,
+                      extra_forward_passes=extra_forward_passes, recompute=recompute, dtype_bytes=dtype_bytes,
+                      virtual_pipeline_stages=virtual_pipeline_stages, optimizer_steps=optimizer_steps,
+                      num_seqs=num_seqs, longest_seq_tokens=longest_seq_tokens)
+
+
+def _step_time(arch: ModelArch, acc: Accelerator, terms: _LayoutTerms, *, tp: int, pp: int, dp: int, ep: int,
+               cp: int, tokens: float, seq_len_sum_sq: float, num_microbatches: int, extra_forward_passes: int,
+               recompute: Recompute, dtype_bytes: float, virtual_pipeline_stages: int, optimizer_steps: int,
+               num_seqs: int, longest_seq_tokens: float) -> TrainStepTime:
+    """``train_step_time`` with its batch-independent ``terms`` given."""
     if num_microbatches < 1 or virtual_pipeline_stages < 1 or optimizer_steps < 1:
         raise ValueError("num_microbatches, virtual_pipeline_stages and optimizer_steps must be >= 1")
-    cores_worth = 1.0  # what the n devices' compute is worth beyond n: on `cpu`, n threads of one process
-    if acc.name == "cpu" and tp * pp * dp * cp > 1:
-        cores_worth = calib.cpu_train_parallel_efficiency or 1.0
-    calib = calib.resolved_for(acc.name)
-    per_node = accelerators_per_node or acc.default_accelerators_per_node
-    n = tp * pp * dp * cp
+    calib, n, eta = terms.calib, terms.devices, terms.eta
     model_flops, hw_flops = train_flops(arch, tokens=tokens, seq_len_sum_sq=seq_len_sum_sq,
                                         extra_forward_passes=extra_forward_passes, recompute=recompute)
-    eta = calib.train_mfu_moe if arch.is_moe else calib.train_mfu_dense
     imbalance = dp_imbalance(tokens=tokens, num_seqs=num_seqs, dp=dp, optimizer_steps=optimizer_steps,
                              longest_seq_tokens=longest_seq_tokens)
     head_layers = 0.0
@@ -272,22 +339,17 @@ def train_step_time(
                                      extra_forward_passes=extra_forward_passes, eta_train=eta,
                                      hbm_efficiency=calib.hbm_bandwidth_efficiency)
     stages = pipeline_stage_imbalance(arch.num_layers, pp, head_layers)
-    compute_s = imbalance * stages * hw_flops / (n * cores_worth * acc.bf16_flops * eta)
+    compute_s = imbalance * stages * hw_flops / (n * terms.cores_worth * acc.bf16_flops * eta)
     bubble_s = compute_s * (pp - 1) * optimizer_steps / (virtual_pipeline_stages * max(num_microbatches, optimizer_steps))
-
-    def link(group: int, inner: int) -> tuple[float, float]:
-        bw = group_link_bandwidth_bytes_per_s(acc, group_size=group, inner_size=inner, accelerators_per_node=per_node)
-        eff = calib.scale_up_efficiency if group * inner <= per_node else calib.scale_out_efficiency
-        return bw, eff
 
     # Passes over the layers: forward + backward (2 collectives' worth), +1 full recompute, +1 per extra forward.
     passes = 2 + (1 if recompute == "full" else 0) + extra_forward_passes
     replica_tokens = tokens / (dp * cp)  # tokens one pipeline replica processes
-    calls_per_pass = num_microbatches * (arch.num_attention_layers + arch.num_dense_ffns + arch.num_moe_layers) / pp
+    calls_per_pass = num_microbatches * terms.layer_calls / pp
 
     tp_s = 0.0
     if tp > 1:
-        bw, eff = link(tp, 1)
+        bw, eff = terms.tp_link
         volume = replica_tokens * arch.hidden_size * dtype_bytes * calls_per_pass / num_microbatches
         tp_s = passes * (ring_all_reduce_s(volume, group_size=tp, bandwidth_bytes_per_s=bw, efficiency=eff,
                                            latency_s=0.0) + calls_per_pass * calib.collective_latency_s)
@@ -295,38 +357,26 @@ def train_step_time(
     if ep > 1:
         per_rank = (replica_tokens / tp * arch.expected_routed_experts_per_token * arch.hidden_size * dtype_bytes
                     * calib.moe_imbalance_factor * arch.num_moe_layers / pp)
-        if ep <= per_node:
-            bw, eff = link(ep, 1)
+        if ep <= terms.per_node:
+            bw, eff = terms.ep_link
             one = all_to_all_s(per_rank, group_size=ep, bandwidth_bytes_per_s=bw, efficiency=eff, latency_s=0.0)
         else:
             # Hierarchical: the (ep - per_node)/ep share bound for other nodes goes through the NIC, the rest
             # over NVLink, concurrently (DeepEP-style dispatch); the slower side sets the time.
+            per_node = terms.per_node
             one = max(per_rank * (ep - per_node) / ep / (calib.scale_out_efficiency * acc.scale_out_bandwidth_bytes_per_s),
                       per_rank * (per_node - 1) / ep / (calib.scale_up_efficiency * acc.scale_up_bandwidth_bytes_per_s))
         # dispatch + combine in every pass over the layers
         ep_s = 2 * passes * (one + num_microbatches * arch.num_moe_layers / pp * calib.collective_latency_s)
 
-    nonexpert_dev, expert_dev = _shard_params(arch, tp=tp, pp=pp, ep=ep)
-    dense_dp, expert_dp = dp * cp, dp * cp * tp // ep
-    dp_s = 0.0
-    for params, group, inner in ((nonexpert_dev, dense_dp, tp * cp), (expert_dev, expert_dp, ep)):
-        if group > 1 and params > 0:
-            bw, eff = link(group, inner)
-            lat = calib.collective_latency_s
-            dp_s += (ring_all_gather_s(params * GRAD_BYTES, group_size=group, bandwidth_bytes_per_s=bw,
-                                       efficiency=eff, latency_s=lat)
-                     + ring_all_gather_s(params * dtype_bytes, group_size=group, bandwidth_bytes_per_s=bw,
-                                         efficiency=eff, latency_s=lat))
     pp_s = 0.0
     if pp > 1:
-        bw, eff = link(2, tp * cp * dp)
+        bw, eff = terms.pp_link
         pp_s = 2 * (replica_tokens / tp) * arch.hidden_size * dtype_bytes / (eff * bw)
 
     comm_s = ((1 - calib.tp_comm_overlap_fraction) * tp_s + (1 - calib.ep_comm_overlap_fraction) * ep_s
-              + (1 - calib.dp_comm_overlap_fraction) * dp_s * optimizer_steps + pp_s)
-    local_params = nonexpert_dev / dense_dp + expert_dev / expert_dp
-    optimizer_s = optimizer_steps * (ADAM_BYTES_PER_PARAM * local_params
-                                     / (calib.hbm_bandwidth_efficiency * acc.hbm_bandwidth_bytes_per_s))
+              + (1 - calib.dp_comm_overlap_fraction) * terms.dp_s * optimizer_steps + pp_s)
+    optimizer_s = terms.optimizer_s
     overhead_s = calib.train_step_overhead_s
     total = compute_s + bubble_s + comm_s + optimizer_s + overhead_s
     return TrainStepTime(
@@ -364,8 +414,13 @@ class TrainCostModel:
     calib: Calibration = DEFAULT_CALIBRATION
     accelerators_per_node: int | None = None
 
+    _terms: _LayoutTerms = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        _check(self.arch, self.tp, self.pp, self.dp, self.ep, self.cp)
+        object.__setattr__(self, "_terms", _layout_terms(
+            self.arch, self.acc, tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, cp=self.cp,
+            dtype_bytes=self.dtype_bytes, optimizer_steps=self.optimizer_steps, calib=self.calib,
+            accelerators_per_node=self.accelerators_per_node))  # checks the layout (``_check``)
 
     def num_microbatches(self, tokens: float, num_seqs: int) -> int:
         if self.micro_batch_tokens:
@@ -373,13 +428,13 @@ class TrainCostModel:
         return max(1, math.ceil(num_seqs / self.dp))
 
     def train_step(self, tokens: float, sum_sq_seq_len: float, num_seqs: int) -> TrainStepTime:
-        return train_step_time(
-            self.arch, self.acc, tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, cp=self.cp, tokens=tokens,
-            seq_len_sum_sq=sum_sq_seq_len, num_microbatches=self.num_microbatches(tokens, num_seqs),
+        """``train_step_time`` of this layout, its batch-independent terms computed once."""
+        return _step_time(
+            self.arch, self.acc, self._terms, tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, cp=self.cp,
+            tokens=tokens, seq_len_sum_sq=sum_sq_seq_len, num_microbatches=self.num_microbatches(tokens, num_seqs),
             extra_forward_passes=self.extra_forward_passes, recompute=self.recompute,
             dtype_bytes=self.dtype_bytes, virtual_pipeline_stages=self.virtual_pipeline_stages,
-            optimizer_steps=self.optimizer_steps, num_seqs=num_seqs, longest_seq_tokens=self.longest_seq_tokens,
-            calib=self.calib, accelerators_per_node=self.accelerators_per_node)
+            optimizer_steps=self.optimizer_steps, num_seqs=num_seqs, longest_seq_tokens=self.longest_seq_tokens)
 
     def train_step_s(self, tokens: float, sum_sq_seq_len: float, num_seqs: int) -> float:
         """Seconds for one step over `num_seqs` sequences totalling `tokens` (0 for an empty step)."""
