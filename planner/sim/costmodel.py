@@ -72,7 +72,8 @@ class CostModelTiming:
     _per_batch: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
     """batch size -> the terms of ``RolloutCostModel.decode_step_s`` that do not depend on the context (bytes, FLOPs,
     comm + overhead s), with the per-context-token rates and the roofline's two rates: the simulator calls
-    decode_step_s ~10^6 times for few distinct batch sizes."""
+    decode_step_s ~10^6 times for few distinct batch sizes. Shared by the timings of equal cost models
+    (``_batch_terms``)."""
     _per_ranks_batch: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
     """``decode_step_ranks_s``'s terms that depend on the batch alone: batch size -> (bytes), with the per-context-token
     rates of one rank, the roofline's two rates, the experts' FLOPs, and the dense FLOPs and the collectives' time
@@ -128,6 +129,25 @@ class CostModelTiming:
 
     def train_step_s(self, num_tokens: int, sum_sq_seq_len: float, num_seqs: int) -> float:
         return self.train.train_step_s(num_tokens, sum_sq_seq_len, num_seqs) + self.train_swap_s
+
+
+BATCH_TERMS_CACHED = 32
+"""How many rollout cost models' batch-term tables the process keeps (``_batch_terms``)."""
+_BATCH_TERMS: dict[RolloutCostModel, tuple[dict[int, tuple[float, ...]], dict[int, tuple[float, ...]]]] = {}
+
+
+def _batch_terms(rollout: RolloutCostModel) -> tuple[dict[int, tuple[float, ...]], dict[int, tuple[float, ...]]]:
+    """The tables of ``CostModelTiming._per_batch`` and ``_per_ranks_batch`` for ``rollout``, shared by every timing
+    built on an equal cost model: their terms are functions of the cost model and the batch size alone, and a plan
+    search simulates each engine layout many times (its modes, k, splits and lengths; the 235B example's 74
+    simulations computed 250K rows, a few engine layouts' worth of batch sizes each time). A memo, so the results are
+    the same; the oldest tables go first past ``BATCH_TERMS_CACHED`` layouts."""
+    tables = _BATCH_TERMS.get(rollout)
+    if tables is None:
+        if len(_BATCH_TERMS) >= BATCH_TERMS_CACHED:
+            del _BATCH_TERMS[next(iter(_BATCH_TERMS))]
+        tables = _BATCH_TERMS[rollout] = ({}, {})
+    return tables
 
 
 def cost_model_timing(
@@ -190,9 +210,12 @@ def cost_model_timing(
     swap_s_per_version = host_swap_s(rollout_acc, bytes_per_device=bytes_per_device, calib=calib) - swap_fixed_s
     swap_s_per_token = (host_swap_s(rollout_acc, bytes_per_device=rollout.kv_bytes_per_token_per_device, calib=calib)
                         - swap_fixed_s)
+    per_batch, per_ranks_batch = _batch_terms(rollout)
     return CostModelTiming(
         rollout=rollout,
         train=train,
+        _per_batch=per_batch,
+        _per_ranks_batch=per_ranks_batch,
         weight_publish_s=sync.gather_s + sync.convert_s + calib.publish_fixed_s(train_acc.name),
         weight_load_trainer_s=sync.transfer_s + sync.bucket_overhead_s + sync.reload_s,
         weight_load_peer_s=bytes_per_device / nic + sync.reload_s,
