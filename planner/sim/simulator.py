@@ -845,24 +845,31 @@ class Simulator:
         pairs = h.pairs()
         ctx = len(pairs) * (prompt + pos) - self.e_sum_start[r]
         kv_cap = self.kv_cap
-        stamp = self.sched_stamp
-        latest_first = sorted(pairs, key=lambda pair: stamp[pair[1]], reverse=True)
+        candidates = pairs
         rank = -1
         k = 0
         if self.ranked:  # the rank whose context reached its cache preempts its own sequences
             rank = self.e_cross_rank[r]
             k = r * self.dp + rank
             t_rank = self.t_rank
-            latest_first = [pair for pair in latest_first if t_rank[pair[1]] == rank]
-            ctx = len(latest_first) * (prompt + pos) - self.rss[k]
+            candidates = [pair for pair in pairs if t_rank[pair[1]] == rank]
+            ctx = len(candidates) * (prompt + pos) - self.rss[k]
             kv_cap = self.rank_kv_cap
+        stamp = self.sched_stamp
+        stamps = [stamp[idx] for _, idx in candidates]
         out: set[int] = set()
         sum_start = self.e_sum_start[r]
         waiting = self.e_wait[r]
         vcount = self.e_vcount[r] if self.multi else None
-        for finish, idx in latest_first:
-            if len(latest_first) - len(out) <= 1 or (out and ctx <= kv_cap):
-                break
+        while len(candidates) - len(out) > 1 and not (out and ctx <= kv_cap):
+            # the latest scheduled of the candidates left (stamps are unique): a preemption takes one or a few, so
+            # picking each is cheaper than sorting them all
+            latest, best = 0, stamps[0]
+            for j in range(1, len(stamps)):
+                if stamps[j] > best:
+                    latest, best = j, stamps[j]
+            stamps[latest] = -1
+            finish, idx = candidates[latest]
             start = finish - t_len[idx]
             generated = pos - start if pos > start else 0.0
             ctx -= prompt + generated
