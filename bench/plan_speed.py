@@ -74,7 +74,7 @@ def main() -> None:
         accs = plan["rollout"]["accelerators"] + (0 if plan["colocated"] else plan["train"]["accelerators"])
         for name, ts in times.items():
             label = f"{path.stem} ({name})" if name else path.stem
-            extra = (f"  {statistics.median(ts) / statistics.median(times['']):.2f}x this tree's median"
+            extra = (f"  {statistics.median(ts) / statistics.median(times['']):.2f}x this checkout's median"
                      if name else f"  {chosen}")
             print(f"{label:28} {accs:12d} {statistics.median(ts):9.2f} {min(ts):7.2f} {max(ts):7.2f}{extra}")
 
