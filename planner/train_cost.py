@@ -233,6 +233,13 @@ class _LayoutTerms:
     """What ``train_step_time`` charges whatever the batch, for one layout (``TrainCostModel`` computes it once: the
     simulator prices a training step thousands of times per run, on a handful of layouts)."""
 
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    cp: int
+    dtype_bytes: float
+    optimizer_steps: int
     calib: Calibration
     """Resolved for the accelerator."""
     devices: int
@@ -279,6 +286,7 @@ def _layout_terms(arch: ModelArch, acc: Accelerator, *, tp: int, pp: int, dp: in
                                          efficiency=eff, latency_s=lat))
     local_params = nonexpert_dev / dense_dp + expert_dev / expert_dp
     return _LayoutTerms(
+        tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, dtype_bytes=dtype_bytes, optimizer_steps=optimizer_steps,
         calib=calib, devices=tp * pp * dp * cp, cores_worth=cores_worth,
         eta=calib.train_mfu_moe if arch.is_moe else calib.train_mfu_dense, per_node=per_node,
         layer_calls=arch.num_attention_layers + arch.num_dense_ffns + arch.num_moe_layers,
@@ -313,18 +321,18 @@ def train_step_time(
     """Time of one step (see module docstring for every term)."""
     terms = _layout_terms(arch, acc, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, dtype_bytes=dtype_bytes,
                           optimizer_steps=optimizer_steps, calib=calib, accelerators_per_node=accelerators_per_node)
-    return _step_time(arch, acc, terms, tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, tokens=tokens,
-                      seq_len_sum_sq=seq_len_sum_sq, num_microbatches=num_microbatches,
-                      extra_forward_passes=extra_forward_passes, recompute=recompute, dtype_bytes=dtype_bytes,
-                      virtual_pipeline_stages=virtual_pipeline_stages, optimizer_steps=optimizer_steps,
-                      num_seqs=num_seqs, longest_seq_tokens=longest_seq_tokens)
+    return _step_time(arch, acc, terms, tokens=tokens, seq_len_sum_sq=seq_len_sum_sq,
+                      num_microbatches=num_microbatches, extra_forward_passes=extra_forward_passes,
+                      recompute=recompute, virtual_pipeline_stages=virtual_pipeline_stages, num_seqs=num_seqs,
+                      longest_seq_tokens=longest_seq_tokens)
 
 
-def _step_time(arch: ModelArch, acc: Accelerator, terms: _LayoutTerms, *, tp: int, pp: int, dp: int, ep: int,
-               cp: int, tokens: float, seq_len_sum_sq: float, num_microbatches: int, extra_forward_passes: int,
-               recompute: Recompute, dtype_bytes: float, virtual_pipeline_stages: int, optimizer_steps: int,
+def _step_time(arch: ModelArch, acc: Accelerator, terms: _LayoutTerms, *, tokens: float, seq_len_sum_sq: float,
+               num_microbatches: int, extra_forward_passes: int, recompute: Recompute, virtual_pipeline_stages: int,
                num_seqs: int, longest_seq_tokens: float) -> TrainStepTime:
-    """``train_step_time`` with its batch-independent ``terms`` given."""
+    """``train_step_time`` of the layout whose batch-independent ``terms`` are given."""
+    tp, pp, dp, ep, cp = terms.tp, terms.pp, terms.dp, terms.ep, terms.cp
+    dtype_bytes, optimizer_steps = terms.dtype_bytes, terms.optimizer_steps
     if num_microbatches < 1 or virtual_pipeline_stages < 1 or optimizer_steps < 1:
         raise ValueError("num_microbatches, virtual_pipeline_stages and optimizer_steps must be >= 1")
     calib, n, eta = terms.calib, terms.devices, terms.eta
@@ -430,11 +438,10 @@ class TrainCostModel:
     def train_step(self, tokens: float, sum_sq_seq_len: float, num_seqs: int) -> TrainStepTime:
         """``train_step_time`` of this layout, its batch-independent terms computed once."""
         return _step_time(
-            self.arch, self.acc, self._terms, tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, cp=self.cp,
-            tokens=tokens, seq_len_sum_sq=sum_sq_seq_len, num_microbatches=self.num_microbatches(tokens, num_seqs),
-            extra_forward_passes=self.extra_forward_passes, recompute=self.recompute,
-            dtype_bytes=self.dtype_bytes, virtual_pipeline_stages=self.virtual_pipeline_stages,
-            optimizer_steps=self.optimizer_steps, num_seqs=num_seqs, longest_seq_tokens=self.longest_seq_tokens)
+            self.arch, self.acc, self._terms, tokens=tokens, seq_len_sum_sq=sum_sq_seq_len,
+            num_microbatches=self.num_microbatches(tokens, num_seqs), extra_forward_passes=self.extra_forward_passes,
+            recompute=self.recompute, virtual_pipeline_stages=self.virtual_pipeline_stages, num_seqs=num_seqs,
+            longest_seq_tokens=self.longest_seq_tokens)
 
     def train_step_s(self, tokens: float, sum_sq_seq_len: float, num_seqs: int) -> float:
         """Seconds for one step over `num_seqs` sequences totalling `tokens` (0 for an empty step)."""
